@@ -1,0 +1,223 @@
+// Package app is the composition root shared by the four Lambda functions,
+// the local dev stack and the integration tests: it turns a config.Config
+// into connected clients, adapters and the reservation service, so that
+// every entry point runs exactly the same wiring.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/eventbus"
+	"github.com/holdfast/holdfast/shared/metrics"
+	"github.com/holdfast/holdfast/shared/mysqlstore"
+	"github.com/holdfast/holdfast/shared/queue"
+	"github.com/holdfast/holdfast/shared/redisstore"
+	"github.com/holdfast/holdfast/shared/reservation"
+	"github.com/redis/go-redis/v9"
+)
+
+// App is a wired holdfast: the service and what it needs to be closed.
+type App struct {
+	Service *reservation.Service
+	Metrics *metrics.Recorder
+	Log     *slog.Logger
+	Redis   redis.UniversalClient
+	DB      *sql.DB
+	SQS     *sqs.Client
+
+	closers []func() error
+}
+
+// Options adjusts the wiring for tests and the dev stack.
+type Options struct {
+	Function string    // the function name in logs and metrics
+	Out      io.Writer // where logs and EMF lines go (stdout in Lambda)
+	Clock    reservation.Clock
+	// Enqueuer, when set, wraps or replaces the SQS publisher (tests inject
+	// lost messages and failed sends). Production wiring leaves it nil.
+	Enqueuer func(sqs reservation.Enqueuer) reservation.Enqueuer
+}
+
+// Build connects to Redis, MySQL, SQS and the event bus as cfg says and
+// returns the service. Connections are lazy: nothing is dialled until the
+// first request, so a cold start does no network work but reading secrets.
+func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
+	if opt.Clock == nil {
+		opt.Clock = reservation.SystemClock{}
+	}
+	level := slog.LevelInfo
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	log := slog.New(slog.NewJSONHandler(opt.Out, &slog.HandlerOptions{Level: level})).With("function", opt.Function)
+	rec := metrics.New(opt.Out, opt.Function, opt.Clock.Now)
+
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("aws config: %w", err)
+	}
+	var secrets *secretsmanager.Client
+	if cfg.DBSecretARN != "" || cfg.RedisSecretARN != "" {
+		secrets = secretsmanager.NewFromConfig(awsCfg)
+	}
+
+	a := &App{Log: log, Metrics: rec}
+	rdb, err := redisClient(ctx, cfg, secrets)
+	if err != nil {
+		return nil, err
+	}
+	a.Redis = rdb
+	a.closers = append(a.closers, rdb.Close)
+
+	db, err := openDB(ctx, cfg, secrets)
+	if err != nil {
+		_ = a.Close()
+		return nil, err
+	}
+	a.DB = db
+	a.closers = append(a.closers, db.Close)
+
+	a.SQS = sqs.NewFromConfig(awsCfg)
+	var enq reservation.Enqueuer
+	if cfg.QueueURL != "" {
+		enq = queue.NewPublisher(a.SQS, cfg.QueueURL)
+	}
+	if opt.Enqueuer != nil {
+		enq = opt.Enqueuer(enq)
+	}
+	var notifier reservation.Notifier
+	switch {
+	case cfg.EventBusName != "":
+		notifier = eventbus.NewEventBridge(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName, opt.Clock.Now)
+	case cfg.EventsQueueURL != "":
+		notifier = eventbus.NewQueue(a.SQS, cfg.EventsQueueURL, opt.Clock.Now)
+	default:
+		_ = a.Close()
+		return nil, cfg.NeedsEvents()
+	}
+
+	a.Service = reservation.NewService(cfg.Protocol, reservation.Deps{
+		Holds:    redisstore.New(rdb, cfg.HoldRetention),
+		Ledger:   mysqlstore.New(db),
+		Queue:    enq,
+		Notifier: notifier,
+		Metrics:  rec,
+		Clock:    opt.Clock,
+		Log:      log,
+	})
+	return a, nil
+}
+
+// Close closes the clients.
+func (a *App) Close() error {
+	var errs []error
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		errs = append(errs, a.closers[i]())
+	}
+	return errors.Join(errs...)
+}
+
+func redisClient(ctx context.Context, cfg config.Config, secrets *secretsmanager.Client) (redis.UniversalClient, error) {
+	password := cfg.RedisPassword
+	if cfg.RedisSecretARN != "" {
+		s, err := secretString(ctx, secrets, cfg.RedisSecretARN)
+		if err != nil {
+			return nil, err
+		}
+		password = strings.TrimSpace(s)
+		var token struct {
+			Token string `json:"token"`
+		}
+		if json.Unmarshal([]byte(s), &token) == nil && token.Token != "" {
+			password = token.Token
+		}
+	}
+	var tlsCfg *tls.Config
+	if cfg.RedisTLS {
+		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	// Short timeouts: reserve fails closed fast when Redis is slow. go-redis
+	// retries (3 by default); every script is safe to run twice.
+	opts := &redis.UniversalOptions{
+		Addrs:        strings.Split(cfg.RedisAddr, ","),
+		Password:     password,
+		TLSConfig:    tlsCfg,
+		DialTimeout:  time.Second,
+		ReadTimeout:  500 * time.Millisecond,
+		WriteTimeout: 500 * time.Millisecond,
+		PoolTimeout:  time.Second,
+	}
+	if cfg.RedisCluster {
+		return redis.NewClusterClient(opts.Cluster()), nil
+	}
+	return redis.NewClient(opts.Simple()), nil
+}
+
+func openDB(ctx context.Context, cfg config.Config, secrets *secretsmanager.Client) (*sql.DB, error) {
+	dsn := cfg.DBDSN
+	if cfg.DBSecretARN != "" {
+		s, err := secretString(ctx, secrets, cfg.DBSecretARN)
+		if err != nil {
+			return nil, err
+		}
+		var cred struct {
+			Username string `json:"username"`
+			Password string `json:"password"`
+		}
+		if err := json.Unmarshal([]byte(s), &cred); err != nil {
+			return nil, errors.New("db secret: not a JSON object with username and password")
+		}
+		mc := mysql.NewConfig()
+		mc.User, mc.Passwd, mc.Net, mc.Addr, mc.DBName = cred.Username, cred.Password, "tcp", cfg.DBHost, cfg.DBName
+		mc.ParseTime, mc.InterpolateParams, mc.TLSConfig = true, true, "preferred"
+		mc.Timeout, mc.ReadTimeout, mc.WriteTimeout = 2*time.Second, 10*time.Second, 10*time.Second
+		dsn = mc.FormatDSN()
+	}
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("db dsn: %w", redactDSNError(err))
+	}
+	mc.ParseTime = true
+	mc.Loc = time.UTC
+	connector, err := mysql.NewConnector(mc)
+	if err != nil {
+		return nil, fmt.Errorf("db connector: %w", err)
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(cfg.DBMaxOpen)
+	db.SetMaxIdleConns(cfg.DBMaxOpen)
+	db.SetConnMaxLifetime(5 * time.Minute)
+	return db, nil
+}
+
+// redactDSNError keeps a malformed DSN (which may hold a password) out of logs.
+func redactDSNError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return errors.New("malformed DSN")
+	}
+	return errors.New("malformed DSN: " + strings.SplitN(err.Error(), ":", 2)[0])
+}
+
+func secretString(ctx context.Context, c *secretsmanager.Client, arn string) (string, error) {
+	out, err := c.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(arn)})
+	if err != nil {
+		return "", fmt.Errorf("read secret %s: %w", arn, err)
+	}
+	return aws.ToString(out.SecretString), nil
+}

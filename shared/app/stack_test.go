@@ -1,0 +1,322 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/holdfast/holdfast/shared/app"
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/consumer"
+	"github.com/holdfast/holdfast/shared/eventbus"
+	"github.com/holdfast/holdfast/shared/eventsource"
+	"github.com/holdfast/holdfast/shared/httpapi"
+	"github.com/holdfast/holdfast/shared/reservation"
+	"github.com/holdfast/holdfast/shared/schedule"
+	"github.com/holdfast/holdfast/shared/testservices"
+	"github.com/redis/go-redis/v9"
+)
+
+// testClock is a clock the test moves. Redis scripts get their time from it too.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// stack is holdfast wired exactly as the Lambda functions wire it, on the
+// real local Redis, MariaDB and SQS server, with a movable clock.
+type stack struct {
+	t          *testing.T
+	app        *app.App
+	api        *httpapi.Handler
+	persist    *consumer.Handler
+	compensate *consumer.Handler
+	sweeper    *schedule.Handler
+	clock      *testClock
+	sqs        *sqs.Client
+	queues     testservices.Queues
+	rdb        *redis.Client
+	db         *sql.DB
+}
+
+type stackOption func(*app.Options, map[string]string)
+
+// withEnqueuer replaces the SQS publisher.
+func withEnqueuer(e reservation.Enqueuer) stackOption {
+	return func(o *app.Options, _ map[string]string) {
+		o.Enqueuer = func(reservation.Enqueuer) reservation.Enqueuer { return e }
+	}
+}
+
+// withFailingSend makes every send report failure; delivered says whether
+// the message reached the queue anyway (a send that timed out).
+func withFailingSend(delivered bool) stackOption {
+	return func(o *app.Options, _ map[string]string) {
+		o.Enqueuer = func(real reservation.Enqueuer) reservation.Enqueuer {
+			if delivered {
+				return failingEnqueuer{next: real}
+			}
+			return failingEnqueuer{}
+		}
+	}
+}
+
+func newStack(t *testing.T, opts ...stackOption) *stack {
+	t.Helper()
+	env := testservices.Require(t)
+	s := &stack{t: t, clock: &testClock{now: time.Now().UTC().Truncate(time.Millisecond)}}
+	s.rdb = env.Redis(t)
+	s.sqs = env.SQS(t)
+	s.queues = env.CreateQueues(t, s.sqs, 3)
+	dsn := env.Database(t)
+	vars := map[string]string{
+		"HOLDFAST_REDIS_ADDR":       env.RedisAddr,
+		"HOLDFAST_DB_DSN":           dsn,
+		"HOLDFAST_DB_MAX_OPEN":      "32",
+		"HOLDFAST_QUEUE_URL":        s.queues.URL,
+		"HOLDFAST_EVENTS_QUEUE_URL": s.queues.EventsURL,
+		"HOLDFAST_HOLD_TTL":         "60s",
+		"HOLDFAST_SWEEP_GRACE":      "2s",
+		"HOLDFAST_LOG_LEVEL":        "warn",
+	}
+	o := app.Options{Function: "test", Out: io.Discard, Clock: s.clock}
+	for _, opt := range opts {
+		opt(&o, vars)
+	}
+	cfg, err := config.Load(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	a, err := app.Build(context.Background(), cfg, o)
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	s.app = a
+	s.db = a.DB
+	s.api = httpapi.New(a.Service, a.Log)
+	s.persist = consumer.New("persist", a.Service.Persist, a.Metrics, a.Log)
+	s.compensate = consumer.New("compensate", a.Service.Compensate, a.Metrics, a.Log)
+	s.sweeper = schedule.New(a.Service, a.Log)
+	return s
+}
+
+// call sends one API Gateway HTTP API v2 request through the reserve handler.
+func (s *stack) call(method, path, body string, headers map[string]string) (int, map[string]any) {
+	s.t.Helper()
+	resp, err := s.api.Handle(context.Background(), events.APIGatewayV2HTTPRequest{
+		Version: "2.0", RouteKey: "$default", RawPath: path, Body: body, Headers: headers,
+		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
+	})
+	if err != nil {
+		s.t.Fatalf("%s %s: handler error %v", method, path, err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(resp.Body), &m); err != nil {
+		s.t.Fatalf("%s %s: body %q is not JSON: %v", method, path, resp.Body, err)
+	}
+	return resp.StatusCode, m
+}
+
+func (s *stack) setStock(sku string, n int) {
+	s.t.Helper()
+	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":`+itoa(n)+`}`, nil); code != 200 {
+		s.t.Fatalf("set stock %s = %d: %d %v", sku, n, code, body)
+	}
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+func (s *stack) reserve(sku, user string, qty int, key string) (int, map[string]any) {
+	s.t.Helper()
+	body, _ := json.Marshal(map[string]any{"sku": sku, "qty": qty, "user_id": user})
+	var h map[string]string
+	if key != "" {
+		h = map[string]string{"Idempotency-Key": key}
+	}
+	return s.call("POST", "/reservations", string(body), h)
+}
+
+func (s *stack) join(sku, group, user string) (int, map[string]any) {
+	s.t.Helper()
+	body, _ := json.Marshal(map[string]any{"sku": sku, "qty": 1, "user_id": user, "group_id": group})
+	return s.call("POST", "/reservations", string(body), nil)
+}
+
+// redisStock returns the Redis figures of a SKU: available and held.
+func (s *stack) redisStock(sku string) (int64, int64) {
+	s.t.Helper()
+	avail, err := s.rdb.Get(context.Background(), "hf:{"+sku+"}:stock").Int64()
+	if err != nil {
+		s.t.Fatalf("redis stock %s: %v", sku, err)
+	}
+	held, err := s.rdb.HGet(context.Background(), "hf:{"+sku+"}:meta", "held").Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		s.t.Fatalf("redis held %s: %v", sku, err)
+	}
+	return avail, held
+}
+
+// mysqlAvailable returns MySQL's available units of a SKU.
+func (s *stack) mysqlAvailable(sku string) int64 {
+	s.t.Helper()
+	var n int64
+	if err := s.db.QueryRow(`SELECT available FROM product_stock WHERE sku = ?`, sku).Scan(&n); err != nil {
+		s.t.Fatalf("mysql available %s: %v", sku, err)
+	}
+	return n
+}
+
+// count runs a COUNT/SUM query returning one integer.
+func (s *stack) count(q string, args ...any) int64 {
+	s.t.Helper()
+	var n sql.NullInt64
+	if err := s.db.QueryRow(q, args...).Scan(&n); err != nil {
+		s.t.Fatalf("%s: %v", q, err)
+	}
+	return n.Int64
+}
+
+// runPersist runs persist as Lambda's event source would (concurrent
+// batches, visibility timeout 1 s so failed records come back quickly) until
+// the returned stop is called.
+func (s *stack) runPersist(concurrency int) (stop func()) {
+	return s.run(s.queues.URL, s.queues.ARN, s.persist.Handle, concurrency)
+}
+
+func (s *stack) runCompensate() (stop func()) {
+	return s.run(s.queues.DLQURL, s.queues.DLQARN, s.compensate.Handle, 1)
+}
+
+func (s *stack) run(url, arn string, h eventsource.Handler, concurrency int) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &eventsource.Poller{Client: s.sqs, QueueURL: url, QueueARN: arn, BatchSize: 10, Visibility: 1, WaitTime: 1, Handler: h}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Run(ctx, concurrency, nil)
+	}()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	s.t.Cleanup(stop)
+	return stop
+}
+
+// sweep runs one sweep through the sweeper handler.
+func (s *stack) sweep() reservation.SweepReport {
+	s.t.Helper()
+	rep, err := s.sweeper.Handle(context.Background(), json.RawMessage(`{}`))
+	if err != nil {
+		s.t.Fatalf("sweep: %v", err)
+	}
+	return rep
+}
+
+// events returns the cancellation events published so far, draining the queue.
+func (s *stack) events() []eventbus.Envelope {
+	s.t.Helper()
+	var out []eventbus.Envelope
+	for {
+		res, err := s.sqs.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
+			QueueUrl: aws.String(s.queues.EventsURL), MaxNumberOfMessages: 10,
+		})
+		if err != nil {
+			s.t.Fatalf("receive events: %v", err)
+		}
+		if len(res.Messages) == 0 {
+			return out
+		}
+		for _, m := range res.Messages {
+			var e eventbus.Envelope
+			if err := json.Unmarshal([]byte(aws.ToString(m.Body)), &e); err != nil {
+				s.t.Fatalf("event %q: %v", aws.ToString(m.Body), err)
+			}
+			out = append(out, e)
+			_, _ = s.sqs.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(s.queues.EventsURL), ReceiptHandle: m.ReceiptHandle})
+		}
+	}
+}
+
+// queueDepth returns the approximate number of messages in a queue.
+func (s *stack) queueDepth(url string) int {
+	s.t.Helper()
+	out, err := s.sqs.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(url), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameApproximateNumberOfMessages},
+	})
+	if err != nil {
+		s.t.Fatalf("queue attributes: %v", err)
+	}
+	n := 0
+	_ = json.Unmarshal([]byte(out.Attributes["ApproximateNumberOfMessages"]), &n)
+	return n
+}
+
+// sendRaw puts a raw body on a queue, as a duplicate delivery or a poison message would arrive.
+func (s *stack) sendRaw(url, body string) {
+	s.t.Helper()
+	if _, err := s.sqs.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(url), MessageBody: aws.String(body)}); err != nil {
+		s.t.Fatalf("send: %v", err)
+	}
+}
+
+// lostEnqueuer accepts every reservation and sends nothing: the message is lost.
+type lostEnqueuer struct{}
+
+func (lostEnqueuer) Enqueue(context.Context, reservation.Reservation) error { return nil }
+
+// failingEnqueuer sends through next (when not nil) and then reports failure,
+// like a send that timed out after SQS stored the message.
+type failingEnqueuer struct {
+	next reservation.Enqueuer
+}
+
+func (f failingEnqueuer) Enqueue(ctx context.Context, r reservation.Reservation) error {
+	if f.next != nil {
+		if err := f.next.Enqueue(ctx, r); err != nil {
+			return err
+		}
+	}
+	return reservation.Unavailable("sqs send", errors.New("injected: connection reset"))
+}
+
+// recordingEnqueuer keeps the message bodies instead of sending them.
+type recordingEnqueuer struct {
+	mu   sync.Mutex
+	msgs []reservation.Reservation
+}
+
+func (r *recordingEnqueuer) Enqueue(_ context.Context, res reservation.Reservation) error {
+	r.mu.Lock()
+	r.msgs = append(r.msgs, res)
+	r.mu.Unlock()
+	return nil
+}
+
+func jsonBody(v any) string {
+	var b bytes.Buffer
+	_ = json.NewEncoder(&b).Encode(v)
+	return strings.TrimSpace(b.String())
+}

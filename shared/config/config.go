@@ -1,0 +1,146 @@
+// Package config reads holdfast's settings from the environment, the one
+// place every function, the dev stack and the template agree on. Secrets
+// (the database password, the Redis AUTH token) come from Secrets Manager
+// when a secret ARN is set, and from plain settings only locally.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// Config is every setting of holdfast.
+type Config struct {
+	RedisAddr     string // host:port; with RedisCluster, a comma-separated list of seeds
+	RedisCluster  bool
+	RedisTLS      bool
+	RedisPassword string // local only; in AWS use RedisSecretARN
+	// RedisSecretARN names a Secrets Manager secret holding the AUTH token.
+	RedisSecretARN string
+
+	DBDSN string // go-sql-driver DSN; in AWS built from DBHost/DBName and DBSecretARN
+	// DBSecretARN names a Secrets Manager secret {"username","password"}.
+	DBSecretARN string
+	DBHost      string // host:port of the RDS Proxy or cluster
+	DBName      string
+	DBMaxOpen   int
+
+	QueueURL       string // the reservation queue reserve sends to
+	EventBusName   string // EventBridge bus for ReservationCancelled
+	EventsQueueURL string // local stand-in for the bus (an SQS queue); used when EventBusName is empty
+
+	HoldRetention time.Duration // how long finished holds stay in Redis for replays and polls
+	Protocol      reservation.Config
+	LogLevel      string
+}
+
+// Load reads the configuration through getenv (os.Getenv in production).
+func Load(getenv func(string) string) (Config, error) {
+	p := parser{getenv: getenv}
+	c := Config{
+		RedisAddr:      p.str("HOLDFAST_REDIS_ADDR", ""),
+		RedisCluster:   p.boolean("HOLDFAST_REDIS_CLUSTER"),
+		RedisTLS:       p.boolean("HOLDFAST_REDIS_TLS"),
+		RedisPassword:  p.str("HOLDFAST_REDIS_PASSWORD", ""),
+		RedisSecretARN: p.str("HOLDFAST_REDIS_SECRET_ARN", ""),
+		DBDSN:          p.str("HOLDFAST_DB_DSN", ""),
+		DBSecretARN:    p.str("HOLDFAST_DB_SECRET_ARN", ""),
+		DBHost:         p.str("HOLDFAST_DB_HOST", ""),
+		DBName:         p.str("HOLDFAST_DB_NAME", "holdfast"),
+		DBMaxOpen:      p.integer("HOLDFAST_DB_MAX_OPEN", 10),
+		QueueURL:       p.str("HOLDFAST_QUEUE_URL", ""),
+		EventBusName:   p.str("HOLDFAST_EVENT_BUS", ""),
+		EventsQueueURL: p.str("HOLDFAST_EVENTS_QUEUE_URL", ""),
+		HoldRetention:  p.duration("HOLDFAST_HOLD_RETENTION", 24*time.Hour),
+		LogLevel:       p.str("HOLDFAST_LOG_LEVEL", "info"),
+	}
+	d := reservation.DefaultConfig()
+	c.Protocol = reservation.Config{
+		HoldTTL:         p.duration("HOLDFAST_HOLD_TTL", d.HoldTTL),
+		MaxQty:          p.integer("HOLDFAST_MAX_QTY", d.MaxQty),
+		GroupTTL:        p.duration("HOLDFAST_GROUP_TTL", d.GroupTTL),
+		MaxGroupTTL:     p.duration("HOLDFAST_MAX_GROUP_TTL", d.MaxGroupTTL),
+		PersistAttempts: p.integer("HOLDFAST_PERSIST_ATTEMPTS", d.PersistAttempts),
+		SweepGrace:      p.duration("HOLDFAST_SWEEP_GRACE", d.SweepGrace),
+		SweepBatch:      p.integer("HOLDFAST_SWEEP_BATCH", d.SweepBatch),
+	}
+	if p.err != nil {
+		return Config{}, p.err
+	}
+	if c.RedisAddr == "" {
+		return Config{}, errors.New("config: HOLDFAST_REDIS_ADDR is required")
+	}
+	if c.DBDSN == "" && (c.DBSecretARN == "" || c.DBHost == "") {
+		return Config{}, errors.New("config: set HOLDFAST_DB_DSN, or HOLDFAST_DB_HOST with HOLDFAST_DB_SECRET_ARN")
+	}
+	if c.Protocol.HoldTTL <= 0 || c.Protocol.MaxQty < 1 || c.Protocol.PersistAttempts < 1 {
+		return Config{}, errors.New("config: HOLDFAST_HOLD_TTL, HOLDFAST_MAX_QTY and HOLDFAST_PERSIST_ATTEMPTS must be positive")
+	}
+	return c, nil
+}
+
+// NeedsQueue reports an error unless the reservation queue is configured.
+func (c Config) NeedsQueue() error {
+	if c.QueueURL == "" {
+		return errors.New("config: HOLDFAST_QUEUE_URL is required")
+	}
+	return nil
+}
+
+// NeedsEvents reports an error unless an event destination is configured.
+func (c Config) NeedsEvents() error {
+	if c.EventBusName == "" && c.EventsQueueURL == "" {
+		return errors.New("config: set HOLDFAST_EVENT_BUS (or HOLDFAST_EVENTS_QUEUE_URL locally)")
+	}
+	return nil
+}
+
+type parser struct {
+	getenv func(string) string
+	err    error
+}
+
+func (p *parser) str(key, def string) string {
+	if v := strings.TrimSpace(p.getenv(key)); v != "" {
+		return v
+	}
+	return def
+}
+
+func (p *parser) boolean(key string) bool {
+	v := p.str(key, "false")
+	b, err := strconv.ParseBool(v)
+	if err != nil && p.err == nil {
+		p.err = fmt.Errorf("config: %s=%q is not a boolean", key, v)
+	}
+	return b
+}
+
+func (p *parser) integer(key string, def int) int {
+	v := p.str(key, "")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil && p.err == nil {
+		p.err = fmt.Errorf("config: %s=%q is not an integer", key, v)
+	}
+	return n
+}
+
+func (p *parser) duration(key string, def time.Duration) time.Duration {
+	v := p.str(key, "")
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil && p.err == nil {
+		p.err = fmt.Errorf("config: %s=%q is not a duration (e.g. 90s, 5m)", key, v)
+	}
+	return d
+}

@@ -1,0 +1,77 @@
+// Package consumer holds the SQS handlers of persist (the reservation queue)
+// and compensate (its dead-letter queue). They decode each record, call the
+// reservation service once per record, and report failed records through
+// events.SQSEventResponse so that only those return to the queue.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/holdfast/holdfast/shared/queue"
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// Decider is one protocol decision applied to a reservation message:
+// Service.Persist for persist, Service.Compensate for compensate.
+type Decider func(ctx context.Context, r reservation.Reservation) (reservation.Reservation, error)
+
+// Counter counts poison messages.
+type Counter interface {
+	Count(name string, n int)
+}
+
+// Handler is an SQS batch handler with partial batch responses.
+type Handler struct {
+	name    string
+	decide  Decider
+	metrics Counter
+	log     *slog.Logger
+	// reserve is how much of the invocation's remaining time to keep
+	// unused: records not started by then are reported failed (redelivered)
+	// rather than lost to a timeout that would fail the whole batch.
+	reserve time.Duration
+}
+
+// New returns a Handler named name (for logs) that applies decide.
+func New(name string, decide Decider, metrics Counter, log *slog.Logger) *Handler {
+	return &Handler{name: name, decide: decide, metrics: metrics, log: log, reserve: 2 * time.Second}
+}
+
+// Handle processes a batch. It never fails the whole batch: each record
+// either succeeds or is listed in BatchItemFailures. A poison record is
+// listed too, so SQS moves it to the dead-letter queue after maxReceiveCount
+// receives; it never touches stock.
+func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
+	var resp events.SQSEventResponse
+	deadline, hasDeadline := ctx.Deadline()
+	for _, rec := range ev.Records {
+		if ctx.Err() != nil || (hasDeadline && time.Until(deadline) < h.reserve) {
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: rec.MessageId})
+			continue
+		}
+		r, err := queue.Decode([]byte(rec.Body))
+		if err != nil {
+			h.metrics.Count("poison_messages", 1)
+			h.log.ErrorContext(ctx, h.name+": poison message", "message_id", rec.MessageId, "error", err)
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: rec.MessageId})
+			continue
+		}
+		out, err := h.decide(ctx, r)
+		if err != nil {
+			level := slog.LevelWarn
+			if !errors.Is(err, reservation.ErrContended) && !errors.Is(err, reservation.ErrUnavailable) {
+				level = slog.LevelError
+			}
+			h.log.Log(ctx, level, h.name+": will retry", "message_id", rec.MessageId, "reservation_id", r.ID, "error", err)
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: rec.MessageId})
+			continue
+		}
+		h.log.DebugContext(ctx, h.name+": decided", "reservation_id", r.ID, "status", out.Status, "reason", out.Reason)
+	}
+	h.log.InfoContext(ctx, h.name+": batch", "size", len(ev.Records), "failures", len(resp.BatchItemFailures))
+	return resp, nil
+}

@@ -1,0 +1,331 @@
+// Package httpapi serves holdfast's HTTP API behind API Gateway (HTTP API,
+// payload format 2.0). It decodes requests, calls the reservation service
+// and maps results and domain errors to responses; it decides nothing.
+// Errors are JSON {"error": code, "message": text}.
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// MaxBody is the largest request body accepted, in bytes.
+const MaxBody = 4 << 10
+
+// Service is what the API needs of the protocol.
+type Service interface {
+	Reserve(ctx context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error)
+	Get(ctx context.Context, id string) (reservation.Reservation, error)
+	Cancel(ctx context.Context, id string) (reservation.Reservation, error)
+	CreateGroup(ctx context.Context, sku string, capacity int, ttl time.Duration) (reservation.Group, error)
+	Group(ctx context.Context, id string) (reservation.Group, error)
+	Available(ctx context.Context, sku string) (int64, error)
+	SetStock(ctx context.Context, sku string, stock int64, limit *int) (reservation.StockLevel, error)
+}
+
+// Handler is the API Gateway handler of functions/reserve.
+type Handler struct {
+	svc Service
+	log *slog.Logger
+}
+
+// New returns a Handler.
+func New(svc Service, log *slog.Logger) *Handler { return &Handler{svc: svc, log: log} }
+
+type response = events.APIGatewayV2HTTPResponse
+
+type route struct {
+	method  string
+	pattern []string // "*" matches one path segment
+	serve   func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response
+}
+
+var routes = []route{
+	{http.MethodPost, []string{"reservations"}, (*Handler).reserve},
+	{http.MethodGet, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
+		r, err := h.svc.Get(ctx, seg[1])
+		if err != nil {
+			return h.fail(ctx, err)
+		}
+		return reply(http.StatusOK, reservationBody(r))
+	}},
+	{http.MethodDelete, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
+		r, err := h.svc.Cancel(ctx, seg[1])
+		if err != nil {
+			return h.fail(ctx, err)
+		}
+		return reply(http.StatusOK, reservationBody(r))
+	}},
+	{http.MethodPost, []string{"groups"}, (*Handler).createGroup},
+	{http.MethodGet, []string{"groups", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
+		g, err := h.svc.Group(ctx, seg[1])
+		if err != nil {
+			return h.fail(ctx, err)
+		}
+		return reply(http.StatusOK, groupBody(g))
+	}},
+	{http.MethodGet, []string{"skus", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
+		n, err := h.svc.Available(ctx, seg[1])
+		if err != nil {
+			return h.fail(ctx, err)
+		}
+		return reply(http.StatusOK, map[string]any{"sku": seg[1], "available": n})
+	}},
+	{http.MethodPut, []string{"admin", "skus", "*", "stock"}, (*Handler).setStock},
+}
+
+func (r route) matches(seg []string) bool {
+	if len(seg) != len(r.pattern) {
+		return false
+	}
+	for i, p := range r.pattern {
+		if p != "*" && p != seg[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Handle serves one request. It never returns an error: every failure is a
+// response, so API Gateway never answers a bare 500.
+func (h *Handler) Handle(ctx context.Context, req events.APIGatewayV2HTTPRequest) (response, error) {
+	method := req.RequestContext.HTTP.Method
+	path := req.RawPath
+	if path == "" {
+		path = req.RequestContext.HTTP.Path
+	}
+	seg := strings.Split(strings.Trim(path, "/"), "/")
+	pathKnown := false
+	for _, r := range routes {
+		if !r.matches(seg) {
+			continue
+		}
+		if r.method == method {
+			return r.serve(h, ctx, req, seg), nil
+		}
+		pathKnown = true
+	}
+	if pathKnown {
+		return errorReply(http.StatusMethodNotAllowed, "method_not_allowed", method+" is not allowed on "+path), nil
+	}
+	return errorReply(http.StatusNotFound, "not_found", "no route "+method+" "+path), nil
+}
+
+type reserveBody struct {
+	SKU     string `json:"sku"`
+	Qty     *int   `json:"qty"`
+	UserID  string `json:"user_id"`
+	GroupID string `json:"group_id"`
+}
+
+func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string) response {
+	var b reserveBody
+	if resp, ok := decode(req, &b); !ok {
+		return resp
+	}
+	switch {
+	case b.SKU == "":
+		return invalid("sku is required")
+	case b.Qty == nil:
+		return invalid("qty is required")
+	case b.UserID == "":
+		return invalid("user_id is required")
+	}
+	r, replayed, err := h.svc.Reserve(ctx, reservation.ReserveRequest{
+		SKU: b.SKU, Qty: *b.Qty, UserID: b.UserID, GroupID: b.GroupID,
+		IdempotencyKey: header(req, "Idempotency-Key"),
+	})
+	if err != nil {
+		return h.fail(ctx, err)
+	}
+	status := http.StatusAccepted
+	if replayed && r.Status.Final() {
+		status = http.StatusOK
+	}
+	return reply(status, reservationBody(r))
+}
+
+type groupRequest struct {
+	SKU        string `json:"sku"`
+	Capacity   *int   `json:"capacity"`
+	TTLSeconds *int   `json:"ttl_seconds"`
+}
+
+func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string) response {
+	var b groupRequest
+	if resp, ok := decode(req, &b); !ok {
+		return resp
+	}
+	switch {
+	case b.SKU == "":
+		return invalid("sku is required")
+	case b.Capacity == nil:
+		return invalid("capacity is required")
+	case b.TTLSeconds != nil && *b.TTLSeconds < 1:
+		return invalid("ttl_seconds must be at least 1")
+	}
+	var ttl time.Duration
+	if b.TTLSeconds != nil {
+		ttl = time.Duration(*b.TTLSeconds) * time.Second
+	}
+	g, err := h.svc.CreateGroup(ctx, b.SKU, *b.Capacity, ttl)
+	if err != nil {
+		return h.fail(ctx, err)
+	}
+	return reply(http.StatusCreated, groupBody(g))
+}
+
+type stockRequest struct {
+	Stock        *int64 `json:"stock"`
+	PerUserLimit *int   `json:"per_user_limit"`
+}
+
+func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response {
+	sku := seg[2]
+	var b stockRequest
+	if resp, ok := decode(req, &b); !ok {
+		return resp
+	}
+	if b.Stock == nil {
+		return invalid("stock is required")
+	}
+	level, err := h.svc.SetStock(ctx, sku, *b.Stock, b.PerUserLimit)
+	if err != nil {
+		return h.fail(ctx, err)
+	}
+	return reply(http.StatusOK, map[string]any{
+		"sku": level.SKU, "stock": level.Available, "per_user_limit": level.PerUserLimit, "version": level.Version,
+	})
+}
+
+// decode reads a JSON body strictly: bounded size, no unknown fields, one value.
+func decode(req events.APIGatewayV2HTTPRequest, v any) (response, bool) {
+	body := []byte(req.Body)
+	if req.IsBase64Encoded {
+		var err error
+		if body, err = base64.StdEncoding.DecodeString(req.Body); err != nil {
+			return invalid("body is not valid base64"), false
+		}
+	}
+	if len(body) > MaxBody {
+		return errorReply(http.StatusRequestEntityTooLarge, "invalid_request",
+			fmt.Sprintf("body is larger than %d bytes", MaxBody)), false
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return invalid("body is required (JSON)"), false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return invalid("body is not valid JSON for this route: " + jsonProblem(err)), false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return invalid("body has data after the JSON object"), false
+	}
+	return response{}, true
+}
+
+func jsonProblem(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		return fmt.Sprintf("field %q must be %s", typeErr.Field, typeErr.Type)
+	}
+	return err.Error()
+}
+
+func header(req events.APIGatewayV2HTTPRequest, name string) string {
+	for k, v := range req.Headers {
+		if strings.EqualFold(k, name) {
+			return v
+		}
+	}
+	return ""
+}
+
+// fail maps a service error to a response.
+func (h *Handler) fail(ctx context.Context, err error) response {
+	var inv *reservation.InvalidError
+	switch {
+	case errors.As(err, &inv):
+		return invalid(inv.Error())
+	case errors.Is(err, reservation.ErrSoldOut):
+		return errorReply(http.StatusConflict, "sold_out", "not enough stock left")
+	case errors.Is(err, reservation.ErrGroupFull):
+		return errorReply(http.StatusConflict, "group_full", "the group has no free slot")
+	case errors.Is(err, reservation.ErrAlreadyJoined):
+		return errorReply(http.StatusConflict, "already_joined", "this user already joined the group")
+	case errors.Is(err, reservation.ErrGroupClosed):
+		return errorReply(http.StatusConflict, "group_closed", "the group is no longer open")
+	case errors.Is(err, reservation.ErrLimitExceeded):
+		return errorReply(http.StatusConflict, "limit_exceeded", "this user reached the per-user limit for the sku")
+	case errors.Is(err, reservation.ErrIdempotencyMismatch):
+		return errorReply(http.StatusUnprocessableEntity, "idempotency_mismatch",
+			"the Idempotency-Key was already used with a different request")
+	case errors.Is(err, reservation.ErrUnknownSKU):
+		return errorReply(http.StatusNotFound, "unknown_sku", "no such sku")
+	case errors.Is(err, reservation.ErrUnknownGroup):
+		return errorReply(http.StatusNotFound, "unknown_group", "no such group for this sku")
+	case errors.Is(err, reservation.ErrNotFound):
+		return errorReply(http.StatusNotFound, "not_found", "no such reservation")
+	case errors.Is(err, reservation.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		h.log.WarnContext(ctx, "dependency unavailable", "error", err)
+		resp := errorReply(http.StatusServiceUnavailable, "unavailable", "a dependency is unavailable; nothing was held, retry later")
+		resp.Headers["Retry-After"] = "1"
+		return resp
+	}
+	h.log.ErrorContext(ctx, "internal error", "error", err)
+	return errorReply(http.StatusInternalServerError, "internal", "internal error")
+}
+
+func invalid(msg string) response {
+	return errorReply(http.StatusBadRequest, "invalid_request", msg)
+}
+
+func errorReply(status int, code, msg string) response {
+	return reply(status, map[string]string{"error": code, "message": msg})
+}
+
+func reply(status int, body any) response {
+	b, err := json.Marshal(body)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"internal","message":"encoding failed"}`)
+	}
+	return response{
+		StatusCode: status,
+		Headers:    map[string]string{"Content-Type": "application/json"},
+		Body:       string(b),
+	}
+}
+
+func reservationBody(r reservation.Reservation) map[string]any {
+	m := map[string]any{"reservation_id": r.ID, "status": r.Status, "sku": r.SKU, "qty": r.Qty}
+	if !r.ExpiresAt.IsZero() {
+		m["expires_at"] = r.ExpiresAt.UTC().Format(time.RFC3339Nano)
+	}
+	if r.GroupID != "" {
+		m["group_id"] = r.GroupID
+	}
+	if r.Reason != "" {
+		m["reason"] = r.Reason
+	}
+	return m
+}
+
+func groupBody(g reservation.Group) map[string]any {
+	return map[string]any{
+		"group_id": g.ID, "sku": g.SKU, "status": g.Status, "capacity": g.Capacity,
+		"remaining": g.Remaining, "members": g.Members, "deadline": g.Deadline.UTC().Format(time.RFC3339Nano),
+	}
+}

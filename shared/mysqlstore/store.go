@@ -1,0 +1,459 @@
+// Package mysqlstore is the MySQL adapter of the reservation protocol, the
+// arbiter: the reservations table decides each reservation's fate, and stock
+// is taken with a version-checked (optimistic) update. It runs on MySQL 8 and
+// MariaDB 10.11 alike, and translates driver errors into the reservation
+// package's errors.
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+var _ reservation.Ledger = (*Store)(nil)
+
+// Store is the ledger on a *sql.DB.
+type Store struct {
+	db *sql.DB
+}
+
+// New returns a Store on db.
+func New(db *sql.DB) *Store { return &Store{db: db} }
+
+// querier is what both *sql.DB and *sql.Tx offer.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+const (
+	errDuplicate   = 1062
+	errLockTimeout = 1205
+	errDeadlock    = 1213
+)
+
+func isDuplicate(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errDuplicate
+}
+
+// translate maps a driver error to the protocol's meaning: deadlocks and
+// lock timeouts are optimistic conflicts (retry in a fresh transaction);
+// anything else is the database being unavailable.
+func translate(op string, err error) error {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && (me.Number == errDeadlock || me.Number == errLockTimeout) {
+		return fmt.Errorf("%s: %w: %w", op, reservation.ErrVersionConflict, err)
+	}
+	return reservation.Unavailable(op, err)
+}
+
+type stmt struct {
+	q    string
+	args []any
+}
+
+func nullString(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
+
+func utc(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
+
+func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: utc(t), Valid: !t.IsZero()} }
+
+const reservationColumns = `reservation_id, sku, qty, user_id, group_id, status, reason, refunded, notified, expires_at, created_at`
+
+func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservation, error) {
+	var r reservation.Reservation
+	var group, reason sql.NullString
+	var expires sql.NullTime
+	var status string
+	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &status, &reason, &r.Refunded, &r.Notified, &expires, &r.CreatedAt); err != nil {
+		return r, err
+	}
+	r.GroupID, r.Reason, r.Status = group.String, reservation.Reason(reason.String), reservation.Status(status)
+	if expires.Valid {
+		r.ExpiresAt = expires.Time
+	}
+	return r, nil
+}
+
+// Apply implements reservation.Ledger.
+func (s *Store) Apply(ctx context.Context, r reservation.Reservation, now time.Time) (reservation.ApplyResult, reservation.Reservation, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, r, translate("apply begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
+		(reservation_id, sku, qty, user_id, group_id, status, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?)`,
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+	if isDuplicate(err) {
+		_ = tx.Rollback()
+		row, err := s.Reservation(ctx, r.ID)
+		if err != nil {
+			return 0, r, err
+		}
+		if row.Status == reservation.StatusConfirmed {
+			return reservation.AlreadyConfirmed, row, nil
+		}
+		return reservation.AlreadyCancelled, row, nil
+	}
+	if err != nil {
+		return 0, r, translate("apply insert", err)
+	}
+
+	var available, version int64
+	err = tx.QueryRowContext(ctx, `SELECT available, version FROM product_stock WHERE sku = ?`, r.SKU).Scan(&available, &version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return reservation.NoSuchSKU, r, nil
+	}
+	if err != nil {
+		return 0, r, translate("apply read stock", err)
+	}
+	if available < int64(r.Qty) {
+		return reservation.Insufficient, r, nil
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
+		WHERE sku = ? AND version = ? AND available >= ?`, r.Qty, r.SKU, version, r.Qty)
+	if err != nil {
+		return 0, r, translate("apply update stock", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return 0, r, translate("apply update stock", err)
+	} else if n == 0 {
+		return 0, r, fmt.Errorf("apply %s: %w", r.ID, reservation.ErrVersionConflict)
+	}
+
+	if r.GroupID != "" {
+		result, err := joinGroup(ctx, tx, r, now)
+		if err != nil || result != reservation.Applied {
+			return result, r, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, r, translate("apply commit", err)
+	}
+	return reservation.Applied, r, nil
+}
+
+// joinGroup takes a slot of r's group inside the persist transaction. The
+// status assignment comes first so that it reads members before the increment.
+func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time) (reservation.ApplyResult, error) {
+	_, err := tx.ExecContext(ctx, `INSERT INTO group_members (group_id, user_id, reservation_id) VALUES (?, ?, ?)`,
+		r.GroupID, r.UserID, r.ID)
+	if isDuplicate(err) {
+		return reservation.GroupDuplicate, nil
+	}
+	if err != nil {
+		return 0, translate("apply join group", err)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE group_buys
+		SET status = IF(members + 1 >= capacity, 'FORMED', status), members = members + 1, updated_at = ?
+		WHERE group_id = ? AND sku = ? AND status = 'OPEN' AND members < capacity`, utc(now), r.GroupID, r.SKU)
+	if err != nil {
+		return 0, translate("apply take slot", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return 0, translate("apply take slot", err)
+	} else if n == 1 {
+		return reservation.Applied, nil
+	}
+	var status string
+	err = tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ? AND sku = ?`, r.GroupID, r.SKU).Scan(&status)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && status != string(reservation.GroupOpen)) {
+		return reservation.GroupNotOpen, nil
+	}
+	if err != nil {
+		return 0, translate("apply read group", err)
+	}
+	return reservation.GroupNoSlot, nil
+}
+
+// Fence implements reservation.Ledger. The insert waits on the row lock of
+// an in-flight persist of the same id, so exactly one of the two writes the row.
+func (s *Store) Fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+	res, err := s.db.ExecContext(ctx, `INSERT INTO reservations
+		(reservation_id, sku, qty, user_id, group_id, status, reason, notified, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?)
+		ON DUPLICATE KEY UPDATE reservation_id = reservation_id`,
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), string(reason), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+	if err != nil {
+		return r, false, translate("fence", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return r, false, translate("fence", err)
+	}
+	row, err := s.Reservation(ctx, r.ID)
+	if err != nil {
+		return r, false, err
+	}
+	return row, n == 1, nil
+}
+
+// Refund implements reservation.Ledger. Lock order (reservations,
+// product_stock, group_members, group_buys) matches Apply's.
+func (s *Store) Refund(ctx context.Context, id string, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return reservation.Reservation{}, false, translate("refund begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	row, err := scanReservation(tx.QueryRowContext(ctx, `SELECT `+reservationColumns+`
+		FROM reservations WHERE reservation_id = ? FOR UPDATE`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return reservation.Reservation{}, false, reservation.ErrNotFound
+	}
+	if err != nil {
+		return reservation.Reservation{}, false, translate("refund read", err)
+	}
+	if row.Status != reservation.StatusConfirmed {
+		return row, false, nil
+	}
+	stmts := []stmt{
+		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, refunded = 1, notified = 0, updated_at = ?
+			WHERE reservation_id = ?`, []any{string(reason), utc(now), id}},
+		{`UPDATE product_stock SET available = available + ?, version = version + 1 WHERE sku = ?`, []any{row.Qty, row.SKU}},
+	}
+	if row.GroupID != "" {
+		stmts = append(stmts,
+			stmt{`DELETE FROM group_members WHERE group_id = ? AND reservation_id = ?`, []any{row.GroupID, id}},
+			stmt{`UPDATE group_buys SET members = members - 1, status = IF(status = 'FORMED', 'OPEN', status), updated_at = ?
+				WHERE group_id = ? AND members > 0`, []any{utc(now), row.GroupID}},
+		)
+	}
+	for _, st := range stmts {
+		if _, err := tx.ExecContext(ctx, st.q, st.args...); err != nil {
+			return reservation.Reservation{}, false, translate("refund", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return reservation.Reservation{}, false, translate("refund commit", err)
+	}
+	row.Status, row.Reason, row.Refunded, row.Notified = reservation.StatusCancelled, reason, true, false
+	return row, true, nil
+}
+
+// Reservation implements reservation.Ledger.
+func (s *Store) Reservation(ctx context.Context, id string) (reservation.Reservation, error) {
+	return s.reservation(ctx, s.db, id)
+}
+
+func (s *Store) reservation(ctx context.Context, q querier, id string) (reservation.Reservation, error) {
+	r, err := scanReservation(q.QueryRowContext(ctx, `SELECT `+reservationColumns+` FROM reservations WHERE reservation_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, reservation.ErrNotFound
+	}
+	if err != nil {
+		return r, translate("read reservation", err)
+	}
+	return r, nil
+}
+
+// MarkNotified implements reservation.Ledger.
+func (s *Store) MarkNotified(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE reservations SET notified = 1 WHERE reservation_id = ? AND notified = 0`, id); err != nil {
+		return translate("mark notified", err)
+	}
+	return nil
+}
+
+// Unnotified implements reservation.Ledger.
+func (s *Store) Unnotified(ctx context.Context, t time.Time, limit int) ([]reservation.Reservation, error) {
+	return s.reservations(ctx, "unnotified", `SELECT `+reservationColumns+` FROM reservations
+		WHERE notified = 0 AND updated_at < ? AND status = 'CANCELLED' LIMIT ?`, utc(t), limit)
+}
+
+// GroupMembers implements reservation.Ledger.
+func (s *Store) GroupMembers(ctx context.Context, id string) ([]reservation.Reservation, error) {
+	return s.reservations(ctx, "group members", `SELECT `+reservationColumns+` FROM reservations
+		WHERE group_id = ? AND status = 'CONFIRMED'`, id)
+}
+
+func (s *Store) reservations(ctx context.Context, op, q string, args ...any) ([]reservation.Reservation, error) {
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, translate(op, err)
+	}
+	defer rows.Close()
+	var out []reservation.Reservation
+	for rows.Next() {
+		r, err := scanReservation(rows)
+		if err != nil {
+			return nil, translate(op, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, translate(op, err)
+	}
+	return out, nil
+}
+
+// SetStock implements reservation.Ledger.
+func (s *Store) SetStock(ctx context.Context, sku string, stock int64, limit *int) (reservation.StockLevel, int64, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return reservation.StockLevel{}, 0, translate("set stock begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	level := reservation.StockLevel{SKU: sku}
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ? FOR UPDATE`, sku).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit)
+	var delta int64
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		level = reservation.StockLevel{SKU: sku, Available: stock, Version: 1}
+		if limit != nil {
+			level.PerUserLimit = *limit
+		}
+		delta = stock
+		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit) VALUES (?, ?, 1, ?)`,
+			sku, stock, level.PerUserLimit)
+		if isDuplicate(err) {
+			return reservation.StockLevel{}, 0, fmt.Errorf("set stock %s: %w", sku, reservation.ErrVersionConflict)
+		}
+	case err != nil:
+		return reservation.StockLevel{}, 0, translate("set stock read", err)
+	default:
+		delta = stock - level.Available
+		level.Available = stock
+		level.Version++
+		if limit != nil {
+			level.PerUserLimit = *limit
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ? WHERE sku = ?`,
+			stock, level.Version, level.PerUserLimit, sku)
+	}
+	if err != nil {
+		return reservation.StockLevel{}, 0, translate("set stock write", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return reservation.StockLevel{}, 0, translate("set stock commit", err)
+	}
+	return level, delta, nil
+}
+
+// Stock implements reservation.Ledger.
+func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, error) {
+	level := reservation.StockLevel{SKU: sku}
+	err := s.db.QueryRowContext(ctx, `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ?`, sku).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit)
+	if errors.Is(err, sql.ErrNoRows) {
+		return level, reservation.ErrUnknownSKU
+	}
+	if err != nil {
+		return level, translate("read stock", err)
+	}
+	return level, nil
+}
+
+// Stocks implements reservation.Ledger.
+func (s *Store) Stocks(ctx context.Context) ([]reservation.StockLevel, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT sku, available, version, per_user_limit FROM product_stock ORDER BY sku`)
+	if err != nil {
+		return nil, translate("list stock", err)
+	}
+	defer rows.Close()
+	var out []reservation.StockLevel
+	for rows.Next() {
+		var l reservation.StockLevel
+		if err := rows.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit); err != nil {
+			return nil, translate("list stock", err)
+		}
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, translate("list stock", err)
+	}
+	return out, nil
+}
+
+// CreateGroup implements reservation.Ledger.
+func (s *Store) CreateGroup(ctx context.Context, g reservation.Group) error {
+	res, err := s.db.ExecContext(ctx, `INSERT INTO group_buys (group_id, sku, capacity, members, status, deadline, created_at, updated_at)
+		SELECT ?, sku, ?, 0, 'OPEN', ?, ?, ? FROM product_stock WHERE sku = ?`,
+		g.ID, g.Capacity, utc(g.Deadline), utc(g.CreatedAt), utc(g.CreatedAt), g.SKU)
+	if err != nil {
+		return translate("create group", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return translate("create group", err)
+	} else if n == 0 {
+		return reservation.ErrUnknownSKU
+	}
+	return nil
+}
+
+const groupColumns = `group_id, sku, capacity, members, status, deadline, created_at`
+
+func scanGroup(row interface{ Scan(...any) error }) (reservation.Group, error) {
+	var g reservation.Group
+	var status string
+	err := row.Scan(&g.ID, &g.SKU, &g.Capacity, &g.Members, &status, &g.Deadline, &g.CreatedAt)
+	g.Status = reservation.GroupStatus(status)
+	return g, err
+}
+
+// Group implements reservation.Ledger.
+func (s *Store) Group(ctx context.Context, id string) (reservation.Group, error) {
+	g, err := scanGroup(s.db.QueryRowContext(ctx, `SELECT `+groupColumns+` FROM group_buys WHERE group_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return g, reservation.ErrUnknownGroup
+	}
+	if err != nil {
+		return g, translate("read group", err)
+	}
+	return g, nil
+}
+
+// DueGroups implements reservation.Ledger.
+func (s *Store) DueGroups(ctx context.Context, t time.Time, limit int) ([]reservation.Group, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+groupColumns+` FROM group_buys
+		WHERE (status = 'OPEN' AND deadline <= ?) OR (status = 'FAILED' AND settled_at IS NULL)
+		ORDER BY deadline LIMIT ?`, utc(t), limit)
+	if err != nil {
+		return nil, translate("due groups", err)
+	}
+	defer rows.Close()
+	var out []reservation.Group
+	for rows.Next() {
+		g, err := scanGroup(rows)
+		if err != nil {
+			return nil, translate("due groups", err)
+		}
+		out = append(out, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, translate("due groups", err)
+	}
+	return out, nil
+}
+
+// FailGroup implements reservation.Ledger.
+func (s *Store) FailGroup(ctx context.Context, id string, now time.Time) (reservation.Group, error) {
+	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys SET status = 'FAILED', updated_at = ?
+		WHERE group_id = ? AND status = 'OPEN' AND deadline <= ?`, utc(now), id, utc(now)); err != nil {
+		return reservation.Group{}, translate("fail group", err)
+	}
+	return s.Group(ctx, id)
+}
+
+// GroupSettled implements reservation.Ledger.
+func (s *Store) GroupSettled(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys SET settled_at = CURRENT_TIMESTAMP(3)
+		WHERE group_id = ? AND status = 'FAILED' AND settled_at IS NULL`, id); err != nil {
+		return translate("settle group", err)
+	}
+	return nil
+}

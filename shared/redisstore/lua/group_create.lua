@@ -1,0 +1,10 @@
+-- group_create.lua: open a group-buy with all its slots free.
+--
+-- KEYS[1] group hash
+-- ARGV[1] capacity  ARGV[2] deadline (unix ms)  ARGV[3] expire at (unix ms; deadline + retention)
+--
+-- Returns 1 if created, 0 if the group already existed (a repeat).
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'capacity', ARGV[1], 'remaining', ARGV[1], 'status', 'OPEN', 'deadline', ARGV[2])
+redis.call('PEXPIREAT', KEYS[1], ARGV[3])
+return 1

@@ -1,0 +1,160 @@
+// Package reservation is holdfast's protocol: the life of a stock reservation
+// (HELD → CONFIRMED | CANCELLED), the group-buy rules, and the decisions that
+// reserve, persist, compensate, the sweeper and a buyer's cancel take.
+//
+// Redis pre-deducts stock and keeps holds; MySQL is the arbiter: a
+// reservation's row decides its fate. Every path that could cancel a
+// reservation goes through one fenced decision (Service.settle): write the
+// CANCELLED row if no row exists, and only then return the hold's stock. A
+// late persist finds the fence and takes nothing, so no reservation is ever
+// both confirmed and released. docs/design.md tells the whole story.
+//
+// The package declares the ports it needs (Holds, Ledger, Enqueuer,
+// Notifier, Metrics, Clock); adapters live beside it and depend on it.
+package reservation
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Status is the state of a reservation.
+type Status string
+
+// A reservation is HELD from the moment Redis pre-deducts its stock until
+// MySQL decides it: CONFIRMED (stock taken in MySQL) or CANCELLED (stock
+// returned, or never taken). CONFIRMED may still become CANCELLED by a
+// buyer's cancel or a failed group, which returns the stock to both stores.
+const (
+	StatusHeld      Status = "HELD"
+	StatusConfirmed Status = "CONFIRMED"
+	StatusCancelled Status = "CANCELLED"
+)
+
+// Reason says why a reservation was cancelled.
+type Reason string
+
+// Reasons of cancellation, as stored in MySQL and sent in events.
+const (
+	ReasonExpired       Reason = "expired"            // hold deadline passed without a decision
+	ReasonPublishFailed Reason = "publish_failed"     // the SQS send failed at reserve time
+	ReasonInsufficient  Reason = "insufficient_stock" // MySQL could not cover it (stores drifted)
+	ReasonDeadLetter    Reason = "dead_letter"        // persist gave up; the message reached the DLQ
+	ReasonBuyer         Reason = "buyer_cancelled"    // DELETE /reservations/{id}
+	ReasonGroupFailed   Reason = "group_failed"       // the group's deadline passed before it formed
+	ReasonGroupClosed   Reason = "group_closed"       // joined a group MySQL no longer has open
+	ReasonGroupFull     Reason = "group_full"         // MySQL found the group full
+	ReasonAlreadyJoined Reason = "already_joined"     // MySQL found the user already in the group
+	ReasonUnknownSKU    Reason = "unknown_sku"        // the SKU does not exist in MySQL
+)
+
+// Reservation is one buyer's claim on Qty units of SKU.
+type Reservation struct {
+	ID        string
+	SKU       string
+	Qty       int
+	UserID    string
+	GroupID   string // empty unless a group-buy join
+	Status    Status
+	Reason    Reason    // set when CANCELLED
+	Refunded  bool      // CANCELLED after having been CONFIRMED: stock went back to MySQL
+	Notified  bool      // the cancellation event went out (MySQL's outbox flag)
+	ExpiresAt time.Time // the hold's deadline
+	CreatedAt time.Time
+}
+
+// GroupStatus is the state of a group-buy.
+type GroupStatus string
+
+// A group is OPEN until its last slot is taken (FORMED) or its deadline passes
+// first (FAILED, terminal: every member is cancelled and the stock returns).
+const (
+	GroupOpen   GroupStatus = "OPEN"
+	GroupFormed GroupStatus = "FORMED"
+	GroupFailed GroupStatus = "FAILED"
+)
+
+// Group is a group-buy on one SKU with a fixed number of slots.
+type Group struct {
+	ID        string
+	SKU       string
+	Capacity  int
+	Remaining int // slots not held in Redis
+	Members   int // members confirmed in MySQL
+	Status    GroupStatus
+	Deadline  time.Time
+	CreatedAt time.Time
+}
+
+// StockLevel is a SKU's stock as MySQL records it.
+type StockLevel struct {
+	SKU          string
+	Available    int64
+	Version      int64
+	PerUserLimit int // 0: no limit
+}
+
+// Domain errors. Callers branch on them with errors.Is.
+var (
+	ErrSoldOut             = errors.New("sold out")
+	ErrGroupFull           = errors.New("group full")
+	ErrAlreadyJoined       = errors.New("user already joined this group")
+	ErrGroupClosed         = errors.New("group closed")
+	ErrUnknownSKU          = errors.New("unknown sku")
+	ErrUnknownGroup        = errors.New("unknown group")
+	ErrNotFound            = errors.New("reservation not found")
+	ErrLimitExceeded       = errors.New("per-user limit exceeded")
+	ErrIdempotencyMismatch = errors.New("idempotency key reused with a different request")
+	// ErrUnavailable marks a failure of a store or queue: the request may be
+	// retried, and nothing was held.
+	ErrUnavailable = errors.New("dependency unavailable")
+	// ErrVersionConflict is an optimistic-lock miss in the ledger: retry in
+	// a fresh transaction.
+	ErrVersionConflict = errors.New("version conflict")
+	// ErrContended means persist ran out of optimistic retries; the message
+	// is redelivered, never cancelled for it.
+	ErrContended = errors.New("stock row contended")
+)
+
+// InvalidError is bad input: it names the field and the problem.
+type InvalidError struct {
+	Field string
+	Msg   string
+}
+
+func (e *InvalidError) Error() string { return e.Field + ": " + e.Msg }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// ValidID reports whether s can be a SKU, user, group or reservation id:
+// 1–64 characters of letters, digits and ._:- (no braces, so an id can never
+// break a Redis hash tag).
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
+// Validate checks a reservation request against the per-request limit.
+func (r Reservation) Validate(maxQty int) error {
+	switch {
+	case !ValidID(r.SKU):
+		return invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
+	case !ValidID(r.UserID):
+		return invalid("user_id", "must be 1-64 characters of letters, digits and ._:-")
+	case r.GroupID != "" && !ValidID(r.GroupID):
+		return invalid("group_id", "must be 1-64 characters of letters, digits and ._:-")
+	case r.ID != "" && !ValidID(r.ID):
+		return invalid("reservation_id", "must be 1-64 characters of letters, digits and ._:-")
+	case r.Qty < 1:
+		return invalid("qty", "must be at least 1")
+	case r.Qty > maxQty:
+		return invalid("qty", "must be at most %d", maxQty)
+	}
+	return nil
+}
+
+// Final reports whether the status is a decided one.
+func (s Status) Final() bool { return s == StatusConfirmed || s == StatusCancelled }

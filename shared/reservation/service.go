@@ -1,0 +1,467 @@
+package reservation
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"strings"
+	"time"
+)
+
+// Config holds the protocol's tunables.
+type Config struct {
+	HoldTTL         time.Duration // how long a hold may stay HELD before the sweeper decides it
+	MaxQty          int           // per-request quantity limit
+	GroupTTL        time.Duration // default group deadline
+	MaxGroupTTL     time.Duration // longest group deadline a caller may ask for
+	PersistAttempts int           // optimistic attempts per message before it is redelivered
+	SweepGrace      time.Duration // allowance for clock skew before a deadline counts as passed
+	SweepBatch      int           // holds, groups and events handled per SKU per sweep
+}
+
+// DefaultConfig is what production runs unless told otherwise.
+func DefaultConfig() Config {
+	return Config{
+		HoldTTL:         5 * time.Minute,
+		MaxQty:          10,
+		GroupTTL:        24 * time.Hour,
+		MaxGroupTTL:     7 * 24 * time.Hour,
+		PersistAttempts: 8,
+		SweepGrace:      5 * time.Second,
+		SweepBatch:      500,
+	}
+}
+
+// Service runs the protocol. Its methods are what the handlers call.
+type Service struct {
+	cfg      Config
+	holds    Holds
+	ledger   Ledger
+	queue    Enqueuer
+	notifier Notifier
+	metrics  Metrics
+	clock    Clock
+	log      *slog.Logger
+	sleep    func(context.Context, time.Duration)
+}
+
+// Deps are the Service's collaborators.
+type Deps struct {
+	Holds    Holds
+	Ledger   Ledger
+	Queue    Enqueuer // may be nil where no reservation is enqueued (persist, compensate, sweeper)
+	Notifier Notifier
+	Metrics  Metrics
+	Clock    Clock
+	Log      *slog.Logger
+}
+
+// NewService returns a Service with the given collaborators.
+func NewService(cfg Config, d Deps) *Service {
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Clock == nil {
+		d.Clock = SystemClock{}
+	}
+	if d.Metrics == nil {
+		d.Metrics = nopMetrics{}
+	}
+	return &Service{
+		cfg: cfg, holds: d.Holds, ledger: d.Ledger, queue: d.Queue, notifier: d.Notifier,
+		metrics: d.Metrics, clock: d.Clock, log: d.Log, sleep: sleepCtx,
+	}
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Count(string, int) {}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// ReserveRequest is a buyer's "buy" or "join group".
+type ReserveRequest struct {
+	SKU            string
+	Qty            int
+	UserID         string
+	GroupID        string
+	IdempotencyKey string // optional; the same key from the same user for the same SKU is the same reservation
+}
+
+// ReservationID returns the id of a request: derived from the idempotency key
+// when there is one (so a retry lands on the same hold), random otherwise.
+func ReservationID(req ReserveRequest) string {
+	enc := base32.StdEncoding.WithPadding(base32.NoPadding)
+	if req.IdempotencyKey == "" {
+		var b [16]byte
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+		return "r-" + strings.ToLower(enc.EncodeToString(b[:]))
+	}
+	sum := sha256.Sum256([]byte(req.UserID + "\x00" + req.SKU + "\x00" + req.IdempotencyKey))
+	return "r-" + strings.ToLower(enc.EncodeToString(sum[:16]))
+}
+
+// Reserve holds stock for a buyer and hands the reservation to persist.
+// The result is HELD, or, for a replayed request, the reservation's current
+// state (replayed true). If the hand-off fails the reservation is cancelled
+// through the fenced decision before Reserve returns ErrUnavailable, so the
+// caller holds nothing; if even that cannot be decided (MySQL down) the hold
+// stays for the sweeper.
+func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation, bool, error) {
+	if len(req.IdempotencyKey) > 128 {
+		return Reservation{}, false, invalid("Idempotency-Key", "must be at most 128 characters")
+	}
+	now := s.clock.Now()
+	r := Reservation{
+		ID: ReservationID(req), SKU: req.SKU, Qty: req.Qty, UserID: req.UserID, GroupID: req.GroupID,
+		Status: StatusHeld, ExpiresAt: now.Add(s.cfg.HoldTTL), CreatedAt: now,
+	}
+	if err := r.Validate(s.cfg.MaxQty); err != nil {
+		return Reservation{}, false, err
+	}
+	held, replayed, err := s.holds.Reserve(ctx, r, now)
+	if errors.Is(err, ErrUnknownSKU) {
+		// Redis may have lost the SKU (failover, flush): warm it from MySQL
+		// once and try again; MySQL says whether the SKU exists at all.
+		if werr := s.warm(ctx, r.SKU); werr != nil {
+			return Reservation{}, false, werr
+		}
+		held, replayed, err = s.holds.Reserve(ctx, r, now)
+	}
+	if err != nil {
+		if errors.Is(err, ErrSoldOut) {
+			s.metrics.Count("sold_out", 1)
+		}
+		return Reservation{}, false, err
+	}
+	if replayed && held.Status.Final() {
+		return held, true, nil
+	}
+	// A replay of a HELD hold sends again: the first attempt may have crashed
+	// between the deduct and the send. Persist takes each id at most once.
+	if err := s.queue.Enqueue(ctx, held); err != nil {
+		s.metrics.Count("publish_failed", 1)
+		final, serr := s.settle(ctx, held, ReasonPublishFailed)
+		if serr != nil {
+			s.log.ErrorContext(ctx, "reserve: enqueue failed and the hold is left to the sweeper",
+				"reservation_id", held.ID, "enqueue_error", err, "settle_error", serr)
+			return Reservation{}, false, Unavailable("reserve enqueue", err)
+		}
+		if final.Status == StatusConfirmed {
+			// The send that reported failure went through and was persisted.
+			return final, true, nil
+		}
+		return Reservation{}, false, Unavailable("reserve enqueue", err)
+	}
+	if !replayed {
+		s.metrics.Count("reserved", 1)
+	}
+	return held, replayed, nil
+}
+
+func (s *Service) warm(ctx context.Context, sku string) error {
+	level, err := s.ledger.Stock(ctx, sku)
+	if err != nil {
+		return err
+	}
+	warmed, err := s.holds.Warm(ctx, level)
+	if err != nil {
+		return err
+	}
+	if warmed {
+		s.metrics.Count("warmed", 1)
+		s.log.InfoContext(ctx, "warmed sku from mysql", "sku", sku, "available", level.Available)
+	}
+	return nil
+}
+
+// Get returns a reservation's current state: HELD from Redis until MySQL
+// has decided it. ErrNotFound if neither store knows the id.
+func (s *Service) Get(ctx context.Context, id string) (Reservation, error) {
+	if !ValidID(id) {
+		return Reservation{}, ErrNotFound
+	}
+	h, herr := s.holds.Hold(ctx, id)
+	if herr == nil && h.Status.Final() {
+		return h, nil
+	}
+	row, err := s.ledger.Reservation(ctx, id)
+	switch {
+	case err == nil:
+		if herr == nil {
+			row.ExpiresAt = h.ExpiresAt
+		}
+		return row, nil
+	case !errors.Is(err, ErrNotFound):
+		if herr == nil {
+			return h, nil // MySQL unreachable: Redis still knows it is HELD
+		}
+		return Reservation{}, err
+	case herr == nil:
+		return h, nil
+	case errors.Is(herr, ErrNotFound):
+		return Reservation{}, ErrNotFound
+	default:
+		return Reservation{}, herr
+	}
+}
+
+// Cancel is the buyer's cancel. A HELD reservation is fenced and released;
+// a CONFIRMED one is refunded in MySQL and then in Redis. Idempotent: a
+// repeat returns the final state and returns no stock twice.
+func (s *Service) Cancel(ctx context.Context, id string) (Reservation, error) {
+	if !ValidID(id) {
+		return Reservation{}, ErrNotFound
+	}
+	row, err := s.ledger.Reservation(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		h, herr := s.holds.Hold(ctx, id)
+		if herr != nil {
+			return Reservation{}, herr
+		}
+		row, err = s.settle(ctx, h, ReasonBuyer)
+	}
+	if err != nil {
+		return Reservation{}, err
+	}
+	if row.Status == StatusConfirmed {
+		return s.refund(ctx, id, ReasonBuyer)
+	}
+	return s.finishCancel(ctx, row)
+}
+
+// Persist settles one reservation message in MySQL, exactly once per id.
+// It returns the decided reservation. An error means the message must be
+// redelivered (MySQL unreachable, or the stock row stayed contended); it is
+// never a reason to cancel.
+func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, error) {
+	for attempt := 1; ; attempt++ {
+		res, row, err := s.ledger.Apply(ctx, r, s.clock.Now())
+		if errors.Is(err, ErrVersionConflict) {
+			s.metrics.Count("persist_retries", 1)
+			if attempt >= s.cfg.PersistAttempts {
+				return r, fmt.Errorf("persist %s after %d attempts: %w", r.ID, attempt, ErrContended)
+			}
+			s.sleep(ctx, backoff(attempt))
+			if ctx.Err() != nil {
+				return r, fmt.Errorf("persist %s: %w", r.ID, ctx.Err())
+			}
+			continue
+		}
+		if err != nil {
+			return r, fmt.Errorf("persist %s: %w", r.ID, err)
+		}
+		switch res {
+		case Applied, AlreadyConfirmed:
+			if res == Applied {
+				s.metrics.Count("confirmed", 1)
+			}
+			r.Status = StatusConfirmed
+			if err := s.holds.Confirm(ctx, r); err != nil {
+				// The row decided it; the sweeper marks the hold later.
+				s.log.WarnContext(ctx, "persist: hold not marked confirmed", "reservation_id", r.ID, "error", err)
+			}
+			return r, nil
+		case AlreadyCancelled:
+			// Fenced before it arrived: take nothing; make sure the hold is
+			// released (the fencer may have crashed before releasing).
+			return s.finishCancel(ctx, row)
+		default:
+			return s.settle(ctx, r, reasonOf(res))
+		}
+	}
+}
+
+func reasonOf(res ApplyResult) Reason {
+	switch res {
+	case NoSuchSKU:
+		return ReasonUnknownSKU
+	case GroupNotOpen:
+		return ReasonGroupClosed
+	case GroupNoSlot:
+		return ReasonGroupFull
+	case GroupDuplicate:
+		return ReasonAlreadyJoined
+	default:
+		return ReasonInsufficient
+	}
+}
+
+// backoff is full jitter over an exponential ceiling: 2ms, 4ms, … capped at 100ms.
+func backoff(attempt int) time.Duration {
+	ceiling := min(time.Duration(1<<attempt)*time.Millisecond, 100*time.Millisecond)
+	return time.Duration(mrand.Int64N(int64(ceiling)) + 1)
+}
+
+// Compensate decides a reservation whose message reached the dead-letter
+// queue. MySQL first: a CONFIRMED row (persist committed after all) only
+// marks the hold confirmed; otherwise the reservation is fenced CANCELLED,
+// its hold released once, and the cancellation published. Idempotent.
+func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, error) {
+	return s.settle(ctx, r, ReasonDeadLetter)
+}
+
+// settle is the fenced decision every cancelling path shares: write the
+// CANCELLED fence unless MySQL already decided, then act on the row.
+func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
+	row, inserted, err := s.ledger.Fence(ctx, r, reason, s.clock.Now())
+	if err != nil {
+		return r, fmt.Errorf("fence %s: %w", r.ID, err)
+	}
+	if row.Status == StatusConfirmed {
+		if err := s.holds.Confirm(ctx, row); err != nil {
+			return row, fmt.Errorf("confirm hold %s: %w", r.ID, err)
+		}
+		return row, nil
+	}
+	if inserted {
+		s.metrics.Count("cancelled_"+string(row.Reason), 1)
+	}
+	return s.finishCancel(ctx, row)
+}
+
+// refund cancels a CONFIRMED reservation: stock back to MySQL, then Redis.
+func (s *Service) refund(ctx context.Context, id string, reason Reason) (Reservation, error) {
+	row, refunded, err := s.ledger.Refund(ctx, id, reason, s.clock.Now())
+	if err != nil {
+		return Reservation{}, fmt.Errorf("refund %s: %w", id, err)
+	}
+	if refunded {
+		s.metrics.Count("cancelled_"+string(reason), 1)
+	}
+	return s.finishCancel(ctx, row)
+}
+
+// finishCancel brings Redis in line with a CANCELLED row and sends its event
+// once (the row's notified flag is the outbox; the sweeper resends what a
+// crash left unsent). Safe to repeat.
+func (s *Service) finishCancel(ctx context.Context, row Reservation) (Reservation, error) {
+	if row.Status != StatusCancelled {
+		return row, nil
+	}
+	returned, err := s.holds.Release(ctx, row, row.Refunded)
+	if err != nil {
+		return row, fmt.Errorf("release %s: %w", row.ID, err)
+	}
+	if returned {
+		s.metrics.Count("released", 1)
+	}
+	if !row.Notified {
+		if err := s.notify(ctx, row); err != nil {
+			return row, err
+		}
+		row.Notified = true
+	}
+	return row, nil
+}
+
+func (s *Service) notify(ctx context.Context, row Reservation) error {
+	if err := s.notifier.Cancelled(ctx, row); err != nil {
+		return fmt.Errorf("publish cancellation %s: %w", row.ID, err)
+	}
+	if err := s.ledger.MarkNotified(ctx, row.ID); err != nil {
+		return fmt.Errorf("mark notified %s: %w", row.ID, err)
+	}
+	return nil
+}
+
+// CreateGroup opens a group-buy of capacity slots on sku. ttl 0 means the
+// default deadline.
+func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl time.Duration) (Group, error) {
+	switch {
+	case !ValidID(sku):
+		return Group{}, invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
+	case capacity < 2 || capacity > 1000:
+		return Group{}, invalid("capacity", "must be between 2 and 1000")
+	case ttl < 0 || ttl > s.cfg.MaxGroupTTL:
+		return Group{}, invalid("ttl_seconds", "must be between 1 and %d", int(s.cfg.MaxGroupTTL.Seconds()))
+	}
+	if ttl == 0 {
+		ttl = s.cfg.GroupTTL
+	}
+	now := s.clock.Now()
+	id := ReservationID(ReserveRequest{})
+	g := Group{
+		ID: "g-" + strings.TrimPrefix(id, "r-"), SKU: sku, Capacity: capacity, Remaining: capacity,
+		Status: GroupOpen, Deadline: now.Add(ttl).Truncate(time.Millisecond), CreatedAt: now,
+	}
+	if err := s.ledger.CreateGroup(ctx, g); err != nil {
+		return Group{}, err
+	}
+	if err := s.holds.CreateGroup(ctx, g); err != nil {
+		// MySQL has an OPEN group nobody can join; the sweeper fails it at
+		// its deadline with no members.
+		return Group{}, err
+	}
+	return g, nil
+}
+
+// Group returns a group: status and confirmed members from MySQL, free
+// slots from Redis.
+func (s *Service) Group(ctx context.Context, id string) (Group, error) {
+	if !ValidID(id) {
+		return Group{}, ErrUnknownGroup
+	}
+	g, err := s.ledger.Group(ctx, id)
+	if err != nil {
+		return Group{}, err
+	}
+	g.Remaining = g.Capacity - g.Members
+	if g.Status == GroupOpen {
+		if rg, err := s.holds.Group(ctx, g.SKU, id); err == nil {
+			g.Remaining = rg.Remaining
+		}
+	}
+	return g, nil
+}
+
+// Available returns the units buyers can still reserve (the Redis figure).
+func (s *Service) Available(ctx context.Context, sku string) (int64, error) {
+	if !ValidID(sku) {
+		return 0, ErrUnknownSKU
+	}
+	available, _, err := s.holds.Stock(ctx, sku)
+	if errors.Is(err, ErrUnknownSKU) {
+		if werr := s.warm(ctx, sku); werr != nil {
+			return 0, werr
+		}
+		available, _, err = s.holds.Stock(ctx, sku)
+	}
+	return available, err
+}
+
+// SetStock sets a SKU's sellable stock in MySQL and moves Redis by the same
+// amount, so live holds stay counted exactly once. limit, when not nil, sets
+// the per-user limit in units (1 means one unit per buyer; 0 means none).
+func (s *Service) SetStock(ctx context.Context, sku string, stock int64, limit *int) (StockLevel, error) {
+	switch {
+	case !ValidID(sku):
+		return StockLevel{}, invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
+	case stock < 0 || stock > 1_000_000_000:
+		return StockLevel{}, invalid("stock", "must be between 0 and 1000000000")
+	case limit != nil && (*limit < 0 || *limit > 1_000_000):
+		return StockLevel{}, invalid("per_user_limit", "must be between 0 and 1000000")
+	}
+	level, delta, err := s.ledger.SetStock(ctx, sku, stock, limit)
+	if err != nil {
+		return StockLevel{}, err
+	}
+	if err := s.holds.AdjustStock(ctx, level, delta); err != nil {
+		// MySQL changed and Redis did not: the drift shows in the sweeper's
+		// metric and reconciliation heals it.
+		return StockLevel{}, err
+	}
+	return level, nil
+}

@@ -1,0 +1,153 @@
+// Package testservices gives integration tests isolated pieces of the real
+// local servers that scripts/services.sh starts (redis-server, MariaDB, the
+// SQS-API server): a fresh migrated database, uniquely named queues and keys.
+//
+// The servers are found through the environment file that services.sh
+// writes (make test exports it). When they are absent the tests skip, unless
+// HOLDFAST_REQUIRE_SERVICES=1 (set by make test and CI), where they fail.
+package testservices
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/shared/mysqlstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// Env holds what services.sh started.
+type Env struct {
+	RedisAddr   string
+	AdminDSN    string // no database selected; may create holdfast* databases
+	SQSEndpoint string
+}
+
+// Require returns the running services or skips (fails under
+// HOLDFAST_REQUIRE_SERVICES=1) when they are not there.
+func Require(t testing.TB) Env {
+	t.Helper()
+	e := Env{
+		RedisAddr:   os.Getenv("HOLDFAST_REDIS_ADDR"),
+		AdminDSN:    os.Getenv("HOLDFAST_DB_ADMIN_DSN"),
+		SQSEndpoint: os.Getenv("AWS_ENDPOINT_URL_SQS"),
+	}
+	if e.RedisAddr == "" || e.AdminDSN == "" || e.SQSEndpoint == "" {
+		if os.Getenv("HOLDFAST_REQUIRE_SERVICES") == "1" {
+			t.Fatal("integration services are required but HOLDFAST_REDIS_ADDR, HOLDFAST_DB_ADMIN_DSN or AWS_ENDPOINT_URL_SQS is unset; run `make test`")
+		}
+		t.Skip("integration services not running; `make test` starts them")
+	}
+	return e
+}
+
+// Name returns a name unique to this test run, safe for SKUs, queues and databases.
+func Name(prefix string) string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// Redis returns a client of the test Redis, closed at the end of the test.
+func (e Env) Redis(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: e.RedisAddr, PoolSize: 64})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis ping: %v", err)
+	}
+	return c
+}
+
+// Database creates a fresh database, applies the migrations and returns its
+// DSN; the database is dropped at the end of the test.
+func (e Env) Database(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := sql.Open("mysql", e.AdminDSN)
+	if err != nil {
+		t.Fatalf("open admin db: %v", err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	name := Name("holdfast_t")
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE `"+name+"` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE `"+name+"`") })
+	cfg, err := mysql.ParseDSN(e.AdminDSN)
+	if err != nil {
+		t.Fatalf("admin dsn: %v", err)
+	}
+	cfg.DBName = name
+	dsn := cfg.FormatDSN()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatalf("open db: %v", err)
+	}
+	defer db.Close()
+	if err := mysqlstore.Migrate(ctx, db); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return dsn
+}
+
+// SQS returns a client of the test SQS server.
+func (e Env) SQS(t testing.TB) *sqs.Client {
+	t.Helper()
+	cfg, err := awsconfig.LoadDefaultConfig(context.Background())
+	if err != nil {
+		t.Fatalf("aws config: %v", err)
+	}
+	return sqs.NewFromConfig(cfg)
+}
+
+// Queues are a reservation queue with its dead-letter queue, and an events queue.
+type Queues struct {
+	URL, DLQURL, EventsURL string
+	ARN, DLQARN            string
+}
+
+// CreateQueues creates uniquely named queues: the main one redrives to the
+// DLQ after maxReceive receives. Create them before any traffic (goaws).
+func (e Env) CreateQueues(t testing.TB, client *sqs.Client, maxReceive int) Queues {
+	t.Helper()
+	ctx := context.Background()
+	base := strings.ReplaceAll(Name("hf"), "_", "-")
+	create := func(name string, attrs map[string]string) string {
+		out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+		if err != nil {
+			t.Fatalf("create queue %s: %v", name, err)
+		}
+		return aws.ToString(out.QueueUrl)
+	}
+	q := Queues{DLQARN: "arn:aws:sqs:us-east-1:100010001000:" + base + "-dlq", ARN: "arn:aws:sqs:us-east-1:100010001000:" + base}
+	q.DLQURL = create(base+"-dlq", nil)
+	q.EventsURL = create(base+"-events", nil)
+	q.URL = create(base, map[string]string{
+		"RedrivePolicy": fmt.Sprintf(`{"maxReceiveCount":"%d","deadLetterTargetArn":"%s"}`, maxReceive, q.DLQARN),
+	})
+	return q
+}
+
+// Eventually polls cond until it holds or the timeout passes; it fails the
+// test with msg otherwise. It waits on a condition, not on a guess of time.
+func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v: %s", timeout, msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
