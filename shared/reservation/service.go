@@ -151,8 +151,14 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	}
 	// A replay of a HELD hold sends again: the first attempt may have crashed
 	// between the deduct and the send. Persist takes each id at most once.
+	// If that re-send fails, the first send (or, failing it, the sweeper)
+	// still decides the hold, so the replay answers HELD and cancels nothing.
 	if err := s.queue.Enqueue(ctx, held); err != nil {
 		s.metrics.Count("publish_failed", 1)
+		if replayed {
+			s.log.WarnContext(ctx, "reserve: re-send of a replayed hold failed", "reservation_id", held.ID, "error", err)
+			return held, true, nil
+		}
 		final, serr := s.settle(ctx, held, ReasonPublishFailed)
 		if serr != nil {
 			s.log.ErrorContext(ctx, "reserve: enqueue failed and the hold is left to the sweeper",

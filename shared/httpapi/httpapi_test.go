@@ -1,0 +1,186 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/holdfast/holdfast/shared/httpapi"
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// stub records calls and answers with err (or a plausible value).
+type stub struct {
+	calls int
+	err   error
+	last  reservation.ReserveRequest
+}
+
+func (s *stub) Reserve(_ context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error) {
+	s.calls++
+	s.last = req
+	return reservation.Reservation{ID: "r-1", SKU: req.SKU, Qty: req.Qty, Status: reservation.StatusHeld, ExpiresAt: time.Unix(1, 0)}, false, s.err
+}
+func (s *stub) Get(context.Context, string) (reservation.Reservation, error) {
+	s.calls++
+	return reservation.Reservation{ID: "r-1", Status: reservation.StatusConfirmed}, s.err
+}
+func (s *stub) Cancel(context.Context, string) (reservation.Reservation, error) {
+	s.calls++
+	return reservation.Reservation{ID: "r-1", Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer}, s.err
+}
+func (s *stub) CreateGroup(_ context.Context, sku string, capacity int, _ time.Duration) (reservation.Group, error) {
+	s.calls++
+	return reservation.Group{ID: "g-1", SKU: sku, Capacity: capacity, Remaining: capacity, Status: reservation.GroupOpen}, s.err
+}
+func (s *stub) Group(context.Context, string) (reservation.Group, error) {
+	s.calls++
+	return reservation.Group{ID: "g-1", Status: reservation.GroupOpen}, s.err
+}
+func (s *stub) Available(context.Context, string) (int64, error) { s.calls++; return 7, s.err }
+func (s *stub) SetStock(_ context.Context, sku string, stock int64, _ *int) (reservation.StockLevel, error) {
+	s.calls++
+	return reservation.StockLevel{SKU: sku, Available: stock}, s.err
+}
+
+func request(method, path, body string, headers map[string]string) events.APIGatewayV2HTTPRequest {
+	return events.APIGatewayV2HTTPRequest{
+		RawPath: path, Body: body, Headers: headers,
+		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
+	}
+}
+
+func do(t *testing.T, svc *stub, req events.APIGatewayV2HTTPRequest) (int, map[string]any) {
+	t.Helper()
+	h := httpapi.New(svc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	resp, err := h.Handle(context.Background(), req)
+	if err != nil {
+		t.Fatalf("Handle returned an error: %v", err)
+	}
+	if resp.Headers["Content-Type"] != "application/json" {
+		t.Errorf("Content-Type = %q", resp.Headers["Content-Type"])
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(resp.Body), &m); err != nil {
+		t.Fatalf("body %q: %v", resp.Body, err)
+	}
+	return resp.StatusCode, m
+}
+
+func TestBadInputIsA4xxThatNamesTheProblemAndReachesNothing(t *testing.T) {
+	tests := []struct {
+		name, method, path, body string
+		wantStatus               int
+		wantInMessage            string
+	}{
+		{"bad json", "POST", "/reservations", `{"sku":`, 400, "not valid JSON"},
+		{"empty body", "POST", "/reservations", ``, 400, "body is required"},
+		{"qty a string", "POST", "/reservations", `{"sku":"s","qty":"2","user_id":"u"}`, 400, `"qty"`},
+		{"qty a fraction", "POST", "/reservations", `{"sku":"s","qty":1.5,"user_id":"u"}`, 400, `"qty"`},
+		{"missing sku", "POST", "/reservations", `{"qty":1,"user_id":"u"}`, 400, "sku is required"},
+		{"missing qty", "POST", "/reservations", `{"sku":"s","user_id":"u"}`, 400, "qty is required"},
+		{"missing user", "POST", "/reservations", `{"sku":"s","qty":1}`, 400, "user_id is required"},
+		{"unknown field", "POST", "/reservations", `{"sku":"s","qty":1,"user_id":"u","quantity":2}`, 400, "quantity"},
+		{"two objects", "POST", "/reservations", `{"sku":"s","qty":1,"user_id":"u"}{}`, 400, "after the JSON"},
+		{"oversize", "POST", "/reservations", `{"sku":"` + strings.Repeat("x", 5000) + `","qty":1,"user_id":"u"}`, 413, "larger than"},
+		{"group without capacity", "POST", "/groups", `{"sku":"s"}`, 400, "capacity is required"},
+		{"group ttl zero", "POST", "/groups", `{"sku":"s","capacity":3,"ttl_seconds":0}`, 400, "ttl_seconds"},
+		{"stock missing", "PUT", "/admin/skus/s/stock", `{}`, 400, "stock is required"},
+		{"unknown route", "GET", "/nope", ``, 404, "no route"},
+		{"wrong method", "PATCH", "/reservations", ``, 405, "not allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			svc := &stub{}
+			code, body := do(t, svc, request(tt.method, tt.path, tt.body, nil))
+			if code != tt.wantStatus {
+				t.Errorf("%s %s = %d %v, want %d", tt.method, tt.path, code, body, tt.wantStatus)
+			}
+			if msg, _ := body["message"].(string); !strings.Contains(msg, tt.wantInMessage) || body["error"] == nil {
+				t.Errorf("body = %v, want an error whose message names %q", body, tt.wantInMessage)
+			}
+			if svc.calls != 0 {
+				t.Errorf("bad input reached the service (%d calls)", svc.calls)
+			}
+		})
+	}
+}
+
+func TestDomainErrorsMapToStatusAndCode(t *testing.T) {
+	tests := []struct {
+		err      error
+		status   int
+		code     string
+		retryHdr bool
+	}{
+		{reservation.ErrSoldOut, 409, "sold_out", false},
+		{reservation.ErrGroupFull, 409, "group_full", false},
+		{reservation.ErrAlreadyJoined, 409, "already_joined", false},
+		{reservation.ErrGroupClosed, 409, "group_closed", false},
+		{reservation.ErrLimitExceeded, 409, "limit_exceeded", false},
+		{reservation.ErrIdempotencyMismatch, 422, "idempotency_mismatch", false},
+		{reservation.ErrUnknownSKU, 404, "unknown_sku", false},
+		{reservation.ErrUnknownGroup, 404, "unknown_group", false},
+		{&reservation.InvalidError{Field: "qty", Msg: "must be at most 10"}, 400, "invalid_request", false},
+		{reservation.Unavailable("redis reserve", errors.New("i/o timeout")), 503, "unavailable", true},
+		{errors.New("boom"), 500, "internal", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.code, func(t *testing.T) {
+			svc := &stub{err: tt.err}
+			h := httpapi.New(svc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			resp, _ := h.Handle(context.Background(), request("POST", "/reservations", `{"sku":"s","qty":1,"user_id":"u"}`, nil))
+			var body map[string]string
+			_ = json.Unmarshal([]byte(resp.Body), &body)
+			if resp.StatusCode != tt.status || body["error"] != tt.code {
+				t.Errorf("error %v -> %d %v, want %d %s", tt.err, resp.StatusCode, body, tt.status, tt.code)
+			}
+			if _, ok := resp.Headers["Retry-After"]; ok != tt.retryHdr {
+				t.Errorf("Retry-After present = %v, want %v", ok, tt.retryHdr)
+			}
+			if strings.Contains(resp.Body, "i/o timeout") || strings.Contains(resp.Body, "boom") {
+				t.Errorf("internal detail leaked: %s", resp.Body)
+			}
+		})
+	}
+}
+
+func TestRoutes(t *testing.T) {
+	svc := &stub{}
+	key := map[string]string{"idempotency-key": "abc"}
+	if code, body := do(t, svc, request("POST", "/reservations", `{"sku":"s","qty":2,"user_id":"u"}`, key)); code != 202 || body["status"] != "HELD" || body["expires_at"] == nil {
+		t.Errorf("POST /reservations = %d %v", code, body)
+	}
+	if svc.last.IdempotencyKey != "abc" {
+		t.Errorf("Idempotency-Key not passed (case-insensitively): %q", svc.last.IdempotencyKey)
+	}
+	b64 := base64.StdEncoding.EncodeToString([]byte(`{"sku":"s","qty":1,"user_id":"u"}`))
+	req := request("POST", "/reservations", b64, nil)
+	req.IsBase64Encoded = true
+	if code, _ := do(t, svc, req); code != 202 {
+		t.Errorf("base64 body = %d, want 202", code)
+	}
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		key, want          string
+	}{
+		{"GET", "/reservations/r-1", "", 200, "status", "CONFIRMED"},
+		{"DELETE", "/reservations/r-1", "", 200, "status", "CANCELLED"},
+		{"POST", "/groups", `{"sku":"s","capacity":3}`, 201, "status", "OPEN"},
+		{"GET", "/groups/g-1", "", 200, "group_id", "g-1"},
+		{"GET", "/skus/s", "", 200, "sku", "s"},
+		{"PUT", "/admin/skus/s/stock", `{"stock":9,"per_user_limit":1}`, 200, "sku", "s"},
+	} {
+		if code, body := do(t, svc, request(c.method, c.path, c.body, nil)); code != c.status || body[c.key] != c.want {
+			t.Errorf("%s %s = %d %v, want %d with %s=%s", c.method, c.path, code, body, c.status, c.key, c.want)
+		}
+	}
+}
