@@ -3,7 +3,7 @@
 GO        ?= go
 DEV_DIR   ?= .holdfast/dev
 
-.PHONY: dev test unit services-up services-down migrate build clean
+.PHONY: dev test unit migrate build deploy clean
 
 ## dev: start Redis, MariaDB and the SQS server, then holdfast on 127.0.0.1:3000
 dev:
@@ -27,6 +27,17 @@ build:
 		GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' \
 			-o bin/$$fn/bootstrap ./functions/$$fn || exit 1; \
 	done
+
+## build-<LogicalId>Function: what `sam build` runs (BuildMethod: makefile, CodeUri: .):
+## a linux/arm64 bootstrap in $(ARTIFACTS_DIR) for the provided.al2023 runtime
+build-%Function:
+	@test -n "$(ARTIFACTS_DIR)" || { echo "ARTIFACTS_DIR is not set (sam build sets it)"; exit 2; }
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' \
+		-o "$(ARTIFACTS_DIR)/bootstrap" ./functions/$(shell echo '$*' | tr A-Z a-z)
+
+## deploy: build with SAM and deploy, asking for the parameters the first time
+deploy:
+	sam build && sam deploy --guided
 
 clean:
 	rm -rf bin .holdfast

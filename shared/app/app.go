@@ -72,7 +72,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		return nil, fmt.Errorf("aws config: %w", err)
 	}
 	var secrets *secretsmanager.Client
-	if cfg.DBSecretARN != "" || cfg.RedisSecretARN != "" {
+	if cfg.DBSecretID != "" || cfg.RedisSecretID != "" {
 		secrets = secretsmanager.NewFromConfig(awsCfg)
 	}
 
@@ -134,8 +134,8 @@ func (a *App) Close() error {
 
 func redisClient(ctx context.Context, cfg config.Config, secrets *secretsmanager.Client) (redis.UniversalClient, error) {
 	password := cfg.RedisPassword
-	if cfg.RedisSecretARN != "" {
-		s, err := secretString(ctx, secrets, cfg.RedisSecretARN)
+	if cfg.RedisSecretID != "" {
+		s, err := secretString(ctx, secrets, cfg.RedisSecretID)
 		if err != nil {
 			return nil, err
 		}
@@ -170,8 +170,8 @@ func redisClient(ctx context.Context, cfg config.Config, secrets *secretsmanager
 
 func openDB(ctx context.Context, cfg config.Config, secrets *secretsmanager.Client) (*sql.DB, error) {
 	dsn := cfg.DBDSN
-	if cfg.DBSecretARN != "" {
-		s, err := secretString(ctx, secrets, cfg.DBSecretARN)
+	if cfg.DBSecretID != "" {
+		s, err := secretString(ctx, secrets, cfg.DBSecretID)
 		if err != nil {
 			return nil, err
 		}

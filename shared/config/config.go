@@ -19,16 +19,16 @@ type Config struct {
 	RedisAddr     string // host:port; with RedisCluster, a comma-separated list of seeds
 	RedisCluster  bool
 	RedisTLS      bool
-	RedisPassword string // local only; in AWS use RedisSecretARN
-	// RedisSecretARN names a Secrets Manager secret holding the AUTH token.
-	RedisSecretARN string
+	RedisPassword string // local only; in AWS use RedisSecretID
+	// RedisSecretID names a Secrets Manager secret holding the AUTH token.
+	RedisSecretID string
 
-	DBDSN string // go-sql-driver DSN; in AWS built from DBHost/DBName and DBSecretARN
-	// DBSecretARN names a Secrets Manager secret {"username","password"}.
-	DBSecretARN string
-	DBHost      string // host:port of the RDS Proxy or cluster
-	DBName      string
-	DBMaxOpen   int
+	DBDSN string // go-sql-driver DSN; in AWS built from DBHost/DBName and DBSecretID
+	// DBSecretID names a Secrets Manager secret {"username","password"}.
+	DBSecretID string
+	DBHost     string // host:port of the RDS Proxy or cluster
+	DBName     string
+	DBMaxOpen  int
 
 	QueueURL       string // the reservation queue reserve sends to
 	EventBusName   string // EventBridge bus for ReservationCancelled
@@ -47,9 +47,9 @@ func Load(getenv func(string) string) (Config, error) {
 		RedisCluster:   p.boolean("HOLDFAST_REDIS_CLUSTER"),
 		RedisTLS:       p.boolean("HOLDFAST_REDIS_TLS"),
 		RedisPassword:  p.str("HOLDFAST_REDIS_PASSWORD", ""),
-		RedisSecretARN: p.str("HOLDFAST_REDIS_SECRET_ARN", ""),
+		RedisSecretID:  p.str("HOLDFAST_REDIS_SECRET_ID", ""),
 		DBDSN:          p.str("HOLDFAST_DB_DSN", ""),
-		DBSecretARN:    p.str("HOLDFAST_DB_SECRET_ARN", ""),
+		DBSecretID:     p.str("HOLDFAST_DB_SECRET_ID", ""),
 		DBHost:         p.str("HOLDFAST_DB_HOST", ""),
 		DBName:         p.str("HOLDFAST_DB_NAME", "holdfast"),
 		DBMaxOpen:      p.integer("HOLDFAST_DB_MAX_OPEN", 10),
@@ -75,13 +75,24 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.RedisAddr == "" {
 		return Config{}, errors.New("config: HOLDFAST_REDIS_ADDR is required")
 	}
-	if c.DBDSN == "" && (c.DBSecretARN == "" || c.DBHost == "") {
-		return Config{}, errors.New("config: set HOLDFAST_DB_DSN, or HOLDFAST_DB_HOST with HOLDFAST_DB_SECRET_ARN")
+	if c.DBDSN == "" && (c.DBSecretID == "" || c.DBHost == "") {
+		return Config{}, errors.New("config: set HOLDFAST_DB_DSN, or HOLDFAST_DB_HOST with HOLDFAST_DB_SECRET_ID")
 	}
 	if c.Protocol.HoldTTL <= 0 || c.Protocol.MaxQty < 1 || c.Protocol.PersistAttempts < 1 {
 		return Config{}, errors.New("config: HOLDFAST_HOLD_TTL, HOLDFAST_MAX_QTY and HOLDFAST_PERSIST_ATTEMPTS must be positive")
 	}
 	return c, nil
+}
+
+// Keys returns the name of every environment variable Load reads, so that
+// tests can hold template.yaml and the code to the same list.
+func Keys() []string {
+	var keys []string
+	_, _ = Load(func(k string) string {
+		keys = append(keys, k)
+		return ""
+	})
+	return keys
 }
 
 // NeedsQueue reports an error unless the reservation queue is configured.

@@ -86,6 +86,15 @@ var routes = []route{
 	{http.MethodPut, []string{"admin", "skus", "*", "stock"}, (*Handler).setStock},
 }
 
+// Routes lists the API's routes as "METHOD /path/*" (one * per path parameter).
+func Routes() []string {
+	out := make([]string, len(routes))
+	for i, r := range routes {
+		out[i] = r.method + " /" + strings.Join(r.pattern, "/")
+	}
+	return out
+}
+
 func (r route) matches(seg []string) bool {
 	if len(seg) != len(r.pattern) {
 		return false

@@ -75,6 +75,11 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		rep.Notified++
 	}
 
+	var drift int64
+	for _, d := range rep.Drift {
+		drift += max(d, -d)
+	}
+	s.metrics.Count("drift_units", int(drift))
 	s.metrics.Count("swept_expired", rep.Expired)
 	s.metrics.Count("swept_released", rep.Released)
 	s.metrics.Count("groups_failed", rep.GroupsFailed)

@@ -1,0 +1,287 @@
+package samtemplate_test
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/httpapi"
+	"github.com/holdfast/holdfast/shared/samtemplate"
+)
+
+const root = "../.."
+
+// tool returns the path of a preinstalled checker, failing under make test
+// (HOLDFAST_REQUIRE_SERVICES=1) and skipping elsewhere when it is missing.
+func tool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("HOLDFAST_REQUIRE_SERVICES") == "1" {
+			t.Fatalf("%s is required to check template.yaml but is not installed (it ships with the image; see README)", name)
+		}
+		t.Skipf("%s not installed", name)
+	}
+	return p
+}
+
+func TestCfnLintPasses(t *testing.T) {
+	lint := tool(t, "cfn-lint")
+	out, err := exec.Command(lint, filepath.Join(root, "template.yaml")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cfn-lint template.yaml: %v\n%s", err, out)
+	}
+}
+
+// translated is template.yaml after the SAM transform: plain CloudFormation.
+func translated(t *testing.T) map[string]any {
+	t.Helper()
+	py := tool(t, "python3")
+	cmd := exec.Command(py, filepath.Join(root, "scripts/sam-translate.py"), filepath.Join(root, "template.yaml"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("sam-translate: %v\n%s", err, stderr.String())
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatalf("translated template is not JSON: %v", err)
+	}
+	return doc
+}
+
+func m(v any) map[string]any { x, _ := v.(map[string]any); return x }
+
+func num(v any) float64 {
+	switch x := v.(type) {
+	case float64:
+		return x
+	case string:
+		var f float64
+		_, _ = fmt.Sscan(x, &f)
+		return f
+	}
+	return -1
+}
+
+// getAtt returns the logical id an {"Fn::GetAtt": [id, attr]} points at.
+func getAtt(v any) string {
+	if ga, ok := m(v)["Fn::GetAtt"].([]any); ok && len(ga) == 2 {
+		s, _ := ga[0].(string)
+		return s
+	}
+	return ""
+}
+
+func TestTranslatedWiring(t *testing.T) {
+	doc := translated(t)
+	res := m(doc["Resources"])
+	props := func(id string) map[string]any {
+		r := m(res[id])
+		if r == nil {
+			t.Fatalf("resource %s missing from the translated template", id)
+		}
+		return m(r["Properties"])
+	}
+	fnOf := func(v any) string {
+		if ref, ok := m(v)["Ref"].(string); ok {
+			return ref
+		}
+		return ""
+	}
+
+	// Each SQS event source: its queue, partial batch responses, a cap on concurrency.
+	for esm, want := range map[string]struct{ fn, queue string }{
+		"PersistFunctionReservations":   {"PersistFunction", "ReservationQueue"},
+		"CompensateFunctionDeadLetters": {"CompensateFunction", "ReservationDLQ"},
+	} {
+		p := props(esm)
+		if fnOf(p["FunctionName"]) != want.fn || getAtt(p["EventSourceArn"]) != want.queue {
+			t.Errorf("%s: function %v source %v, want %s on %s", esm, p["FunctionName"], p["EventSourceArn"], want.fn, want.queue)
+		}
+		if frt, _ := p["FunctionResponseTypes"].([]any); len(frt) != 1 || frt[0] != "ReportBatchItemFailures" {
+			t.Errorf("%s: FunctionResponseTypes = %v, want [ReportBatchItemFailures]", esm, p["FunctionResponseTypes"])
+		}
+		if c := num(m(p["ScalingConfig"])["MaximumConcurrency"]); c < 2 || c > 1000 {
+			t.Errorf("%s: MaximumConcurrency = %v, want 2-1000", esm, c)
+		}
+	}
+
+	// Redrive to the DLQ; visibility ≥ 6 × persist timeout; DLQ keeps messages longer.
+	q, dlq := props("ReservationQueue"), props("ReservationDLQ")
+	rp := m(q["RedrivePolicy"])
+	if getAtt(rp["deadLetterTargetArn"]) != "ReservationDLQ" || num(rp["maxReceiveCount"]) < 5 {
+		t.Errorf("RedrivePolicy = %v, want ReservationDLQ with maxReceiveCount ≥ 5", rp)
+	}
+	if vt, to := num(q["VisibilityTimeout"]), num(props("PersistFunction")["Timeout"]); vt < 6*to {
+		t.Errorf("queue visibility %v < 6 × persist timeout %v", vt, to)
+	}
+	if num(dlq["MessageRetentionPeriod"]) <= num(q["MessageRetentionPeriod"]) {
+		t.Errorf("DLQ retention %v must exceed the queue's %v", dlq["MessageRetentionPeriod"], q["MessageRetentionPeriod"])
+	}
+
+	// The sweeper: a schedule every minute targeting it, one at a time.
+	sched := props("SweeperFunctionEveryMinute")
+	if sched["ScheduleExpression"] != "rate(1 minute)" || getAtt(m(sched["Target"])["Arn"]) != "SweeperFunction" {
+		t.Errorf("sweeper schedule = %v", sched)
+	}
+	if num(props("SweeperFunction")["ReservedConcurrentExecutions"]) != 1 {
+		t.Errorf("SweeperFunction must have reserved concurrency 1")
+	}
+
+	// Every alarm's dimensions point at something that exists.
+	functions := map[string]bool{"reserve": true, "persist": true, "compensate": true, "sweeper": true}
+	alarms := 0
+	for id, r := range res {
+		if m(r)["Type"] != "AWS::CloudWatch::Alarm" {
+			continue
+		}
+		alarms++
+		p := m(m(r)["Properties"])
+		if p["TreatMissingData"] == nil {
+			t.Errorf("%s: TreatMissingData not chosen", id)
+		}
+		for _, d := range p["Dimensions"].([]any) {
+			dim := m(d)
+			v := dim["Value"]
+			switch {
+			case fnOf(v) != "":
+				if res[fnOf(v)] == nil && m(doc["Parameters"])[fnOf(v)] == nil {
+					t.Errorf("%s: dimension %v refers to a missing resource", id, dim)
+				}
+			case getAtt(v) != "":
+				if res[getAtt(v)] == nil {
+					t.Errorf("%s: dimension %v refers to a missing resource", id, dim)
+				}
+			case dim["Name"] == "Function":
+				if !functions[fmt.Sprint(v)] {
+					t.Errorf("%s: Function dimension %v is not a function the code names", id, v)
+				}
+			case dim["Name"] == "Stage":
+			default:
+				t.Errorf("%s: dimension %v points at nothing known", id, dim)
+			}
+		}
+	}
+	if alarms < 8 {
+		t.Errorf("alarms = %d, want the 8+ the operations guide describes", alarms)
+	}
+}
+
+func TestEveryVariableMatchesTheCode(t *testing.T) {
+	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, k := range config.Keys() {
+		known[k] = true
+	}
+	fns := tpl.Functions()
+	if len(fns) != 4 {
+		t.Fatalf("functions = %d, want 4", len(fns))
+	}
+	required := []string{"HOLDFAST_REDIS_ADDR", "HOLDFAST_DB_HOST", "HOLDFAST_DB_SECRET_ID", "HOLDFAST_EVENT_BUS"}
+	for id, f := range fns {
+		for _, name := range f.EnvNames() {
+			if !known[name] {
+				t.Errorf("%s sets %s, which the code never reads", id, name)
+			}
+		}
+		need := required
+		if id == "ReserveFunction" {
+			need = append(slices.Clone(required), "HOLDFAST_QUEUE_URL")
+		}
+		for _, name := range need {
+			if _, ok := f.Env[name]; !ok {
+				t.Errorf("%s lacks %s", id, name)
+			}
+		}
+	}
+}
+
+func TestEveryRouteIsInTheTemplate(t *testing.T) {
+	doc := translated(t)
+	body := m(m(m(doc["Resources"])["HttpApi"])["Properties"])["Body"]
+	paths := m(m(body)["paths"])
+	param := regexp.MustCompile(`\{[^}]+\}`)
+	inTemplate := map[string]string{} // "METHOD /path/*" -> auth kind
+	for path, ops := range paths {
+		for method, op := range m(ops) {
+			if method == "parameters" {
+				continue
+			}
+			auth := "none"
+			for _, sec := range m(op)["security"].([]any) {
+				for k := range m(sec) {
+					auth = k
+				}
+			}
+			inTemplate[strings.ToUpper(method)+" "+param.ReplaceAllString(path, "*")] = auth
+		}
+	}
+	for _, r := range httpapi.Routes() {
+		auth, ok := inTemplate[r]
+		if !ok {
+			t.Errorf("route %s is served but not in template.yaml", r)
+			continue
+		}
+		wantAuth := "BuyerJwt"
+		if strings.Contains(r, "/admin/") {
+			wantAuth = "AWS_IAM"
+		}
+		if auth != wantAuth {
+			t.Errorf("route %s auth = %s, want %s", r, auth, wantAuth)
+		}
+	}
+	if len(inTemplate) != len(httpapi.Routes()) {
+		t.Errorf("template routes %v, served %v", inTemplate, httpapi.Routes())
+	}
+}
+
+// sam build copies CodeUri (.) to a scratch directory and runs
+// `make build-<LogicalId>` there with ARTIFACTS_DIR set.
+func TestSamBuildMakesArm64Bootstraps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds four binaries")
+	}
+	scratch := t.TempDir()
+	cp := exec.Command("cp", "-r", root+"/.", scratch)
+	if out, err := cp.CombinedOutput(); err != nil {
+		t.Fatalf("copy: %v %s", err, out)
+	}
+	_ = os.RemoveAll(filepath.Join(scratch, "bin"))
+	_ = os.RemoveAll(filepath.Join(scratch, ".holdfast"))
+	for _, fn := range []string{"ReserveFunction", "PersistFunction", "CompensateFunction", "SweeperFunction"} {
+		t.Run(fn, func(t *testing.T) {
+			art := t.TempDir()
+			cmd := exec.Command("make", "--makefile", filepath.Join(scratch, "Makefile"), "build-"+fn)
+			cmd.Dir = scratch
+			cmd.Env = append(os.Environ(), "ARTIFACTS_DIR="+art)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("make build-%s: %v\n%s", fn, err, out)
+			}
+			f, err := elf.Open(filepath.Join(art, "bootstrap"))
+			if err != nil {
+				t.Fatalf("bootstrap: %v", err)
+			}
+			defer f.Close()
+			if f.Machine != elf.EM_AARCH64 || f.Type != elf.ET_EXEC {
+				t.Errorf("bootstrap is %v %v, want an arm64 executable", f.Machine, f.Type)
+			}
+			if st, _ := os.Stat(filepath.Join(art, "bootstrap")); st.Mode()&0o111 == 0 {
+				t.Errorf("bootstrap is not executable")
+			}
+		})
+	}
+}
