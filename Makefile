@@ -3,7 +3,7 @@
 GO        ?= go
 DEV_DIR   ?= .holdfast/dev
 
-.PHONY: dev test unit migrate build deploy clean
+.PHONY: dev test unit invoke migrate build deploy clean
 
 ## dev: start Redis, MariaDB and the SQS server, then holdfast on 127.0.0.1:3000
 dev:
@@ -16,6 +16,13 @@ test:
 ## unit: the fast tests only (no servers; integration tests skip)
 unit:
 	$(GO) test -count=1 ./...
+
+## invoke: run one function like `sam local invoke`, under the Lambda Runtime
+## Interface Emulator, against the services of `make dev` (events/env.json):
+##   make invoke FN=persist EVENT=events/persist-batch.json
+invoke:
+	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=reserve|persist|compensate|sweeper EVENT=events/<file>.json"; exit 2; }
+	$(GO) run ./cmd/invoke -fn $(FN) -event $(EVENT)
 
 ## migrate: apply the MySQL migrations to HOLDFAST_DB_DSN
 migrate:

@@ -14,6 +14,10 @@ if [ "${RESET:-0}" = 1 ]; then
 fi
 stop() { scripts/services.sh stop "$dir"; echo "dev: stopped everything it started"; }
 trap stop EXIT
+# Fixed ports, the ones events/env.json points at (sam local invoke --env-vars).
+export HOLDFAST_REDIS_PORT=${HOLDFAST_REDIS_PORT:-16379}
+export HOLDFAST_DB_PORT=${HOLDFAST_DB_PORT:-13306}
+export HOLDFAST_SQS_PORT=${HOLDFAST_SQS_PORT:-14100}
 scripts/services.sh start "$dir"
 set -a
 # shellcheck disable=SC1091

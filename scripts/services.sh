@@ -8,8 +8,7 @@
 #   scripts/services.sh stop DIR         stop what `start DIR` started, by PID
 #
 # Ports are free ports chosen at start unless HOLDFAST_REDIS_PORT, HOLDFAST_DB_PORT
-# or HOLDFAST_SQS_PORT are set. The database password is generated per start and
-# lives only in DIR/env (mode 0600).
+# or HOLDFAST_SQS_PORT are set. Everything binds to 127.0.0.1 only.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,6 +34,7 @@ install() {
   command -v mariadbd >/dev/null && command -v mariadb-install-db >/dev/null || need+=(mariadb-server)
   command -v mariadb >/dev/null || need+=(mariadb-client)
   command -v python3 >/dev/null || need+=(python3)
+  command -v curl >/dev/null || need+=(curl ca-certificates)
   if ((${#need[@]})); then
     log "installing ${need[*]} with apt"
     if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
@@ -66,12 +66,10 @@ start() {
   wait_for "redis-server" redis-cli -p "$rport" ping
 
   # MariaDB: private datadir, strict SQL mode like MySQL 8.
-  local fresh=0
   if [ ! -d "$dir/mysql/mysql" ]; then
     mkdir -p "$dir/mysql"
     mariadb-install-db --no-defaults --basedir=/usr --datadir="$dir/mysql" --user=root \
       --auth-root-authentication-method=normal --skip-test-db >"$dir/mariadb-install.log" 2>&1
-    fresh=1
   fi
   mariadbd --no-defaults --user=root --datadir="$dir/mysql" --socket="$dir/mysql.sock" \
     --port="$dport" --bind-address=127.0.0.1 --skip-name-resolve --pid-file="$dir/mysql.pid" \
@@ -81,16 +79,11 @@ start() {
   echo "mariadb $!" >> "$dir/pids"
   wait_for "mariadbd" mariadb-admin --no-defaults -uroot --socket="$dir/mysql.sock" ping
 
-  local pw
-  if [ "$fresh" = 1 ] || [ ! -f "$dir/db.password" ]; then
-    pw=$(head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 20)
-    (umask 077; echo "$pw" > "$dir/db.password")
-  fi
-  pw=$(cat "$dir/db.password")
+  # A local, loopback-only user without a password: nothing secret exists, so
+  # nothing can leak into the repo, env files or logs.
   mariadb --no-defaults -uroot --socket="$dir/mysql.sock" <<SQL
 CREATE DATABASE IF NOT EXISTS holdfast CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
-CREATE USER IF NOT EXISTS 'holdfast'@'127.0.0.1' IDENTIFIED BY '$pw';
-ALTER USER 'holdfast'@'127.0.0.1' IDENTIFIED BY '$pw';
+CREATE USER IF NOT EXISTS 'holdfast'@'127.0.0.1';
 GRANT ALL PRIVILEGES ON \`holdfast%\`.* TO 'holdfast'@'127.0.0.1';
 SQL
 
@@ -117,10 +110,11 @@ YAML
   echo "goaws $!" >> "$dir/pids"
   wait_for "goaws" curl -sf "http://127.0.0.1:$sport/health"
 
-  (umask 077; cat > "$dir/env" <<ENV
+  cat > "$dir/env" <<ENV
 export HOLDFAST_REDIS_ADDR=127.0.0.1:$rport
-export HOLDFAST_DB_DSN='holdfast:$pw@tcp(127.0.0.1:$dport)/holdfast?parseTime=true&interpolateParams=true'
-export HOLDFAST_DB_ADMIN_DSN='holdfast:$pw@tcp(127.0.0.1:$dport)/?parseTime=true&interpolateParams=true'
+export HOLDFAST_DB_DSN='holdfast@tcp(127.0.0.1:$dport)/holdfast?parseTime=true&interpolateParams=true'
+export HOLDFAST_DB_ADMIN_DSN='holdfast@tcp(127.0.0.1:$dport)/?parseTime=true&interpolateParams=true'
+export HOLDFAST_AWS_ENDPOINT=http://127.0.0.1:$sport
 export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$sport
 export HOLDFAST_QUEUE_URL=http://127.0.0.1:$sport/100010001000/holdfast-reservations
 export HOLDFAST_DLQ_URL=http://127.0.0.1:$sport/100010001000/holdfast-reservations-dlq
@@ -129,7 +123,6 @@ export AWS_REGION=us-east-1
 export AWS_ACCESS_KEY_ID=local
 export AWS_SECRET_ACCESS_KEY=local
 ENV
-)
   log "redis-server  127.0.0.1:$rport"
   log "mariadb       127.0.0.1:$dport (database holdfast, user holdfast)"
   log "sqs (goaws)   http://127.0.0.1:$sport"

@@ -71,6 +71,9 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("aws config: %w", err)
 	}
+	if cfg.AWSEndpoint != "" {
+		awsCfg.BaseEndpoint = aws.String(cfg.AWSEndpoint)
+	}
 	var secrets *secretsmanager.Client
 	if cfg.DBSecretID != "" || cfg.RedisSecretID != "" {
 		secrets = secretsmanager.NewFromConfig(awsCfg)

@@ -33,6 +33,9 @@ type Config struct {
 	QueueURL       string // the reservation queue reserve sends to
 	EventBusName   string // EventBridge bus for ReservationCancelled
 	EventsQueueURL string // local stand-in for the bus (an SQS queue); used when EventBusName is empty
+	// AWSEndpoint points every AWS client at a local server (the SQS-API
+	// server). Local only; empty in AWS.
+	AWSEndpoint string
 
 	HoldRetention time.Duration // how long finished holds stay in Redis for replays and polls
 	Protocol      reservation.Config
@@ -56,6 +59,7 @@ func Load(getenv func(string) string) (Config, error) {
 		QueueURL:       p.str("HOLDFAST_QUEUE_URL", ""),
 		EventBusName:   p.str("HOLDFAST_EVENT_BUS", ""),
 		EventsQueueURL: p.str("HOLDFAST_EVENTS_QUEUE_URL", ""),
+		AWSEndpoint:    p.str("HOLDFAST_AWS_ENDPOINT", ""),
 		HoldRetention:  p.duration("HOLDFAST_HOLD_RETENTION", 24*time.Hour),
 		LogLevel:       p.str("HOLDFAST_LOG_LEVEL", "info"),
 	}

@@ -115,6 +115,10 @@ func (h *Handler) Handle(ctx context.Context, req events.APIGatewayV2HTTPRequest
 	if path == "" {
 		path = req.RequestContext.HTTP.Path
 	}
+	// A named stage prefixes rawPath (/dev/reservations); routes do not carry it.
+	if st := req.RequestContext.Stage; st != "" && st != "$default" {
+		path = strings.TrimPrefix(path, "/"+st)
+	}
 	seg := strings.Split(strings.Trim(path, "/"), "/")
 	pathKnown := false
 	for _, r := range routes {

@@ -161,6 +161,11 @@ func TestRoutes(t *testing.T) {
 	if svc.last.IdempotencyKey != "abc" {
 		t.Errorf("Idempotency-Key not passed (case-insensitively): %q", svc.last.IdempotencyKey)
 	}
+	staged := request("GET", "/dev/skus/s", "", nil)
+	staged.RequestContext.Stage = "dev"
+	if code, body := do(t, svc, staged); code != 200 || body["sku"] != "s" {
+		t.Errorf("GET /dev/skus/s on stage dev = %d %v, want the sku route", code, body)
+	}
 	b64 := base64.StdEncoding.EncodeToString([]byte(`{"sku":"s","qty":1,"user_id":"u"}`))
 	req := request("POST", "/reservations", b64, nil)
 	req.IsBase64Encoded = true

@@ -9,15 +9,15 @@ import (
 
 // SweepReport says what one sweep did.
 type SweepReport struct {
-	SKUs         int
-	Warmed       int
-	Expired      int // holds past their deadline that the sweep decided
-	Released     int // of those, cancelled with their stock returned
-	Confirmed    int // of those, found CONFIRMED in MySQL (the hold is marked)
-	GroupsFailed int
-	Notified     int              // cancellation events resent from the outbox
-	Drift        map[string]int64 // per SKU: MySQL available − (Redis available + held)
-	Errors       int
+	SKUs         int              `json:"skus"`
+	Warmed       int              `json:"warmed"`
+	Expired      int              `json:"expired"`       // holds past their deadline that the sweep decided
+	Released     int              `json:"released"`      // of those, cancelled with their stock returned
+	Confirmed    int              `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
+	GroupsFailed int              `json:"groups_failed"` // groups past their deadline, now FAILED and settled
+	Notified     int              `json:"events_resent"` // cancellation events resent from the outbox
+	Drift        map[string]int64 `json:"drift"`         // per SKU: MySQL available − (Redis available + held)
+	Errors       int              `json:"errors"`
 }
 
 // Sweep is the scheduled pass that bounds how long anything stays undecided:
