@@ -60,7 +60,7 @@ start() {
 
   # Redis: no persistence; holds must never be evicted (as on ElastiCache with noeviction).
   mkdir -p "$dir/redis"
-  redis-server --bind 127.0.0.1 --port "$rport" --dir "$dir/redis" --save '' --appendonly no \
+  setsid redis-server --bind 127.0.0.1 --port "$rport" --dir "$dir/redis" --save '' --appendonly no \
     --maxmemory-policy noeviction --daemonize no >"$dir/redis.log" 2>&1 &
   echo "redis $!" >> "$dir/pids"
   wait_for "redis-server" redis-cli -p "$rport" ping
@@ -71,7 +71,7 @@ start() {
     mariadb-install-db --no-defaults --basedir=/usr --datadir="$dir/mysql" --user=root \
       --auth-root-authentication-method=normal --skip-test-db >"$dir/mariadb-install.log" 2>&1
   fi
-  mariadbd --no-defaults --user=root --datadir="$dir/mysql" --socket="$dir/mysql.sock" \
+  setsid mariadbd --no-defaults --user=root --datadir="$dir/mysql" --socket="$dir/mysql.sock" \
     --port="$dport" --bind-address=127.0.0.1 --skip-name-resolve --pid-file="$dir/mysql.pid" \
     --max-connections=500 --innodb-flush-log-at-trx-commit=2 --skip-log-bin \
     --sql-mode=ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION \
@@ -84,10 +84,11 @@ start() {
   mariadb --no-defaults -uroot --socket="$dir/mysql.sock" <<SQL
 CREATE DATABASE IF NOT EXISTS holdfast CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
 CREATE USER IF NOT EXISTS 'holdfast'@'127.0.0.1';
+ALTER USER 'holdfast'@'127.0.0.1' IDENTIFIED BY '';
 GRANT ALL PRIVILEGES ON \`holdfast%\`.* TO 'holdfast'@'127.0.0.1';
 SQL
 
-  # SQS-API server: queues are created at startup, before any traffic.
+  # SQS-API server. Create queues before traffic: goaws is not safe otherwise.
   cat > "$dir/goaws.yaml" <<YAML
 Local:
   Host: 127.0.0.1
@@ -100,13 +101,9 @@ Local:
     VisibilityTimeout: 30
     ReceiveMessageWaitTimeSeconds: 0
     MaximumMessageSize: 262144
-  Queues:
-    - Name: holdfast-reservations
-      RedrivePolicy: '{"maxReceiveCount": 5, "deadLetterTargetArn":"arn:aws:sqs:us-east-1:100010001000:holdfast-reservations-dlq"}'
-    - Name: holdfast-reservations-dlq
-    - Name: holdfast-events
+  Queues: []   # created from template.yaml by cmd/dev, or per test
 YAML
-  "$root/bin/goaws" -config "$dir/goaws.yaml" -loglevel error >"$dir/goaws.log" 2>&1 &
+  setsid "$root/bin/goaws" -config "$dir/goaws.yaml" -loglevel error >"$dir/goaws.log" 2>&1 &
   echo "goaws $!" >> "$dir/pids"
   wait_for "goaws" curl -sf "http://127.0.0.1:$sport/health"
 
@@ -129,15 +126,23 @@ ENV
   log "settings in   $dir/env"
 }
 
+alive() { # a zombie (exited, not yet reaped by its new parent) counts as gone
+  local st
+  st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  [[ -n "$st" && "$st" != Z* ]]
+}
+
 stop() {
   local dir=$1
   [ -f "$dir/pids" ] || { log "nothing started in $dir"; return 0; }
   while read -r name pid; do
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-      kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+      for _ in $(seq 1 200); do alive "$pid" || break; sleep 0.05; done
+      if alive "$pid"; then kill -9 "$pid" 2>/dev/null || true; fi
       log "stopped $name (pid $pid)"
+    else
+      log "$name (pid $pid) had already exited"
     fi
   done < "$dir/pids"
   rm -f "$dir/pids"

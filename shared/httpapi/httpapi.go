@@ -33,6 +33,7 @@ type Service interface {
 	Group(ctx context.Context, id string) (reservation.Group, error)
 	Available(ctx context.Context, sku string) (int64, error)
 	SetStock(ctx context.Context, sku string, stock int64, limit *int) (reservation.StockLevel, error)
+	InspectStock(ctx context.Context, sku string) (reservation.StockReport, error)
 }
 
 // Handler is the API Gateway handler of functions/reserve.
@@ -84,6 +85,16 @@ var routes = []route{
 		return reply(http.StatusOK, map[string]any{"sku": seg[1], "available": n})
 	}},
 	{http.MethodPut, []string{"admin", "skus", "*", "stock"}, (*Handler).setStock},
+	{http.MethodGet, []string{"admin", "skus", "*", "stock"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
+		r, err := h.svc.InspectStock(ctx, seg[2])
+		if err != nil {
+			return h.fail(ctx, err)
+		}
+		return reply(http.StatusOK, map[string]any{
+			"sku": r.SKU, "mysql_available": r.MySQLAvailable, "redis_available": r.RedisAvailable,
+			"held": r.Held, "drift": r.Drift(), "version": r.Version, "per_user_limit": r.PerUserLimit,
+		})
+	}},
 }
 
 // Routes lists the API's routes as "METHOD /path/*" (one * per path parameter).

@@ -50,6 +50,11 @@ func (s *stub) SetStock(_ context.Context, sku string, stock int64, _ *int) (res
 	return reservation.StockLevel{SKU: sku, Available: stock}, s.err
 }
 
+func (s *stub) InspectStock(_ context.Context, sku string) (reservation.StockReport, error) {
+	s.calls++
+	return reservation.StockReport{SKU: sku, MySQLAvailable: 10, RedisAvailable: 7, Held: 2}, s.err
+}
+
 func request(method, path, body string, headers map[string]string) events.APIGatewayV2HTTPRequest {
 	return events.APIGatewayV2HTTPRequest{
 		RawPath: path, Body: body, Headers: headers,
@@ -183,6 +188,7 @@ func TestRoutes(t *testing.T) {
 		{"GET", "/groups/g-1", "", 200, "group_id", "g-1"},
 		{"GET", "/skus/s", "", 200, "sku", "s"},
 		{"PUT", "/admin/skus/s/stock", `{"stock":9,"per_user_limit":1}`, 200, "sku", "s"},
+		{"GET", "/admin/skus/s/stock", "", 200, "sku", "s"},
 	} {
 		if code, body := do(t, svc, request(c.method, c.path, c.body, nil)); code != c.status || body[c.key] != c.want {
 			t.Errorf("%s %s = %d %v, want %d with %s=%s", c.method, c.path, code, body, c.status, c.key, c.want)

@@ -471,3 +471,36 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, limit *
 	}
 	return level, nil
 }
+
+// StockReport is a SKU's stock as both stores see it.
+type StockReport struct {
+	SKU            string
+	MySQLAvailable int64
+	RedisAvailable int64
+	Held           int64 // units HELD in Redis, not yet decided
+	Version        int64
+	PerUserLimit   int
+}
+
+// Drift is MySQL's figure minus what Redis accounts for; 0 at quiescence.
+func (r StockReport) Drift() int64 { return r.MySQLAvailable - (r.RedisAvailable + r.Held) }
+
+// InspectStock reads a SKU's stock from both stores, for operators and the
+// load tool's invariant report.
+func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, error) {
+	if !ValidID(sku) {
+		return StockReport{}, ErrUnknownSKU
+	}
+	level, err := s.ledger.Stock(ctx, sku)
+	if err != nil {
+		return StockReport{}, err
+	}
+	available, held, err := s.holds.Stock(ctx, sku)
+	if err != nil {
+		return StockReport{}, err
+	}
+	return StockReport{
+		SKU: sku, MySQLAvailable: level.Available, RedisAvailable: available, Held: held,
+		Version: level.Version, PerUserLimit: level.PerUserLimit,
+	}, nil
+}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -81,6 +82,7 @@ type Function struct {
 	Timeout   int                 // seconds
 	Env       map[string]any      // variable -> raw value (a string, or an intrinsic)
 	SQS       map[string]SQSEvent // event name -> settings
+	Schedule  string              // a ScheduleV2/Schedule event's expression, e.g. "rate(1 minute)"
 }
 
 // SQSEvent is an SQS event source of a function.
@@ -133,6 +135,10 @@ func (t *Template) Functions() map[string]Function {
 		}
 		for name, e := range mapOf(props["Events"]) {
 			ev := mapOf(e)
+			if ev["Type"] == "ScheduleV2" || ev["Type"] == "Schedule" {
+				f.Schedule, _ = mapOf(ev["Properties"])["ScheduleExpression"].(string)
+				continue
+			}
 			if ev["Type"] != "SQS" {
 				continue
 			}
@@ -176,6 +182,24 @@ func (t *Template) Queues() map[string]Queue {
 		out[id] = q
 	}
 	return out
+}
+
+// Rate returns the period of a "rate(N unit)" schedule expression.
+func Rate(expr string) (time.Duration, error) {
+	var n int
+	var unit string
+	if _, err := fmt.Sscanf(strings.TrimSuffix(strings.TrimPrefix(expr, "rate("), ")"), "%d %s", &n, &unit); err != nil || n < 1 {
+		return 0, fmt.Errorf("schedule %q is not rate(N unit)", expr)
+	}
+	switch strings.TrimSuffix(unit, "s") {
+	case "minute":
+		return time.Duration(n) * time.Minute, nil
+	case "hour":
+		return time.Duration(n) * time.Hour, nil
+	case "day":
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return 0, fmt.Errorf("schedule %q: unknown unit %q", expr, unit)
 }
 
 // EnvNames returns the sorted names of a function's environment variables.

@@ -1,0 +1,272 @@
+// Package devstack runs the four holdfast handlers on one machine the way
+// Lambda runs them: an HTTP server that turns requests into API Gateway HTTP
+// API v2 events for the reserve handler, pollers that feed persist and
+// compensate like Lambda's SQS event source (batch size, batching window,
+// visibility timeout, partial batch responses, bounded concurrency), and the
+// sweeper on its schedule. Every setting comes from template.yaml, the place
+// production takes it from. `make dev` and the end-to-end test use it.
+package devstack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/holdfast/holdfast/shared/app"
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/consumer"
+	"github.com/holdfast/holdfast/shared/eventsource"
+	"github.com/holdfast/holdfast/shared/httpapi"
+	"github.com/holdfast/holdfast/shared/mysqlstore"
+	"github.com/holdfast/holdfast/shared/reservation"
+	"github.com/holdfast/holdfast/shared/samtemplate"
+	"github.com/holdfast/holdfast/shared/schedule"
+)
+
+// Options configures a Stack. Zero values take the template's settings.
+type Options struct {
+	Addr         string // HTTP listen address; "127.0.0.1:0" picks a free port
+	Template     string // path of template.yaml
+	DLQURL       string // the reservation DLQ (compensate's source)
+	CreateQueues bool   // create the queues from the template (the dev stack); tests bring their own
+	Seed         map[string]int64
+	Log          *slog.Logger // one readable line per request and per batch
+	// Overrides for tests: a short visibility timeout and sweep period so a
+	// retried record or an expired hold does not take minutes.
+	Visibility time.Duration
+	SweepEvery time.Duration
+}
+
+// Stack is a running local holdfast.
+type Stack struct {
+	URL     string
+	App     *app.App
+	Persist *consumer.Handler
+	Sweeper *schedule.Handler
+
+	cancel context.CancelFunc
+	srv    *http.Server
+	wg     sync.WaitGroup
+}
+
+// Start builds holdfast from cfg (the same wiring as the functions),
+// applies the migrations, seeds the demo SKUs and starts serving.
+func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.NeedsQueue(); err != nil {
+		return nil, err
+	}
+	if o.DLQURL == "" {
+		return nil, errors.New("devstack: the DLQ URL is required")
+	}
+	tpl, err := samtemplate.Load(o.Template)
+	if err != nil {
+		return nil, err
+	}
+	fns, queues := tpl.Functions(), tpl.Queues()
+	persistEv, ok1 := fns["PersistFunction"].SQS["Reservations"]
+	compEv, ok2 := fns["CompensateFunction"].SQS["DeadLetters"]
+	mainQ, dlq := queues[persistEv.QueueLogicalID], queues[compEv.QueueLogicalID]
+	if !ok1 || !ok2 || mainQ.LogicalID == "" || dlq.LogicalID == "" {
+		return nil, errors.New("devstack: template.yaml lacks the persist or compensate SQS events")
+	}
+	sweepEvery := o.SweepEvery
+	if sweepEvery == 0 {
+		if sweepEvery, err = samtemplate.Rate(fns["SweeperFunction"].Schedule); err != nil {
+			return nil, err
+		}
+	}
+
+	a, err := app.Build(ctx, cfg, app.Options{Function: "dev", Out: io.Discard})
+	if err != nil {
+		return nil, err
+	}
+	if err := mysqlstore.Migrate(ctx, a.DB); err != nil {
+		_ = a.Close()
+		return nil, err
+	}
+	if o.CreateQueues {
+		if err := createQueues(ctx, a.SQS, cfg, o.DLQURL, mainQ, dlq); err != nil {
+			_ = a.Close()
+			return nil, err
+		}
+	}
+	for sku, n := range o.Seed {
+		// Only SKUs MySQL does not know: a second run keeps its data.
+		if _, err := a.Service.Available(ctx, sku); !errors.Is(err, reservation.ErrUnknownSKU) {
+			continue
+		}
+		if _, err := a.Service.SetStock(ctx, sku, n, nil); err != nil {
+			_ = a.Close()
+			return nil, fmt.Errorf("seed %s: %w", sku, err)
+		}
+		o.Log.Info("seeded", "sku", sku, "stock", n)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Stack{App: a, cancel: cancel}
+	quiet := slog.New(slog.DiscardHandler)
+	api := httpapi.New(a.Service, o.Log)
+	s.Persist = consumer.New("persist", a.Service.Persist, a.Metrics, quiet)
+	compensate := consumer.New("compensate", a.Service.Compensate, a.Metrics, quiet)
+	s.Sweeper = schedule.New(a.Service, quiet)
+
+	vis := func(q samtemplate.Queue) int32 {
+		if o.Visibility > 0 {
+			return int32(o.Visibility / time.Second)
+		}
+		return int32(q.VisibilityTimeout)
+	}
+	s.poll(ctx, o.Log, "persist", a.SQS, cfg.QueueURL, persistEv, vis(mainQ), s.Persist.Handle)
+	s.poll(ctx, o.Log, "compensate", a.SQS, o.DLQURL, compEv, vis(dlq), compensate.Handle)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(sweepEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				rep, err := s.Sweeper.Handle(ctx, json.RawMessage(`{}`))
+				if err != nil || rep.Expired+rep.GroupsFailed+rep.Warmed+rep.Notified+rep.Errors > 0 {
+					o.Log.Info("sweep", "expired", rep.Expired, "released", rep.Released, "groups_failed", rep.GroupsFailed,
+						"warmed", rep.Warmed, "events_resent", rep.Notified, "errors", rep.Errors, "error", err)
+				}
+			}
+		}
+	}()
+
+	addr := o.Addr
+	if addr == "" {
+		addr = "127.0.0.1:3000"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	s.URL = "http://" + ln.Addr().String()
+	s.srv = &http.Server{Handler: Gateway(api, o.Log), ReadHeaderTimeout: 5 * time.Second}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = s.srv.Serve(ln)
+	}()
+	o.Log.Info("holdfast is up", "api", s.URL, "persist_concurrency", persistEv.MaximumConcurrency,
+		"batch_size", persistEv.BatchSize, "visibility_s", vis(mainQ), "sweep_every", sweepEvery)
+	return s, nil
+}
+
+func (s *Stack) poll(ctx context.Context, log *slog.Logger, name string, client *sqs.Client, url string,
+	ev samtemplate.SQSEvent, visibility int32, h eventsource.Handler) {
+	p := &eventsource.Poller{
+		Client: client, QueueURL: url, BatchSize: int32(ev.BatchSize), Visibility: visibility,
+		WaitTime: int32(max(1, ev.MaximumBatchingWindow)), Handler: h,
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		p.Run(ctx, ev.MaximumConcurrency, func(r eventsource.Result, err error) {
+			if err != nil {
+				log.Warn(name+" poll", "error", err)
+				return
+			}
+			log.Info(name+" batch", "size", r.Received, "failures", r.Failed)
+		})
+	}()
+}
+
+// Stop stops serving and polling and closes the clients.
+func (s *Stack) Stop() {
+	s.cancel()
+	if s.srv != nil {
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.srv.Shutdown(shutdown)
+	}
+	s.wg.Wait()
+	_ = s.App.Close()
+}
+
+// createQueues creates the DLQ, the reservation queue with the template's
+// visibility timeout and redrive policy, and the local events queue.
+func createQueues(ctx context.Context, c *sqs.Client, cfg config.Config, dlqURL string, mainQ, dlq samtemplate.Queue) error {
+	create := func(url string, attrs map[string]string) error {
+		_, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(path.Base(url)), Attributes: attrs})
+		if err != nil {
+			return fmt.Errorf("create queue %s: %w", path.Base(url), err)
+		}
+		return nil
+	}
+	if err := create(dlqURL, map[string]string{"VisibilityTimeout": fmt.Sprint(dlq.VisibilityTimeout)}); err != nil {
+		return err
+	}
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(dlqURL), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn}})
+	if err != nil {
+		return fmt.Errorf("dlq arn: %w", err)
+	}
+	redrive := fmt.Sprintf(`{"maxReceiveCount":"%d","deadLetterTargetArn":"%s"}`, mainQ.MaxReceiveCount, out.Attributes["QueueArn"])
+	if err := create(cfg.QueueURL, map[string]string{
+		"VisibilityTimeout": fmt.Sprint(mainQ.VisibilityTimeout), "RedrivePolicy": redrive,
+	}); err != nil {
+		return err
+	}
+	if cfg.EventsQueueURL != "" {
+		return create(cfg.EventsQueueURL, nil)
+	}
+	return nil
+}
+
+// Gateway turns HTTP requests into API Gateway HTTP API v2 events, as
+// `sam local start-api` does, and logs one line per request.
+func Gateway(api *httpapi.Handler, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		body, err := io.ReadAll(io.LimitReader(r.Body, httpapi.MaxBody+1))
+		if err != nil {
+			http.Error(w, `{"error":"invalid_request","message":"unreadable body"}`, http.StatusBadRequest)
+			return
+		}
+		headers := map[string]string{}
+		for k, v := range r.Header {
+			headers[strings.ToLower(k)] = strings.Join(v, ",")
+		}
+		ev := events.APIGatewayV2HTTPRequest{
+			Version: "2.0", RouteKey: "$default", RawPath: r.URL.Path, RawQueryString: r.URL.RawQuery,
+			Headers: headers, Body: string(body),
+			RequestContext: events.APIGatewayV2HTTPRequestContext{
+				Stage: "$default", RequestID: fmt.Sprintf("dev-%d", start.UnixNano()), TimeEpoch: start.UnixMilli(),
+				HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{
+					Method: r.Method, Path: r.URL.Path, Protocol: r.Proto, SourceIP: r.RemoteAddr, UserAgent: r.UserAgent(),
+				},
+			},
+		}
+		resp, err := api.Handle(r.Context(), ev)
+		if err != nil {
+			resp = events.APIGatewayV2HTTPResponse{StatusCode: http.StatusBadGateway, Body: `{"error":"internal","message":"handler error"}`}
+		}
+		for k, v := range resp.Headers {
+			w.Header().Set(k, v)
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.WriteString(w, resp.Body)
+		log.Info(r.Method+" "+r.URL.Path, "status", resp.StatusCode, "latency", time.Since(start).Round(time.Microsecond))
+	})
+}
