@@ -3,7 +3,7 @@
 GO        ?= go
 DEV_DIR   ?= .holdfast/dev
 
-.PHONY: dev test unit invoke migrate build deploy clean
+.PHONY: dev test unit invoke load migrate build deploy clean
 
 ## dev: start Redis, MariaDB and the SQS server, then holdfast on 127.0.0.1:3000
 dev:
@@ -23,6 +23,11 @@ unit:
 invoke:
 	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=reserve|persist|compensate|sweeper EVENT=events/<file>.json"; exit 2; }
 	$(GO) run ./cmd/invoke -fn $(FN) -event $(EVENT)
+
+## load: fire a flash sale at `make dev` and print the invariant report
+##   make load ARGS="-n 5000 -c 128 -stock 300 -groups 3"
+load:
+	$(GO) run ./cmd/load $(ARGS)
 
 ## migrate: apply the MySQL migrations to HOLDFAST_DB_DSN
 migrate:

@@ -84,7 +84,7 @@ func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservati
 }
 
 // Apply implements reservation.Ledger.
-func (s *Store) Apply(ctx context.Context, r reservation.Reservation, now time.Time) (reservation.ApplyResult, reservation.Reservation, error) {
+func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reservation.Locking, now time.Time) (reservation.ApplyResult, reservation.Reservation, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, r, translate("apply begin", err)
@@ -110,8 +110,12 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, now time.T
 		return 0, r, translate("apply insert", err)
 	}
 
+	read := `SELECT available, version FROM product_stock WHERE sku = ?`
+	if lock == reservation.Pessimistic {
+		read += ` FOR UPDATE`
+	}
 	var available, version int64
-	err = tx.QueryRowContext(ctx, `SELECT available, version FROM product_stock WHERE sku = ?`, r.SKU).Scan(&available, &version)
+	err = tx.QueryRowContext(ctx, read, r.SKU).Scan(&available, &version)
 	if errors.Is(err, sql.ErrNoRows) {
 		return reservation.NoSuchSKU, r, nil
 	}

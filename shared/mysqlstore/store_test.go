@@ -43,10 +43,10 @@ func available(t *testing.T, s *mysqlstore.Store, sku string) int64 {
 	return l.Available
 }
 
-// apply retries version conflicts like the service does.
+// apply retries version conflicts (optimistically, in fresh transactions).
 func apply(ctx context.Context, s *mysqlstore.Store, r reservation.Reservation) (reservation.ApplyResult, error) {
 	for {
-		out, _, err := s.Apply(ctx, r, now)
+		out, _, err := s.Apply(ctx, r, reservation.Optimistic, now)
 		if errors.Is(err, reservation.ErrVersionConflict) {
 			continue
 		}
@@ -69,7 +69,7 @@ func TestApplyOutcomes(t *testing.T) {
 	}
 	check := func(name string, r reservation.Reservation, want reservation.ApplyResult) {
 		t.Helper()
-		got, _, err := s.Apply(ctx, r, now)
+		got, _, err := s.Apply(ctx, r, reservation.Optimistic, now)
 		if err != nil || got != want {
 			t.Errorf("%s: Apply = %v %v, want %v", name, got, err, want)
 		}
@@ -280,7 +280,34 @@ func TestGroupCapacityAndOneJoinPerUser(t *testing.T) {
 func TestClosedDatabaseIsUnavailable(t *testing.T) {
 	s, db := open(t)
 	_ = db.Close()
-	if _, _, err := s.Apply(context.Background(), res("a", "s", 1), now); !errors.Is(err, reservation.ErrUnavailable) {
+	if _, _, err := s.Apply(context.Background(), res("a", "s", 1), reservation.Optimistic, now); !errors.Is(err, reservation.ErrUnavailable) {
 		t.Errorf("Apply on a closed db = %v, want ErrUnavailable", err)
+	}
+}
+
+// The locking attempt never loses a version race: 32 writers, one attempt each.
+func TestPessimisticApplyNeverConflicts(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	if _, _, err := s.SetStock(ctx, "hot", 100, nil); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var conflicts atomic.Int64
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, _, err := s.Apply(ctx, res(fmt.Sprintf("p%d", i), "hot", 1), reservation.Pessimistic, now)
+			if errors.Is(err, reservation.ErrVersionConflict) {
+				conflicts.Add(1)
+			} else if err != nil || got != reservation.Applied {
+				t.Errorf("locking apply = %v %v", got, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if conflicts.Load() != 0 || available(t, s, "hot") != 36 {
+		t.Errorf("conflicts %d, available %d; want 0 and 36", conflicts.Load(), available(t, s, "hot"))
 	}
 }

@@ -268,7 +268,8 @@ type memLedger struct {
 	members   map[string]map[string]string // group -> user -> id
 	settled   map[string]bool
 	fail      map[string]error
-	conflicts int // Apply answers ErrVersionConflict this many times first
+	conflicts int       // Apply answers ErrVersionConflict this many times first (even when locking: a deadlock)
+	locked    []Locking // the mode of each Apply that reached the stock row
 	calls     map[string]int
 }
 
@@ -292,7 +293,7 @@ func (l *memLedger) row(id string) Reservation {
 	return r
 }
 
-func (l *memLedger) Apply(_ context.Context, r Reservation, _ time.Time) (ApplyResult, Reservation, error) {
+func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, _ time.Time) (ApplyResult, Reservation, error) {
 	err := l.enter("Apply")
 	defer l.mu.Unlock()
 	if err != nil {
@@ -311,6 +312,7 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, _ time.Time) (ApplyR
 	if st.Available < int64(r.Qty) {
 		return Insufficient, r, nil
 	}
+	l.locked = append(l.locked, lock)
 	if l.conflicts > 0 {
 		l.conflicts--
 		return 0, r, ErrVersionConflict

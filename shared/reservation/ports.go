@@ -63,6 +63,18 @@ const (
 	GroupDuplicate                      // the user is already a member in MySQL
 )
 
+// Locking says how Apply reads the stock row.
+type Locking bool
+
+// Apply modes: optimistic attempts read the row without a lock and lose to a
+// concurrent writer (ErrVersionConflict); the last attempt of a contended
+// message reads it FOR UPDATE, so its version-checked update cannot lose and
+// a hot SKU never starves a message into the dead-letter queue.
+const (
+	Optimistic  Locking = false
+	Pessimistic Locking = true
+)
+
 // Ledger is the MySQL side, the arbiter. A reservation's row decides its fate.
 type Ledger interface {
 	// Apply makes one attempt, in one transaction, to insert r's row
@@ -70,7 +82,7 @@ type Ledger interface {
 	// group slot). ErrVersionConflict: nothing written, try again in a fresh
 	// transaction. When the row already exists it is returned with
 	// AlreadyConfirmed or AlreadyCancelled.
-	Apply(ctx context.Context, r Reservation, now time.Time) (ApplyResult, Reservation, error)
+	Apply(ctx context.Context, r Reservation, lock Locking, now time.Time) (ApplyResult, Reservation, error)
 	// Fence inserts r's row CANCELLED with reason unless a row exists, and
 	// returns the row as it stands; inserted reports whether this call wrote it.
 	Fence(ctx context.Context, r Reservation, reason Reason, now time.Time) (row Reservation, inserted bool, err error)

@@ -249,12 +249,18 @@ func (s *Service) Cancel(ctx context.Context, id string) (Reservation, error) {
 }
 
 // Persist settles one reservation message in MySQL, exactly once per id.
-// It returns the decided reservation. An error means the message must be
-// redelivered (MySQL unreachable, or the stock row stayed contended); it is
-// never a reason to cancel.
+// Attempts are optimistic (version-checked update, retried in a fresh
+// transaction on a conflict); the last one locks the stock row first, so
+// contention alone cannot exhaust them. It returns the decided reservation.
+// An error means the message must be redelivered (MySQL unreachable, or
+// even the locking attempt deadlocked); it is never a reason to cancel.
 func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, error) {
 	for attempt := 1; ; attempt++ {
-		res, row, err := s.ledger.Apply(ctx, r, s.clock.Now())
+		lock := Optimistic
+		if attempt == s.cfg.PersistAttempts {
+			lock = Pessimistic
+		}
+		res, row, err := s.ledger.Apply(ctx, r, lock, s.clock.Now())
 		if errors.Is(err, ErrVersionConflict) {
 			s.metrics.Count("persist_retries", 1)
 			if attempt >= s.cfg.PersistAttempts {

@@ -185,6 +185,11 @@ func TestPersistRetriesConflictsInFreshAttempts(t *testing.T) {
 	if f.ledger.calls["Apply"] != 4 {
 		t.Errorf("Apply calls = %d, want 4", f.ledger.calls["Apply"])
 	}
+	for i, l := range f.ledger.locked {
+		if l != Optimistic {
+			t.Errorf("attempt %d locked the row before the last attempt", i+1)
+		}
+	}
 	if f.mysql("s") != 3 || f.holds.holds[r.ID].Status != StatusConfirmed {
 		t.Errorf("mysql %d hold %v, want 3 and CONFIRMED", f.mysql("s"), f.holds.holds[r.ID].Status)
 	}
@@ -201,6 +206,9 @@ func TestPersistOutOfRetriesIsRedeliveredNeverCancelled(t *testing.T) {
 	}
 	if f.ledger.calls["Fence"] != 0 || len(f.ledger.rows) != 0 {
 		t.Errorf("contention cancelled the reservation (false cancellation)")
+	}
+	if n := len(f.ledger.locked); n != f.svc.cfg.PersistAttempts || f.ledger.locked[n-1] != Pessimistic {
+		t.Errorf("attempts %v: want %d, the last one locking", f.ledger.locked, f.svc.cfg.PersistAttempts)
 	}
 }
 

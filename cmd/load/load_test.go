@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/devstack"
+	"github.com/holdfast/holdfast/shared/loadgen"
+	"github.com/holdfast/holdfast/shared/testservices"
+)
+
+// The whole pipeline on one machine (the dev stack, wired from
+// template.yaml, on the real services): 2,000 buyers for 150 units plus two
+// group-buy rounds with duplicate joiners. The report must PASS, and the
+// database itself must agree with it.
+func TestFlashSaleThroughTheDevStack(t *testing.T) {
+	env := testservices.Require(t)
+	ctx := context.Background()
+	client := env.SQS(t)
+	q := env.CreateQueues(t, client, 5)
+	dsn := env.Database(t)
+	vars := map[string]string{
+		"HOLDFAST_REDIS_ADDR": env.RedisAddr, "HOLDFAST_DB_DSN": dsn, "HOLDFAST_DB_MAX_OPEN": "40",
+		"HOLDFAST_QUEUE_URL": q.URL, "HOLDFAST_EVENTS_QUEUE_URL": q.EventsURL, "HOLDFAST_LOG_LEVEL": "warn",
+	}
+	cfg, err := config.Load(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	stack, err := devstack.Start(ctx, cfg, devstack.Options{
+		Addr: "127.0.0.1:0", Template: "../../template.yaml", DLQURL: q.DLQURL,
+		Visibility: 2 * time.Second, SweepEvery: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stack.Stop()
+
+	sku := testservices.Name("flash")
+	rep, err := loadgen.Run(ctx, loadgen.Config{
+		BaseURL: stack.URL, N: 2000, Concurrency: 64, SKU: sku, Stock: 150,
+		Groups: 2, GroupCapacity: 3, Settle: 2 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	rep.Print(&out)
+	t.Log(out.String())
+	for _, want := range []string{"PASS  no oversell", "PASS  conservation", "PASS  every accepted reservation final", "PASS  group capacity respected"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if rep.Accepted != 150 || rep.SoldOut != 1850 {
+		t.Errorf("accepted %d sold out %d, want 150 and 1850", rep.Accepted, rep.SoldOut)
+	}
+
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	one := func(q string, args ...any) int {
+		var n sql.NullInt64
+		if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return int(n.Int64)
+	}
+	if got := one(`SELECT available FROM product_stock WHERE sku = ?`, sku); got != 0 {
+		t.Errorf("MySQL available = %d, want 0", got)
+	}
+	if got := one(`SELECT SUM(qty) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku); got != 150 {
+		t.Errorf("MySQL confirmed units = %d, want 150", got)
+	}
+	if got := one(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CANCELLED'`, sku); got != 0 {
+		t.Errorf("cancelled = %d, want 0 (no false cancellation)", got)
+	}
+	for _, g := range rep.Groups {
+		if m := one(`SELECT members FROM group_buys WHERE group_id = ?`, g.ID); m > 3 {
+			t.Errorf("group %s has %d members", g.ID, m)
+		}
+		if dup := one(`SELECT COUNT(*) - COUNT(DISTINCT user_id) FROM reservations WHERE group_id = ? AND status = 'CONFIRMED'`, g.ID); dup != 0 {
+			t.Errorf("group %s has a user twice", g.ID)
+		}
+	}
+	chart := filepath.Join(t.TempDir(), "load.svg")
+	if err := loadgen.WriteChart(rep, chart); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(chart); err != nil || st.Size() < 1000 {
+		t.Errorf("chart not written: %v", err)
+	}
+}
+
+func TestFlagsAreValidated(t *testing.T) {
+	if _, err := run(context.Background(), []string{"-n", "0", "-url", "http://127.0.0.1:1"}, io.Discard, io.Discard); err == nil {
+		t.Error("load -n 0 ran")
+	}
+}
