@@ -284,18 +284,23 @@ func (s *Store) GroupMembers(ctx context.Context, id string) ([]reservation.Rese
 }
 
 func (s *Store) reservations(ctx context.Context, op, q string, args ...any) ([]reservation.Reservation, error) {
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	return queryAll(ctx, s.db, op, scanReservation, q, args...)
+}
+
+// queryAll runs q and scans every row with scan.
+func queryAll[T any](ctx context.Context, q querier, op string, scan func(interface{ Scan(...any) error }) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, translate(op, err)
 	}
 	defer rows.Close()
-	var out []reservation.Reservation
+	var out []T
 	for rows.Next() {
-		r, err := scanReservation(rows)
+		v, err := scan(rows)
 		if err != nil {
 			return nil, translate(op, err)
 		}
-		out = append(out, r)
+		out = append(out, v)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, translate(op, err)
@@ -364,23 +369,11 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, 
 
 // Stocks implements reservation.Ledger.
 func (s *Store) Stocks(ctx context.Context) ([]reservation.StockLevel, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT sku, available, version, per_user_limit FROM product_stock ORDER BY sku`)
-	if err != nil {
-		return nil, translate("list stock", err)
-	}
-	defer rows.Close()
-	var out []reservation.StockLevel
-	for rows.Next() {
+	return queryAll(ctx, s.db, "list stock", func(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
 		var l reservation.StockLevel
-		if err := rows.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit); err != nil {
-			return nil, translate("list stock", err)
-		}
-		out = append(out, l)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, translate("list stock", err)
-	}
-	return out, nil
+		err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit)
+		return l, err
+	}, `SELECT sku, available, version, per_user_limit FROM product_stock ORDER BY sku`)
 }
 
 // CreateGroup implements reservation.Ledger.
@@ -423,25 +416,9 @@ func (s *Store) Group(ctx context.Context, id string) (reservation.Group, error)
 
 // DueGroups implements reservation.Ledger.
 func (s *Store) DueGroups(ctx context.Context, t time.Time, limit int) ([]reservation.Group, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+groupColumns+` FROM group_buys
+	return queryAll(ctx, s.db, "due groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
 		WHERE (status = 'OPEN' AND deadline <= ?) OR (status = 'FAILED' AND settled_at IS NULL)
 		ORDER BY deadline LIMIT ?`, utc(t), limit)
-	if err != nil {
-		return nil, translate("due groups", err)
-	}
-	defer rows.Close()
-	var out []reservation.Group
-	for rows.Next() {
-		g, err := scanGroup(rows)
-		if err != nil {
-			return nil, translate("due groups", err)
-		}
-		out = append(out, g)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, translate("due groups", err)
-	}
-	return out, nil
 }
 
 // FailGroup implements reservation.Ledger.
