@@ -110,13 +110,19 @@ func invoke(ctx context.Context, o options) ([]byte, error) {
 		}
 		defer os.RemoveAll(dir)
 	}
-	bootstrap := filepath.Join(dir, "bootstrap")
+	bootstrap, err := filepath.Abs(filepath.Join(dir, "bootstrap"))
+	if err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(bootstrap); err != nil || o.BinDir == "" {
 		if err := gobuild(ctx, o.Root, bootstrap, "./functions/"+name, "-tags", "lambda.norpc"); err != nil {
 			return nil, err
 		}
 	}
-	rie := filepath.Join(o.Root, "bin", "aws-lambda-rie")
+	rie, err := filepath.Abs(filepath.Join(o.Root, "bin", "aws-lambda-rie"))
+	if err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(rie); err != nil {
 		if err := gobuild(ctx, o.Root, rie, "github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie"); err != nil {
 			return nil, err
