@@ -53,6 +53,8 @@ type Options struct {
 	// Enqueuer, when set, wraps or replaces the SQS publisher (tests inject
 	// lost messages and failed sends). Production wiring leaves it nil.
 	Enqueuer func(sqs reservation.Enqueuer) reservation.Enqueuer
+	// Hooks are crash points for fault-injection tests; nil in production.
+	Hooks reservation.Hooks
 }
 
 // Build connects to Redis, MySQL, SQS and the event bus as cfg says and
@@ -122,6 +124,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		Metrics:  rec,
 		Clock:    opt.Clock,
 		Log:      log,
+		Hooks:    opt.Hooks,
 	})
 	return a, nil
 }

@@ -72,6 +72,7 @@ func Load(getenv func(string) string) (Config, error) {
 		PersistAttempts: p.integer("HOLDFAST_PERSIST_ATTEMPTS", d.PersistAttempts),
 		SweepGrace:      p.duration("HOLDFAST_SWEEP_GRACE", d.SweepGrace),
 		SweepBatch:      p.integer("HOLDFAST_SWEEP_BATCH", d.SweepBatch),
+		ReconcileAfter:  p.duration("HOLDFAST_RECONCILE_AFTER", d.ReconcileAfter),
 	}
 	if p.err != nil {
 		return Config{}, p.err

@@ -29,6 +29,8 @@ var (
 	groupCreateLua string
 	//go:embed lua/group_close.lua
 	groupCloseLua string
+	//go:embed lua/heal.lua
+	healLua string
 )
 
 var (
@@ -38,6 +40,7 @@ var (
 	stockScript       = redis.NewScript(stockLua)
 	groupCreateScript = redis.NewScript(groupCreateLua)
 	groupCloseScript  = redis.NewScript(groupCloseLua)
+	healScript        = redis.NewScript(healLua)
 )
 
 var _ reservation.Holds = (*Store)(nil)
@@ -267,6 +270,17 @@ func (s *Store) stock(ctx context.Context, mode string, level reservation.StockL
 		mode, level.Available, level.Version, level.PerUserLimit, delta).Int()
 	if err != nil {
 		return false, reservation.Unavailable("redis "+mode, err)
+	}
+	return n == 1, nil
+}
+
+// Heal implements reservation.Holds.
+func (s *Store) Heal(ctx context.Context, sku string, seenAvailable, seenHeld, drift int64, now time.Time, after time.Duration) (bool, error) {
+	k := keysOf(sku)
+	n, err := healScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()},
+		seenAvailable, seenHeld, drift, ms(now), after.Milliseconds()).Int()
+	if err != nil {
+		return false, reservation.Unavailable("redis heal", err)
 	}
 	return n == 1, nil
 }

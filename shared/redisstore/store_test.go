@@ -255,6 +255,33 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 		}
 	})
 
+	t.Run("heal moves stock only for a persistent drift Redis did not move under", func(t *testing.T) {
+		s, sku := setup(t, 10, 0)
+		heal := func(avail, held, drift int64, at time.Time) bool {
+			t.Helper()
+			ok, err := s.Heal(ctx, sku, avail, held, drift, at, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		}
+		if heal(10, 0, 3, t0) || heal(10, 0, 3, t0.Add(30*time.Second)) {
+			t.Fatal("healed on the first sighting or too early")
+		}
+		if heal(9, 0, 3, t0.Add(2*time.Minute)) {
+			t.Fatal("healed although Redis moved since the measurement")
+		}
+		if heal(10, 0, 3, t0.Add(3*time.Minute)) {
+			t.Fatal("the mismatch must have forgotten the sighting")
+		}
+		if !heal(10, 0, 3, t0.Add(5*time.Minute)) {
+			t.Fatal("a persistent drift was not healed")
+		}
+		if a, _ := stockOf(t, s, sku); a != 13 {
+			t.Errorf("stock after heal = %d, want 13", a)
+		}
+	})
+
 	t.Run("concurrent reserves never oversell", func(t *testing.T) {
 		s, sku := setup(t, 50, 0)
 		var ok, sold atomic.Int64

@@ -15,7 +15,13 @@ import (
 
 var errInjected = Unavailable("fake", errors.New("injected failure"))
 
+type sighting struct {
+	drift int64
+	at    time.Time
+}
+
 type memHolds struct {
+	seen   map[string]sighting // heal's memory, per SKU
 	mu     sync.Mutex
 	stock  map[string]int64
 	held   map[string]int64
@@ -30,7 +36,31 @@ func newMemHolds() *memHolds {
 	return &memHolds{
 		stock: map[string]int64{}, held: map[string]int64{}, holds: map[string]Reservation{},
 		groups: map[string]*Group{}, member: map[string]map[string]string{}, fail: map[string]error{}, calls: map[string]int{},
+		seen: map[string]sighting{},
 	}
+}
+
+func (m *memHolds) Heal(_ context.Context, sku string, seenAvailable, seenHeld, drift int64, now time.Time, after time.Duration) (bool, error) {
+	err := m.enter("Heal")
+	defer m.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	if m.stock[sku] != seenAvailable || m.held[sku] != seenHeld || drift == 0 {
+		delete(m.seen, sku)
+		return false, nil
+	}
+	prev, ok := m.seen[sku]
+	if !ok || prev.drift != drift {
+		m.seen[sku] = sighting{drift, now}
+		return false, nil
+	}
+	if now.Sub(prev.at) < after {
+		return false, nil
+	}
+	m.stock[sku] += drift
+	delete(m.seen, sku)
+	return true, nil
 }
 
 func (m *memHolds) enter(name string) error {

@@ -39,6 +39,11 @@ type Holds interface {
 	// AdjustStock applies delta units once per level.Version (a replay is a
 	// no-op) and sets the per-user limit; it warms a missing SKU instead.
 	AdjustStock(ctx context.Context, level StockLevel, delta int64) error
+	// Heal moves the SKU's stock by drift if the same drift was measured at
+	// least after ago and Redis still shows seenAvailable and seenHeld (no
+	// reserve or release since the measurement); otherwise it records or
+	// forgets the sighting. healed reports whether the stock moved.
+	Heal(ctx context.Context, sku string, seenAvailable, seenHeld, drift int64, now time.Time, after time.Duration) (healed bool, err error)
 	// CreateGroup records an OPEN group with all its slots free.
 	CreateGroup(ctx context.Context, g Group) error
 	// Group returns the group's slots and status as Redis has them.

@@ -22,6 +22,7 @@ type Config struct {
 	PersistAttempts int           // optimistic attempts per message before it is redelivered
 	SweepGrace      time.Duration // allowance for clock skew before a deadline counts as passed
 	SweepBatch      int           // holds, groups and events handled per SKU per sweep
+	ReconcileAfter  time.Duration // how long a Redis–MySQL drift must persist before the sweeper heals it
 }
 
 // DefaultConfig is what production runs unless told otherwise.
@@ -34,6 +35,7 @@ func DefaultConfig() Config {
 		PersistAttempts: 8,
 		SweepGrace:      5 * time.Second,
 		SweepBatch:      500,
+		ReconcileAfter:  50 * time.Second,
 	}
 }
 
@@ -47,6 +49,7 @@ type Service struct {
 	metrics  Metrics
 	clock    Clock
 	log      *slog.Logger
+	hooks    Hooks
 	sleep    func(context.Context, time.Duration)
 }
 
@@ -59,6 +62,18 @@ type Deps struct {
 	Metrics  Metrics
 	Clock    Clock
 	Log      *slog.Logger
+	Hooks    Hooks
+}
+
+// Hooks are crash points for fault-injection tests; production wiring leaves
+// them nil. An error from a hook stops the operation on the spot, as a crash
+// of the process there would: nothing after it runs.
+type Hooks struct {
+	// AfterHold runs in Reserve between the Redis deduct and the SQS send.
+	AfterHold func(Reservation) error
+	// AfterCommit runs in Persist after the MySQL commit, before Redis is
+	// told and before the message is deleted.
+	AfterCommit func(Reservation) error
 }
 
 // NewService returns a Service with the given collaborators.
@@ -74,7 +89,7 @@ func NewService(cfg Config, d Deps) *Service {
 	}
 	return &Service{
 		cfg: cfg, holds: d.Holds, ledger: d.Ledger, queue: d.Queue, notifier: d.Notifier,
-		metrics: d.Metrics, clock: d.Clock, log: d.Log, sleep: sleepCtx,
+		metrics: d.Metrics, clock: d.Clock, log: d.Log, hooks: d.Hooks, sleep: sleepCtx,
 	}
 }
 
@@ -148,6 +163,11 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	}
 	if replayed && held.Status.Final() {
 		return held, true, nil
+	}
+	if h := s.hooks.AfterHold; h != nil {
+		if err := h(held); err != nil {
+			return Reservation{}, false, err
+		}
 	}
 	// A replay of a HELD hold sends again: the first attempt may have crashed
 	// between the deduct and the send. Persist takes each id at most once.
@@ -279,6 +299,11 @@ func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, erro
 		case Applied, AlreadyConfirmed:
 			if res == Applied {
 				s.metrics.Count("confirmed", 1)
+			}
+			if h := s.hooks.AfterCommit; h != nil {
+				if err := h(r); err != nil {
+					return r, err
+				}
 			}
 			r.Status = StatusConfirmed
 			if err := s.holds.Confirm(ctx, r); err != nil {

@@ -462,3 +462,52 @@ func TestReservationIDIsStablePerUserSKUAndKey(t *testing.T) {
 		}
 	}
 }
+
+func TestReconcileHealsOnlyAPersistentDrift(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 10)
+	f.holds.stock["s"] = 7 // Redis lost three units' worth of writes
+	sweep := func() SweepReport {
+		t.Helper()
+		rep, err := f.svc.Sweep(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	if rep := sweep(); rep.Healed != 0 || rep.Drift["s"] != 3 {
+		t.Fatalf("first sighting = %+v, want drift 3 reported, not healed", rep)
+	}
+	f.clock.t = f.clock.t.Add(f.svc.cfg.ReconcileAfter - time.Second)
+	if rep := sweep(); rep.Healed != 0 {
+		t.Fatalf("healed before ReconcileAfter")
+	}
+	f.clock.t = f.clock.t.Add(time.Second)
+	if rep := sweep(); rep.Healed != 1 || f.redis("s") != 10 {
+		t.Fatalf("sweep = %+v, redis %d; want healed to 10", rep, f.redis("s"))
+	}
+	if rep := sweep(); rep.Healed != 0 || rep.Drift["s"] != 0 {
+		t.Errorf("after heal = %+v, want no drift", rep)
+	}
+}
+
+func TestReconcileLeavesADriftThatMovesOrHasLiveHolds(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 10)
+	f.holds.stock["s"] = 7
+	_, _ = f.svc.Sweep(context.Background()) // sighting: drift 3
+	f.holds.stock["s"] = 8                   // the drift changed (something was in flight)
+	f.clock.t = f.clock.t.Add(2 * f.svc.cfg.ReconcileAfter)
+	if rep, _ := f.svc.Sweep(context.Background()); rep.Healed != 0 {
+		t.Fatalf("healed a drift that changed between sweeps")
+	}
+	f.reserve(t, "s", "u", 1) // a live hold: reconciliation must wait
+	f.clock.t = f.clock.t.Add(2 * f.svc.cfg.ReconcileAfter / 3)
+	for range 3 {
+		f.clock.t = f.clock.t.Add(f.svc.cfg.ReconcileAfter)
+		rep, _ := f.svc.Sweep(context.Background())
+		if rep.Healed != 0 && f.holds.held["s"] != 0 {
+			t.Fatalf("healed while a hold was live")
+		}
+	}
+}

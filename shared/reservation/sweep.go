@@ -16,6 +16,7 @@ type SweepReport struct {
 	Confirmed    int              `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
 	GroupsFailed int              `json:"groups_failed"` // groups past their deadline, now FAILED and settled
 	Notified     int              `json:"events_resent"` // cancellation events resent from the outbox
+	Healed       int              `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
 	Drift        map[string]int64 `json:"drift"`         // per SKU: MySQL available − (Redis available + held)
 	Errors       int              `json:"errors"`
 }
@@ -128,10 +129,40 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, cutoff time.Ti
 			rep.Released++
 		}
 	}
-	if len(expired) == 0 {
-		// Drift is only meaningful when nothing is being decided right now;
-		// issue "reconciliation" heals it, this reports it.
-		rep.Drift[level.SKU] = level.Available - (available + held)
+	if len(expired) > 0 {
+		return // holds are being decided right now: measure next time
+	}
+	drift := level.Available - (available + held)
+	rep.Drift[level.SKU] = drift
+	s.reconcile(ctx, level, available, held, drift, rep)
+}
+
+// reconcile heals Redis when a drift is real: the same value across sweeps
+// (ReconcileAfter apart), no live hold, MySQL unchanged since the
+// measurement, and Redis unchanged up to the moment of the fix (heal.lua
+// compares). A transient drift — a persist committed between the two reads —
+// changes value or vanishes and is never "healed". MySQL stays the arbiter:
+// a heal only moves the figure buyers see.
+func (s *Service) reconcile(ctx context.Context, level StockLevel, available, held, drift int64, rep *SweepReport) {
+	if drift != 0 && held != 0 {
+		return // live holds may be mid-decision; only report
+	}
+	if drift != 0 {
+		now, err := s.ledger.Stock(ctx, level.SKU)
+		if err != nil || now.Available != level.Available {
+			return // MySQL moved: not a stable measurement
+		}
+	}
+	healed, err := s.holds.Heal(ctx, level.SKU, available, held, drift, s.clock.Now(), s.cfg.ReconcileAfter)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: heal", "sku", level.SKU, "error", err)
+		return
+	}
+	if healed {
+		rep.Healed++
+		s.metrics.Count("drift_healed", 1)
+		s.log.WarnContext(ctx, "healed redis drift", "sku", level.SKU, "drift", drift)
 	}
 }
 
