@@ -16,12 +16,16 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
 	"github.com/holdfast/holdfast/shared/consumer"
 	"github.com/holdfast/holdfast/shared/eventbus"
 	"github.com/holdfast/holdfast/shared/eventsource"
+	"github.com/holdfast/holdfast/shared/faultproxy"
 	"github.com/holdfast/holdfast/shared/httpapi"
+	"github.com/holdfast/holdfast/shared/invariant"
+	"github.com/holdfast/holdfast/shared/redisstore"
 	"github.com/holdfast/holdfast/shared/reservation"
 	"github.com/holdfast/holdfast/shared/schedule"
 	"github.com/holdfast/holdfast/shared/testservices"
@@ -58,15 +62,49 @@ type stack struct {
 	clock      *testClock
 	sqs        *sqs.Client
 	queues     testservices.Queues
-	rdb        *redis.Client
-	db         *sql.DB
+	rdb        *redis.Client // straight to Redis, past any fault proxy
+	db         *sql.DB       // straight to MariaDB, past any fault proxy
+	cfg        config.Config
+	env        testservices.Env
 }
 
-type stackOption func(*app.Options, map[string]string)
+// twin builds a second service on the same stores with its own clock, as
+// another Lambda execution environment would be.
+func (s *stack) twin(clock reservation.Clock, enq reservation.Enqueuer) *reservation.Service {
+	s.t.Helper()
+	a, err := app.Build(context.Background(), s.cfg, app.Options{Function: "twin", Out: io.Discard, Clock: clock,
+		Enqueuer: func(real reservation.Enqueuer) reservation.Enqueuer {
+			if enq != nil {
+				return enq
+			}
+			return real
+		}})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { _ = a.Close() })
+	return a.Service
+}
+
+// check runs the invariant checker on the stores.
+func (s *stack) check(e invariant.Expect) {
+	s.t.Helper()
+	vs, err := invariant.Check(context.Background(), s.db, redisstore.New(s.rdb, 0), e)
+	if err != nil {
+		s.t.Fatalf("invariant check: %v", err)
+	}
+	if len(vs) > 0 {
+		s.t.Errorf("invariants broken:\n%s", invariant.Violations(vs))
+	}
+}
+
+// stackOption adjusts a stack before it is built: the app options and the
+// environment variables config.Load reads.
+type stackOption func(s *stack, o *app.Options, vars map[string]string)
 
 // withEnqueuer replaces the SQS publisher.
 func withEnqueuer(e reservation.Enqueuer) stackOption {
-	return func(o *app.Options, _ map[string]string) {
+	return func(_ *stack, o *app.Options, _ map[string]string) {
 		o.Enqueuer = func(reservation.Enqueuer) reservation.Enqueuer { return e }
 	}
 }
@@ -74,7 +112,7 @@ func withEnqueuer(e reservation.Enqueuer) stackOption {
 // withFailingSend makes every send report failure; delivered says whether
 // the message reached the queue anyway (a send that timed out).
 func withFailingSend(delivered bool) stackOption {
-	return func(o *app.Options, _ map[string]string) {
+	return func(_ *stack, o *app.Options, _ map[string]string) {
 		o.Enqueuer = func(real reservation.Enqueuer) reservation.Enqueuer {
 			if delivered {
 				return failingEnqueuer{next: real}
@@ -84,12 +122,68 @@ func withFailingSend(delivered bool) stackOption {
 	}
 }
 
+// withHooks installs crash points.
+func withHooks(h reservation.Hooks) stackOption {
+	return func(_ *stack, o *app.Options, _ map[string]string) { o.Hooks = h }
+}
+
+// withVars overrides settings.
+func withVars(kv map[string]string) stackOption {
+	return func(_ *stack, _ *app.Options, vars map[string]string) {
+		for k, v := range kv {
+			vars[k] = v
+		}
+	}
+}
+
+// withRedis points the stack at a Redis of the test's own; the test reads it directly.
+func withRedis(addr string) stackOption {
+	return func(s *stack, _ *app.Options, vars map[string]string) {
+		vars["HOLDFAST_REDIS_ADDR"] = addr
+		s.rdb = redis.NewClient(&redis.Options{Addr: addr})
+		s.t.Cleanup(func() { _ = s.rdb.Close() })
+	}
+}
+
+// withRedisProxy puts a fault proxy between holdfast and Redis.
+func withRedisProxy(p **faultproxy.Proxy) stackOption {
+	return func(s *stack, _ *app.Options, vars map[string]string) {
+		proxy, err := faultproxy.Start(vars["HOLDFAST_REDIS_ADDR"])
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		s.t.Cleanup(proxy.Close)
+		vars["HOLDFAST_REDIS_ADDR"] = proxy.Addr()
+		*p = proxy
+	}
+}
+
+// withDBProxy puts a fault proxy between holdfast and MariaDB.
+func withDBProxy(p **faultproxy.Proxy) stackOption {
+	return func(s *stack, _ *app.Options, vars map[string]string) {
+		cfg, err := mysql.ParseDSN(vars["HOLDFAST_DB_DSN"])
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		proxy, err := faultproxy.Start(cfg.Addr)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		s.t.Cleanup(proxy.Close)
+		cfg.Addr = proxy.Addr()
+		cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
+		vars["HOLDFAST_DB_DSN"] = cfg.FormatDSN()
+		*p = proxy
+	}
+}
+
 func newStack(t *testing.T, opts ...stackOption) *stack {
 	t.Helper()
 	env := testservices.Require(t)
 	s := &stack{t: t, clock: &testClock{now: time.Now().UTC().Truncate(time.Millisecond)}}
 	s.rdb = env.Redis(t)
 	s.sqs = env.SQS(t)
+	s.env = env
 	s.queues = env.CreateQueues(t, s.sqs, 3)
 	dsn := env.Database(t)
 	vars := map[string]string{
@@ -104,19 +198,25 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 	}
 	o := app.Options{Function: "test", Out: io.Discard, Clock: s.clock}
 	for _, opt := range opts {
-		opt(&o, vars)
+		opt(s, &o, vars)
 	}
 	cfg, err := config.Load(func(k string) string { return vars[k] })
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
+	s.cfg = cfg
+	direct, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = direct.Close() })
 	a, err := app.Build(context.Background(), cfg, o)
 	if err != nil {
 		t.Fatalf("build: %v", err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
 	s.app = a
-	s.db = a.DB
+	s.db = direct
 	s.api = httpapi.New(a.Service, a.Log)
 	s.persist = consumer.New("persist", a.Service.Persist, a.Metrics, a.Log)
 	s.compensate = consumer.New("compensate", a.Service.Compensate, a.Metrics, a.Log)

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -58,6 +59,27 @@ func translate(op string, err error) error {
 type stmt struct {
 	q    string
 	args []any
+}
+
+// retryDeadlocks runs fn again, a bounded number of times with a short
+// jittered pause, when InnoDB picked it as a deadlock victim (concurrent
+// inserts of one key — a fence racing a persist and another fence — do
+// that). Each run is a fresh statement or transaction, so a retry is safe.
+func retryDeadlocks(ctx context.Context, fn func() error) error {
+	var err error
+	for attempt := range 6 {
+		if err = fn(); !errors.Is(err, reservation.ErrVersionConflict) {
+			return err
+		}
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(2*time.Millisecond) << attempt)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+	return err
 }
 
 func nullString(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
@@ -183,7 +205,15 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 
 // Fence implements reservation.Ledger. The insert waits on the row lock of
 // an in-flight persist of the same id, so exactly one of the two writes the row.
-func (s *Store) Fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+func (s *Store) Fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (row reservation.Reservation, inserted bool, err error) {
+	err = retryDeadlocks(ctx, func() error {
+		row, inserted, err = s.fence(ctx, r, reason, now)
+		return err
+	})
+	return row, inserted, err
+}
+
+func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
 	res, err := s.db.ExecContext(ctx, `INSERT INTO reservations
 		(reservation_id, sku, qty, user_id, group_id, status, reason, notified, expires_at, created_at, updated_at)
 		VALUES (?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?)
@@ -205,7 +235,15 @@ func (s *Store) Fence(ctx context.Context, r reservation.Reservation, reason res
 
 // Refund implements reservation.Ledger. Lock order (reservations,
 // product_stock, group_members, group_buys) matches Apply's.
-func (s *Store) Refund(ctx context.Context, id string, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+func (s *Store) Refund(ctx context.Context, id string, reason reservation.Reason, now time.Time) (row reservation.Reservation, refunded bool, err error) {
+	err = retryDeadlocks(ctx, func() error {
+		row, refunded, err = s.refund(ctx, id, reason, now)
+		return err
+	})
+	return row, refunded, err
+}
+
+func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return reservation.Reservation{}, false, translate("refund begin", err)

@@ -40,6 +40,7 @@ type Reason string
 const (
 	ReasonExpired       Reason = "expired"            // hold deadline passed without a decision
 	ReasonPublishFailed Reason = "publish_failed"     // the SQS send failed at reserve time
+	ReasonHoldFailed    Reason = "hold_failed"        // Redis failed mid-reserve: a hold may exist, nothing was sent
 	ReasonInsufficient  Reason = "insufficient_stock" // MySQL could not cover it (stores drifted)
 	ReasonDeadLetter    Reason = "dead_letter"        // persist gave up; the message reached the DLQ
 	ReasonBuyer         Reason = "buyer_cancelled"    // DELETE /reservations/{id}

@@ -159,6 +159,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		if errors.Is(err, ErrSoldOut) {
 			s.metrics.Count("sold_out", 1)
 		}
+		if errors.Is(err, ErrUnavailable) {
+			s.abandon(ctx, r)
+		}
 		return Reservation{}, false, err
 	}
 	if replayed && held.Status.Final() {
@@ -195,6 +198,19 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		s.metrics.Count("reserved", 1)
 	}
 	return held, replayed, nil
+}
+
+// abandon settles a reservation whose Redis call failed with an unknown
+// outcome (a timeout, a reset): the script may have run and left a hold that
+// no message will ever settle. Fence and release it now, within a short
+// bound, so the 503 holds nothing; if Redis or MySQL is still down the
+// sweeper finds the hold at its deadline.
+func (s *Service) abandon(ctx context.Context, r Reservation) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, err := s.settle(ctx, r, ReasonHoldFailed); err != nil {
+		s.log.WarnContext(ctx, "reserve: abandoned hold left to the sweeper", "reservation_id", r.ID, "error", err)
+	}
 }
 
 func (s *Service) warm(ctx context.Context, sku string) error {

@@ -511,3 +511,22 @@ func TestReconcileLeavesADriftThatMovesOrHasLiveHolds(t *testing.T) {
 		}
 	}
 }
+
+func TestRedisFailureMidReserveIsFencedAndReleased(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 5)
+	f.holds.fail["Reserve"] = errInjected
+	_, _, err := f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "u", IdempotencyKey: "k"})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Reserve = %v, want ErrUnavailable", err)
+	}
+	id := ReservationID(ReserveRequest{SKU: "s", UserID: "u", IdempotencyKey: "k"})
+	if row := f.ledger.rows[id]; row.Status != StatusCancelled || row.Reason != ReasonHoldFailed {
+		t.Errorf("row = %+v, want CANCELLED hold_failed", row)
+	}
+	delete(f.holds.fail, "Reserve")
+	r, replayed, err := f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "u", IdempotencyKey: "k"})
+	if err != nil || !replayed || r.Status != StatusCancelled || f.redis("s") != 5 {
+		t.Errorf("retry = %v %v %v, redis %d; want the CANCELLED reservation and 5 units", r.Status, replayed, err, f.redis("s"))
+	}
+}

@@ -13,7 +13,10 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -150,4 +153,85 @@ func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() boo
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Redis is a private redis-server for tests that stop, restart or flush it.
+type Redis struct {
+	Addr string
+	dir  string
+	cmd  *exec.Cmd
+	t    testing.TB
+}
+
+// StartRedis starts a redis-server of the test's own on a free loopback port
+// (no persistence, like ElastiCache losing a node), stopped at the end.
+func StartRedis(t testing.TB) *Redis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("HOLDFAST_REQUIRE_SERVICES") == "1" {
+			t.Fatal("redis-server is required (make test installs it)")
+		}
+		t.Skip("redis-server not installed")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	r := &Redis{Addr: addr, dir: t.TempDir(), t: t}
+	r.start()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *Redis) start() {
+	r.t.Helper()
+	_, port, _ := net.SplitHostPort(r.Addr)
+	r.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
+		"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction")
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatalf("start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	defer c.Close()
+	Eventually(r.t, 10*time.Second, "redis-server answers PING", func() bool {
+		return c.Ping(context.Background()).Err() == nil
+	})
+}
+
+func (r *Redis) stop() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		_ = r.cmd.Process.Kill() // the server this test started, by its PID
+		_, _ = r.cmd.Process.Wait()
+		r.cmd = nil
+	}
+}
+
+// Restart kills the server and starts it again, empty: every write is
+// lost, as when a node is replaced with no replica.
+func (r *Redis) Restart() {
+	r.t.Helper()
+	r.stop()
+	_ = os.Remove(filepath.Join(r.dir, "dump.rdb"))
+	r.start()
+}
+
+// Snapshot writes the dataset to disk now (SAVE).
+func (r *Redis) Snapshot() {
+	r.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer c.Close()
+	if err := c.Save(context.Background()).Err(); err != nil {
+		r.t.Fatalf("SAVE: %v", err)
+	}
+}
+
+// RestartFromSnapshot kills the server and starts it from the last
+// Snapshot: the writes since then are lost, as in a failover to a replica
+// that had not caught up.
+func (r *Redis) RestartFromSnapshot() {
+	r.t.Helper()
+	r.stop()
+	r.start()
 }

@@ -1,0 +1,143 @@
+// Package invariant checks holdfast's invariants (docs/design.md, I1–I5)
+// on the real stores. Every fault test, the chaos test and the load test's
+// end-to-end check use this one checker.
+package invariant
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Stock is what the checker needs of Redis: a SKU's available and held units.
+type Stock interface {
+	Stock(ctx context.Context, sku string) (available, held int64, err error)
+}
+
+// Expect is what the test knows: the units it made sellable per SKU, the
+// reservations that were accepted, and whether the system has settled.
+type Expect struct {
+	Sellable  map[string]int64 // every unit ever made sellable, per SKU
+	Accepted  []string         // reservation ids answered 202
+	Quiescent bool             // everything decided: I2 and I4 apply
+}
+
+// Violation is one broken invariant.
+type Violation struct {
+	Invariant string // I1 … I5
+	Detail    string
+}
+
+func (v Violation) String() string { return v.Invariant + ": " + v.Detail }
+
+// Violations formats a list for a test failure.
+func Violations(vs []Violation) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = v.String()
+	}
+	return strings.Join(s, "\n")
+}
+
+// Check reads MySQL (db) and Redis (stock) and returns every violation.
+//
+//   - I1 no oversell: MySQL available ≥ 0, and available + confirmed units =
+//     units made sellable (the ledger balances: nothing taken twice or lost).
+//   - I2 conservation (quiescent): Redis available = MySQL available, no hold left.
+//   - I3 at most once: no reservation id is confirmed twice; with I1 and I2,
+//     each id took stock once per store.
+//   - I4 termination (quiescent): every accepted id has a final row; every
+//     CANCELLED row's event went out.
+//   - I5 groups: members ≤ capacity, members = confirmed members, one join per
+//     user, a FAILED group keeps no confirmed member.
+func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation, error) {
+	var out []Violation
+	add := func(inv, format string, args ...any) {
+		out = append(out, Violation{Invariant: inv, Detail: fmt.Sprintf(format, args...)})
+	}
+	skus := make([]string, 0, len(e.Sellable))
+	for sku := range e.Sellable {
+		skus = append(skus, sku)
+	}
+	sort.Strings(skus)
+	for _, sku := range skus {
+		var available, confirmed int64
+		if err := db.QueryRowContext(ctx, `SELECT available FROM product_stock WHERE sku = ?`, sku).Scan(&available); err != nil {
+			return nil, fmt.Errorf("invariant: stock of %s: %w", sku, err)
+		}
+		var sum sql.NullInt64
+		if err := db.QueryRowContext(ctx, `SELECT SUM(qty) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&sum); err != nil {
+			return nil, err
+		}
+		confirmed = sum.Int64
+		if available < 0 {
+			add("I1", "%s: MySQL available %d < 0", sku, available)
+		}
+		if available+confirmed != e.Sellable[sku] {
+			add("I1", "%s: MySQL available %d + confirmed %d != sellable %d", sku, available, confirmed, e.Sellable[sku])
+		}
+		if e.Quiescent {
+			ra, held, err := redis.Stock(ctx, sku)
+			if err != nil {
+				return nil, fmt.Errorf("invariant: redis stock of %s: %w", sku, err)
+			}
+			if ra != available || held != 0 {
+				add("I2", "%s: Redis available %d held %d, MySQL available %d", sku, ra, held, available)
+			}
+		}
+	}
+
+	var dup int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) - COUNT(DISTINCT reservation_id) FROM reservations`).Scan(&dup); err != nil {
+		return nil, err
+	}
+	if dup != 0 {
+		add("I3", "%d reservation ids have more than one row", dup)
+	}
+
+	if e.Quiescent {
+		for _, id := range e.Accepted {
+			var status string
+			var notified bool
+			err := db.QueryRowContext(ctx, `SELECT status, notified FROM reservations WHERE reservation_id = ?`, id).Scan(&status, &notified)
+			switch {
+			case err == sql.ErrNoRows:
+				add("I4", "accepted %s has no decision", id)
+			case err != nil:
+				return nil, err
+			case status == "CANCELLED" && !notified:
+				add("I4", "cancelled %s: its event did not go out", id)
+			}
+		}
+	}
+
+	rows, err := db.QueryContext(ctx, `SELECT g.group_id, g.capacity, g.members, g.status,
+		(SELECT COUNT(*) FROM reservations r WHERE r.group_id = g.group_id AND r.status = 'CONFIRMED'),
+		(SELECT COUNT(DISTINCT r.user_id) FROM reservations r WHERE r.group_id = g.group_id AND r.status = 'CONFIRMED'),
+		(SELECT COUNT(*) FROM group_members m WHERE m.group_id = g.group_id)
+		FROM group_buys g`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, status string
+		var capacity, members, confirmed, users, memberRows int
+		if err := rows.Scan(&id, &capacity, &members, &status, &confirmed, &users, &memberRows); err != nil {
+			return nil, err
+		}
+		switch {
+		case members > capacity:
+			add("I5", "group %s: %d members for %d slots", id, members, capacity)
+		case members != confirmed || memberRows != confirmed:
+			add("I5", "group %s: members %d, member rows %d, confirmed reservations %d", id, members, memberRows, confirmed)
+		case users != confirmed:
+			add("I5", "group %s: %d confirmed joins from %d users", id, confirmed, users)
+		case e.Quiescent && status == "FAILED" && confirmed != 0:
+			add("I5", "group %s FAILED but keeps %d confirmed members", id, confirmed)
+		}
+	}
+	return out, rows.Err()
+}
