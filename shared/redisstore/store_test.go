@@ -33,6 +33,17 @@ func TestContractRedisServer(t *testing.T) {
 }
 
 // t0 is now: group keys expire at an absolute time (deadline + retention).
+// On a real three-shard Redis Cluster: every script's keys share one slot
+// (a CROSSSLOT error would fail the suite).
+func TestContractRedisCluster(t *testing.T) {
+	addrs := testservices.StartCluster(t)
+	contract(t, func(t *testing.T) redis.UniversalClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	})
+}
+
 var t0 = time.Now().UTC().Truncate(time.Millisecond)
 
 func hold(sku, id, user string, qty int) reservation.Reservation {
