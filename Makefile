@@ -3,7 +3,7 @@
 GO        ?= go
 DEV_DIR   ?= .holdfast/dev
 
-.PHONY: dev test unit invoke load migrate build deploy clean
+.PHONY: dev test unit chaos invoke load migrate build deploy clean
 
 ## dev: start Redis, MariaDB and the SQS server, then holdfast on 127.0.0.1:3000
 dev:
@@ -23,6 +23,12 @@ unit:
 invoke:
 	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=reserve|persist|compensate|sweeper EVENT=events/<file>.json"; exit 2; }
 	$(GO) run ./cmd/invoke -fn $(FN) -event $(EVENT)
+
+## chaos: seeded chaos schedules on the real services for as long as asked
+##   make chaos DURATION=10m        (a failing seed replays with HOLDFAST_CHAOS_SEED=<seed>)
+DURATION ?= 5m
+chaos:
+	HOLDFAST_CHAOS_DURATION=$(DURATION) scripts/test.sh -run 'TestChaos$$' -v -timeout 0 ./shared/app
 
 ## load: fire a flash sale at `make dev` and print the invariant report
 ##   make load ARGS="-n 5000 -c 128 -stock 300 -groups 3"

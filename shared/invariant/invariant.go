@@ -50,8 +50,8 @@ func Violations(vs []Violation) string {
 //     each id took stock once per store.
 //   - I4 termination (quiescent): every accepted id has a final row; every
 //     CANCELLED row's event went out.
-//   - I5 groups: members ≤ capacity, members = confirmed members, one join per
-//     user, a FAILED group keeps no confirmed member.
+//   - I5 groups (of the SKUs in Expect.Sellable): members ≤ capacity, members =
+//     confirmed members, one join per user, a FAILED group keeps no confirmed member.
 func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation, error) {
 	var out []Violation
 	add := func(inv, format string, args ...any) {
@@ -113,11 +113,18 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 		}
 	}
 
+	if len(skus) == 0 {
+		return out, nil
+	}
+	args := make([]any, len(skus))
+	for i, sku := range skus {
+		args[i] = sku
+	}
 	rows, err := db.QueryContext(ctx, `SELECT g.group_id, g.capacity, g.members, g.status,
 		(SELECT COUNT(*) FROM reservations r WHERE r.group_id = g.group_id AND r.status = 'CONFIRMED'),
 		(SELECT COUNT(DISTINCT r.user_id) FROM reservations r WHERE r.group_id = g.group_id AND r.status = 'CONFIRMED'),
 		(SELECT COUNT(*) FROM group_members m WHERE m.group_id = g.group_id)
-		FROM group_buys g`)
+		FROM group_buys g WHERE g.sku IN (?`+strings.Repeat(",?", len(skus)-1)+`)`, args...)
 	if err != nil {
 		return nil, err
 	}
