@@ -31,6 +31,6 @@ func run(ctx context.Context, getenv func(string) string) error {
 		return err
 	}
 	defer a.Close()
-	lambda.StartWithOptions(metrics.Flushing(a.Metrics, consumer.New("persist", a.Service.Persist, a.Metrics, a.Log).Handle), lambda.WithContext(ctx))
+	lambda.StartWithOptions(metrics.Flushing(a.Metrics, consumer.NewBatch("persist", a.Service.PersistBatch, a.Metrics, a.Log).Handle), lambda.WithContext(ctx))
 	return nil
 }

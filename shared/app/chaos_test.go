@@ -253,22 +253,30 @@ func (c *chaos) schedule(t *testing.T, seed uint64) bool {
 						s.call("DELETE", "/reservations/"+id, "", nil)
 					}
 				})
-			case k < 80: // SQS delivers a message (crashing after commit, now and then)
+			case k < 80: // SQS delivers a batch of 1–3 (crashing after commit, now and then)
 				crashAfter := rng.IntN(8) == 0
+				size := 1 + rng.IntN(3)
 				actions = append(actions, func() {
-					m, ok := c.q.take(rng)
-					if !ok {
+					var batch []reservation.Reservation
+					for range size {
+						if m, ok := c.q.take(rng); ok {
+							batch = append(batch, m)
+						}
+					}
+					if len(batch) == 0 {
 						return
 					}
 					if crashAfter {
 						c.crash.mu.Lock()
-						c.crash.afterCmt[m.ID] = true
+						c.crash.afterCmt[batch[0].ID] = true
 						c.crash.mu.Unlock()
 					}
-					if _, err := s.app.Service.Persist(ctx, m); err != nil {
-						c.q.mu.Lock()
-						c.q.msgs = append(c.q.msgs, m) // redelivered
-						c.q.mu.Unlock()
+					for i, err := range s.app.Service.PersistBatch(ctx, batch) {
+						if err != nil {
+							c.q.mu.Lock()
+							c.q.msgs = append(c.q.msgs, batch[i]) // redelivered
+							c.q.mu.Unlock()
+						}
 					}
 				})
 			case k < 85: // a message ends in the DLQ instead

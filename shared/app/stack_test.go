@@ -218,7 +218,7 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 	s.app = a
 	s.db = direct
 	s.api = httpapi.New(a.Service, a.Log)
-	s.persist = consumer.New("persist", a.Service.Persist, a.Metrics, a.Log)
+	s.persist = consumer.NewBatch("persist", a.Service.PersistBatch, a.Metrics, a.Log)
 	s.compensate = consumer.New("compensate", a.Service.Compensate, a.Metrics, a.Log)
 	s.sweeper = schedule.New(a.Service, a.Log)
 	return s

@@ -122,7 +122,7 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 	s := &Stack{App: a, cancel: cancel}
 	quiet := slog.New(slog.DiscardHandler)
 	api := httpapi.New(a.Service, o.Log)
-	s.Persist = consumer.New("persist", a.Service.Persist, a.Metrics, quiet)
+	s.Persist = consumer.NewBatch("persist", a.Service.PersistBatch, a.Metrics, quiet)
 	compensate := consumer.New("compensate", a.Service.Compensate, a.Metrics, quiet)
 	s.Sweeper = schedule.New(a.Service, quiet)
 

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -168,6 +169,97 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 		return 0, r, translate("apply commit", err)
 	}
 	return reservation.Applied, r, nil
+}
+
+// ApplyBatch implements reservation.Ledger: the hot-SKU path of persist.
+// One transaction, one multi-row insert, one version-checked update for the
+// whole batch; lock order reservations → product_stock, as everywhere.
+func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Reservation, now time.Time) ([]reservation.BatchResult, error) {
+	out := make([]reservation.BatchResult, len(rs))
+	if len(rs) == 0 {
+		return out, nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, translate("batch begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	ids := make([]any, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
+	}
+	existing, err := queryAll(ctx, tx, "batch read rows", scanReservation,
+		`SELECT `+reservationColumns+` FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(ids)-1)+`)`, ids...)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]reservation.Reservation{}
+	for _, row := range existing {
+		have[row.ID] = row
+	}
+	var available, version int64
+	err = tx.QueryRowContext(ctx, `SELECT available, version FROM product_stock WHERE sku = ?`, sku).Scan(&available, &version)
+	if errors.Is(err, sql.ErrNoRows) {
+		for i := range out {
+			out[i].Result = reservation.NoSuchSKU
+		}
+		return out, nil
+	}
+	if err != nil {
+		return nil, translate("batch read stock", err)
+	}
+	var fit []reservation.Reservation
+	var sum int64
+	seen := map[string]bool{}
+	for i, r := range rs {
+		switch row, ok := have[r.ID]; {
+		case ok && row.Status == reservation.StatusConfirmed:
+			out[i] = reservation.BatchResult{Result: reservation.AlreadyConfirmed, Row: row}
+		case ok:
+			out[i] = reservation.BatchResult{Result: reservation.AlreadyCancelled, Row: row}
+		case seen[r.ID]: // the same message twice in one batch
+			out[i] = reservation.BatchResult{Result: reservation.AlreadyConfirmed, Row: r}
+		case sum+int64(r.Qty) <= available:
+			sum += int64(r.Qty)
+			seen[r.ID] = true
+			fit = append(fit, r)
+			out[i] = reservation.BatchResult{Result: reservation.Applied, Row: r}
+		default:
+			out[i] = reservation.BatchResult{Result: reservation.Insufficient, Row: r}
+		}
+	}
+	if len(fit) == 0 {
+		return out, nil
+	}
+	args := make([]any, 0, len(fit)*8)
+	for _, r := range fit {
+		args = append(args, r.ID, r.SKU, r.Qty, r.UserID, nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
+		(reservation_id, sku, qty, user_id, status, expires_at, created_at, updated_at) VALUES `+
+		strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, len(fit)), ","), args...)
+	if isDuplicate(err) {
+		// A fence (or another persist) wrote one of these rows since the read.
+		return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
+	}
+	if err != nil {
+		return nil, translate("batch insert", err)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
+		WHERE sku = ? AND version = ? AND available >= ?`, sum, sku, version, sum)
+	if err != nil {
+		return nil, translate("batch update stock", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return nil, translate("batch update stock", err)
+	} else if n == 0 {
+		return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, translate("batch commit", err)
+	}
+	return out, nil
 }
 
 // joinGroup takes a slot of r's group inside the persist transaction. The

@@ -311,3 +311,70 @@ func TestPessimisticApplyNeverConflicts(t *testing.T) {
 		t.Errorf("conflicts %d, available %d; want 0 and 36", conflicts.Load(), available(t, s, "hot"))
 	}
 }
+
+// The hot-SKU path: 16 consumers settle 400 orders for 300 units in batches
+// of 10 — no oversell, every refusal a real shortage, and a fence racing a
+// batch never lets a fenced id be confirmed.
+func TestApplyBatchStormAndFenceRace(t *testing.T) {
+	ctx := context.Background()
+	s, db := open(t)
+	if _, _, err := s.SetStock(ctx, "hot", 300, nil); err != nil {
+		t.Fatal(err)
+	}
+	work := make(chan []reservation.Reservation)
+	var applied, short, fenced atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for batch := range work {
+				for {
+					out, err := s.ApplyBatch(ctx, "hot", batch, now)
+					if errors.Is(err, reservation.ErrVersionConflict) {
+						continue
+					}
+					if err != nil {
+						t.Errorf("batch: %v", err)
+						break
+					}
+					for _, o := range out {
+						switch o.Result {
+						case reservation.Applied:
+							applied.Add(1)
+						case reservation.Insufficient:
+							short.Add(1)
+						case reservation.AlreadyCancelled:
+							fenced.Add(1)
+						}
+					}
+					break
+				}
+			}
+		}()
+	}
+	for b := range 40 {
+		batch := make([]reservation.Reservation, 10)
+		for i := range batch {
+			batch[i] = res(fmt.Sprintf("b%d-%d", b, i), "hot", 1)
+		}
+		// A fence races every tenth batch's first id.
+		if b%10 == 0 {
+			go func() { _, _, _ = s.Fence(ctx, batch[0], reservation.ReasonExpired, now) }()
+		}
+		work <- batch
+	}
+	close(work)
+	wg.Wait()
+	var confirmedRows int64
+	_ = db.QueryRow(`SELECT COUNT(*) FROM reservations WHERE status = 'CONFIRMED'`).Scan(&confirmedRows)
+	if av := available(t, s, "hot"); av != 300-confirmedRows || av < 0 {
+		t.Errorf("available %d with %d confirmed rows: the ledger does not balance", av, confirmedRows)
+	}
+	if applied.Load() != confirmedRows || applied.Load() > 300 {
+		t.Errorf("applied %d, confirmed rows %d", applied.Load(), confirmedRows)
+	}
+	if applied.Load()+short.Load()+fenced.Load() < 396 {
+		t.Errorf("applied %d short %d fenced %d: results missing", applied.Load(), short.Load(), fenced.Load())
+	}
+}

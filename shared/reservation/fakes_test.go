@@ -371,6 +371,42 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, _ time
 	return Applied, r, nil
 }
 
+func (l *memLedger) ApplyBatch(_ context.Context, sku string, rs []Reservation, _ time.Time) ([]BatchResult, error) {
+	err := l.enter("ApplyBatch")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if l.conflicts > 0 {
+		l.conflicts--
+		return nil, ErrVersionConflict
+	}
+	out := make([]BatchResult, len(rs))
+	st, ok := l.stock[sku]
+	for i, r := range rs {
+		switch row, have := l.rows[r.ID]; {
+		case !ok:
+			out[i].Result = NoSuchSKU
+		case have && row.Status == StatusConfirmed:
+			out[i] = BatchResult{AlreadyConfirmed, l.row(r.ID)}
+		case have:
+			out[i] = BatchResult{AlreadyCancelled, l.row(r.ID)}
+		case st.Available >= int64(r.Qty):
+			st.Available -= int64(r.Qty)
+			r.Status = StatusConfirmed
+			l.rows[r.ID] = r
+			l.notified[r.ID] = true
+			out[i] = BatchResult{Applied, r}
+		default:
+			out[i] = BatchResult{Insufficient, r}
+		}
+	}
+	if ok {
+		st.Version++
+	}
+	return out, nil
+}
+
 func (l *memLedger) Fence(_ context.Context, r Reservation, reason Reason, _ time.Time) (Reservation, bool, error) {
 	err := l.enter("Fence")
 	defer l.mu.Unlock()

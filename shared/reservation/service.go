@@ -311,29 +311,101 @@ func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, erro
 		if err != nil {
 			return r, fmt.Errorf("persist %s: %w", r.ID, err)
 		}
-		switch res {
-		case Applied, AlreadyConfirmed:
-			if res == Applied {
-				s.metrics.Count("confirmed", 1)
-			}
-			if h := s.hooks.AfterCommit; h != nil {
-				if err := h(r); err != nil {
-					return r, err
-				}
-			}
-			r.Status = StatusConfirmed
-			if err := s.holds.Confirm(ctx, r); err != nil {
-				// The row decided it; the sweeper marks the hold later.
-				s.log.WarnContext(ctx, "persist: hold not marked confirmed", "reservation_id", r.ID, "error", err)
-			}
-			return r, nil
-		case AlreadyCancelled:
-			// Fenced before it arrived: take nothing; make sure the hold is
-			// released (the fencer may have crashed before releasing).
-			return s.finishCancel(ctx, row)
-		default:
-			return s.settle(ctx, r, reasonOf(res))
+		return s.decided(ctx, r, res, row)
+	}
+}
+
+// PersistBatch settles a batch of reservation messages: the hot-SKU path.
+// Messages without a group are grouped by SKU and each group is settled with
+// ApplyBatch — one transaction, one version-checked update for the summed
+// quantity — retried optimistically; if the SKU cannot cover the sum, exactly
+// the reservations that fit (in message order) are confirmed and the rest are
+// cancelled through the fence. Group joins, and a SKU still contended after
+// the optimistic attempts, go through Persist one by one (whose last attempt
+// locks). It returns one error per message: nil once decided, else the
+// message must be redelivered.
+func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
+	errs := make([]error, len(rs))
+	bySKU := map[string][]int{}
+	var order []string
+	for i, r := range rs {
+		if r.GroupID != "" {
+			_, errs[i] = s.Persist(ctx, r)
+			continue
 		}
+		if _, ok := bySKU[r.SKU]; !ok {
+			order = append(order, r.SKU)
+		}
+		bySKU[r.SKU] = append(bySKU[r.SKU], i)
+	}
+	for _, sku := range order {
+		idx := bySKU[sku]
+		batch := make([]Reservation, len(idx))
+		for j, i := range idx {
+			batch[j] = rs[i]
+		}
+		results, err := s.applyBatch(ctx, sku, batch)
+		if errors.Is(err, ErrVersionConflict) {
+			for _, i := range idx { // still contended: one by one, the last attempt locking
+				_, errs[i] = s.Persist(ctx, rs[i])
+			}
+			continue
+		}
+		if err != nil {
+			for _, i := range idx {
+				errs[i] = fmt.Errorf("persist %s: %w", rs[i].ID, err)
+			}
+			continue
+		}
+		for j, i := range idx {
+			_, errs[i] = s.decided(ctx, rs[i], results[j].Result, results[j].Row)
+		}
+	}
+	return errs
+}
+
+// applyBatch runs the optimistic batch attempts for one SKU.
+func (s *Service) applyBatch(ctx context.Context, sku string, batch []Reservation) ([]BatchResult, error) {
+	var err error
+	for attempt := 1; attempt < max(2, s.cfg.PersistAttempts); attempt++ {
+		var results []BatchResult
+		results, err = s.ledger.ApplyBatch(ctx, sku, batch, s.clock.Now())
+		if !errors.Is(err, ErrVersionConflict) {
+			return results, err
+		}
+		s.metrics.Count("persist_retries", 1)
+		s.sleep(ctx, backoff(attempt))
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return nil, err
+}
+
+// decided acts on what MySQL decided for one message.
+func (s *Service) decided(ctx context.Context, r Reservation, res ApplyResult, row Reservation) (Reservation, error) {
+	switch res {
+	case Applied, AlreadyConfirmed:
+		if res == Applied {
+			s.metrics.Count("confirmed", 1)
+		}
+		if h := s.hooks.AfterCommit; h != nil {
+			if err := h(r); err != nil {
+				return r, err
+			}
+		}
+		r.Status = StatusConfirmed
+		if err := s.holds.Confirm(ctx, r); err != nil {
+			// The row decided it; the sweeper marks the hold later.
+			s.log.WarnContext(ctx, "persist: hold not marked confirmed", "reservation_id", r.ID, "error", err)
+		}
+		return r, nil
+	case AlreadyCancelled:
+		// Fenced before it arrived: take nothing; make sure the hold is
+		// released (the fencer may have crashed before releasing).
+		return s.finishCancel(ctx, row)
+	default:
+		return s.settle(ctx, r, reasonOf(res))
 	}
 }
 

@@ -3,6 +3,7 @@ package reservation
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -528,5 +529,43 @@ func TestRedisFailureMidReserveIsFencedAndReleased(t *testing.T) {
 	r, replayed, err := f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "u", IdempotencyKey: "k"})
 	if err != nil || !replayed || r.Status != StatusCancelled || f.redis("s") != 5 {
 		t.Errorf("retry = %v %v %v, redis %d; want the CANCELLED reservation and 5 units", r.Status, replayed, err, f.redis("s"))
+	}
+}
+
+func TestPersistBatchConfirmsExactlyWhatFits(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 5)
+	f.stock(t, "t", 5)
+	var rs []Reservation
+	for i := range 4 {
+		rs = append(rs, f.reserve(t, "s", fmt.Sprintf("u%d", i), 1))
+	}
+	rs = append(rs, f.reserve(t, "t", "v", 2))
+	f.ledger.stock["s"].Available = 3 // the stores drifted: MySQL can cover three of four
+	rs = append(rs, rs[0])            // and a duplicate in the same batch
+	f.ledger.conflicts = 2            // two optimistic misses first
+	errs := f.svc.PersistBatch(context.Background(), rs)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	confirmed, cancelled := 0, 0
+	for _, r := range f.ledger.rows {
+		switch r.Status {
+		case StatusConfirmed:
+			confirmed++
+		case StatusCancelled:
+			cancelled++
+			if r.Reason != ReasonInsufficient {
+				t.Errorf("cancelled for %q", r.Reason)
+			}
+		}
+	}
+	if confirmed != 4 || cancelled != 1 || f.mysql("s") != 0 || f.mysql("t") != 3 {
+		t.Errorf("confirmed %d cancelled %d, mysql s=%d t=%d; want 4, 1, 0, 3", confirmed, cancelled, f.mysql("s"), f.mysql("t"))
+	}
+	if f.redis("s") != 2 || f.holds.held["s"] != 0 {
+		t.Errorf("redis s = %d held %d, want 2 (the refused unit back) and 0", f.redis("s"), f.holds.held["s"])
 	}
 }
