@@ -3,7 +3,7 @@
 GO        ?= go
 DEV_DIR   ?= .holdfast/dev
 
-.PHONY: dev test unit chaos invoke load migrate build deploy clean
+.PHONY: dev test unit bench chaos invoke load migrate build deploy clean
 
 ## dev: start Redis, MariaDB and the SQS server, then holdfast on 127.0.0.1:3000
 dev:
@@ -23,6 +23,10 @@ unit:
 invoke:
 	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=reserve|persist|compensate|sweeper EVENT=events/<file>.json"; exit 2; }
 	$(GO) run ./cmd/invoke -fn $(FN) -event $(EVENT)
+
+## bench: holdfast against its baselines on the real servers; rewrites docs/benchmarks.md
+bench:
+	scripts/bench.sh $(ARGS)
 
 ## chaos: seeded chaos schedules on the real services for as long as asked
 ##   make chaos DURATION=10m        (a failing seed replays with HOLDFAST_CHAOS_SEED=<seed>)

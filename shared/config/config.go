@@ -73,6 +73,7 @@ func Load(getenv func(string) string) (Config, error) {
 		SweepGrace:      p.duration("HOLDFAST_SWEEP_GRACE", d.SweepGrace),
 		SweepBatch:      p.integer("HOLDFAST_SWEEP_BATCH", d.SweepBatch),
 		ReconcileAfter:  p.duration("HOLDFAST_RECONCILE_AFTER", d.ReconcileAfter),
+		SoldOutTTL:      p.duration("HOLDFAST_SOLD_OUT_TTL", d.SoldOutTTL),
 	}
 	if p.err != nil {
 		return Config{}, p.err

@@ -205,6 +205,19 @@ func (s *Stack) Stop() {
 	_ = s.App.Close()
 }
 
+// EnsureQueues creates the reservation queue, its DLQ and the events queue
+// with template.yaml's settings (the dev stack and make bench).
+func EnsureQueues(ctx context.Context, c *sqs.Client, cfg config.Config, dlqURL, template string) error {
+	tpl, err := samtemplate.Load(template)
+	if err != nil {
+		return err
+	}
+	fns, queues := tpl.Functions(), tpl.Queues()
+	mainQ := queues[fns["PersistFunction"].SQS["Reservations"].QueueLogicalID]
+	dlq := queues[fns["CompensateFunction"].SQS["DeadLetters"].QueueLogicalID]
+	return createQueues(ctx, c, cfg, dlqURL, mainQ, dlq)
+}
+
 // createQueues creates the DLQ, the reservation queue with the template's
 // visibility timeout and redrive policy, and the local events queue.
 func createQueues(ctx context.Context, c *sqs.Client, cfg config.Config, dlqURL string, mainQ, dlq samtemplate.Queue) error {

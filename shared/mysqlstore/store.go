@@ -172,8 +172,13 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 }
 
 // ApplyBatch implements reservation.Ledger: the hot-SKU path of persist.
-// One transaction, one multi-row insert, one version-checked update for the
-// whole batch; lock order reservations → product_stock, as everywhere.
+// One transaction: the rows of ids not yet present are inserted in one
+// statement, then the stock row is read FOR UPDATE (after the inserts, so the
+// lock order stays reservations → product_stock, as everywhere), the
+// reservations that fit are kept — the rows of those that do not are deleted
+// again — and their summed quantity is taken with one version-checked update.
+// Reading under the lock means concurrent batches queue on the hot row instead
+// of wasting optimistic attempts; the version check still guards the update.
 func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Reservation, now time.Time) ([]reservation.BatchResult, error) {
 	out := make([]reservation.BatchResult, len(rs))
 	if len(rs) == 0 {
@@ -198,19 +203,7 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 	for _, row := range existing {
 		have[row.ID] = row
 	}
-	var available, version int64
-	err = tx.QueryRowContext(ctx, `SELECT available, version FROM product_stock WHERE sku = ?`, sku).Scan(&available, &version)
-	if errors.Is(err, sql.ErrNoRows) {
-		for i := range out {
-			out[i].Result = reservation.NoSuchSKU
-		}
-		return out, nil
-	}
-	if err != nil {
-		return nil, translate("batch read stock", err)
-	}
-	var fit []reservation.Reservation
-	var sum int64
+	var fresh []int // indexes of reservations to insert, each id once
 	seen := map[string]bool{}
 	for i, r := range rs {
 		switch row, ok := have[r.ID]; {
@@ -218,27 +211,24 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 			out[i] = reservation.BatchResult{Result: reservation.AlreadyConfirmed, Row: row}
 		case ok:
 			out[i] = reservation.BatchResult{Result: reservation.AlreadyCancelled, Row: row}
-		case seen[r.ID]: // the same message twice in one batch
+		case seen[r.ID]: // the same message twice in one batch: decided with its twin below
 			out[i] = reservation.BatchResult{Result: reservation.AlreadyConfirmed, Row: r}
-		case sum+int64(r.Qty) <= available:
-			sum += int64(r.Qty)
-			seen[r.ID] = true
-			fit = append(fit, r)
-			out[i] = reservation.BatchResult{Result: reservation.Applied, Row: r}
 		default:
-			out[i] = reservation.BatchResult{Result: reservation.Insufficient, Row: r}
+			seen[r.ID] = true
+			fresh = append(fresh, i)
 		}
 	}
-	if len(fit) == 0 {
+	if len(fresh) == 0 {
 		return out, nil
 	}
-	args := make([]any, 0, len(fit)*8)
-	for _, r := range fit {
+	args := make([]any, 0, len(fresh)*7)
+	for _, i := range fresh {
+		r := rs[i]
 		args = append(args, r.ID, r.SKU, r.Qty, r.UserID, nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
 		(reservation_id, sku, qty, user_id, status, expires_at, created_at, updated_at) VALUES `+
-		strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, len(fit)), ","), args...)
+		strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, len(fresh)), ","), args...)
 	if isDuplicate(err) {
 		// A fence (or another persist) wrote one of these rows since the read.
 		return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
@@ -246,15 +236,54 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if err != nil {
 		return nil, translate("batch insert", err)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
-		WHERE sku = ? AND version = ? AND available >= ?`, sum, sku, version, sum)
-	if err != nil {
-		return nil, translate("batch update stock", err)
+	var available, version int64
+	err = tx.QueryRowContext(ctx, `SELECT available, version FROM product_stock WHERE sku = ? FOR UPDATE`, sku).Scan(&available, &version)
+	if errors.Is(err, sql.ErrNoRows) {
+		for i := range out {
+			out[i].Result = reservation.NoSuchSKU
+		}
+		return out, nil // rolled back
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return nil, translate("batch update stock", err)
-	} else if n == 0 {
-		return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
+	if err != nil {
+		return nil, translate("batch read stock", err)
+	}
+	var sum int64
+	var refused []any
+	for _, i := range fresh {
+		r := rs[i]
+		if sum+int64(r.Qty) <= available {
+			sum += int64(r.Qty)
+			out[i] = reservation.BatchResult{Result: reservation.Applied, Row: r}
+			continue
+		}
+		out[i] = reservation.BatchResult{Result: reservation.Insufficient, Row: r}
+		refused = append(refused, r.ID)
+	}
+	for i, r := range rs { // a twin follows its first copy
+		if out[i].Result == reservation.AlreadyConfirmed && !have[r.ID].Status.Final() {
+			for _, j := range fresh {
+				if rs[j].ID == r.ID {
+					out[i] = out[j]
+				}
+			}
+		}
+	}
+	if len(refused) > 0 {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(refused)-1)+`)`, refused...); err != nil {
+			return nil, translate("batch drop refused", err)
+		}
+	}
+	if sum > 0 {
+		res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
+			WHERE sku = ? AND version = ? AND available >= ?`, sum, sku, version, sum)
+		if err != nil {
+			return nil, translate("batch update stock", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return nil, translate("batch update stock", err)
+		} else if n == 0 {
+			return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, translate("batch commit", err)

@@ -33,6 +33,13 @@ var (
 	healLua string
 )
 
+// ReserveLua is the reserve script's source, for tools that measure the
+// raw script (make bench's floor); ReserveKeys gives its KEYS.
+var ReserveLua = reserveLua
+
+// ReserveKeys returns the KEYS of reserve.lua for a reservation.
+func ReserveKeys(r reservation.Reservation) []string { return keysOf(r.SKU).holdKeys(r) }
+
 var (
 	reserveScript     = redis.NewScript(reserveLua)
 	releaseScript     = redis.NewScript(releaseLua)

@@ -94,13 +94,14 @@ type Ledger interface {
 	// transaction. When the row already exists it is returned with
 	// AlreadyConfirmed or AlreadyCancelled.
 	Apply(ctx context.Context, r Reservation, lock Locking, now time.Time) (ApplyResult, Reservation, error)
-	// ApplyBatch makes one optimistic attempt to settle reservations of one
-	// SKU without group joins, in one transaction: a row that already exists
-	// is returned as it stands (AlreadyConfirmed, AlreadyCancelled); of the
-	// others, those that fit the available stock in the order given are
-	// inserted CONFIRMED in one statement and their summed quantity taken with
-	// one version-checked update (Applied); the rest are Insufficient and
-	// nothing is written for them. ErrVersionConflict: nothing written.
+	// ApplyBatch makes one attempt to settle reservations of one SKU without
+	// group joins, in one transaction: a row that already exists is returned
+	// as it stands (AlreadyConfirmed, AlreadyCancelled); of the others, those
+	// that fit the available stock in the order given are inserted CONFIRMED
+	// in one statement and their summed quantity taken with one
+	// version-checked update under the row lock (Applied); the rest are
+	// Insufficient and nothing is written for them. ErrVersionConflict (a
+	// fence raced the insert, or a deadlock): nothing written, try again.
 	ApplyBatch(ctx context.Context, sku string, rs []Reservation, now time.Time) ([]BatchResult, error)
 	// Fence inserts r's row CANCELLED with reason unless a row exists, and
 	// returns the row as it stands; inserted reports whether this call wrote it.

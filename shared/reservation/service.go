@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -23,6 +24,11 @@ type Config struct {
 	SweepGrace      time.Duration // allowance for clock skew before a deadline counts as passed
 	SweepBatch      int           // holds, groups and events handled per SKU per sweep
 	ReconcileAfter  time.Duration // how long a Redis–MySQL drift must persist before the sweeper heals it
+	// SoldOutTTL is how long an instance answers sold_out for a SKU without
+	// asking Redis after Redis said so (0: always ask). A restock or cancel
+	// through the same instance clears it at once; elsewhere it is at most
+	// this stale.
+	SoldOutTTL time.Duration
 }
 
 // DefaultConfig is what production runs unless told otherwise.
@@ -36,6 +42,7 @@ func DefaultConfig() Config {
 		SweepGrace:      5 * time.Second,
 		SweepBatch:      500,
 		ReconcileAfter:  50 * time.Second,
+		SoldOutTTL:      500 * time.Millisecond,
 	}
 }
 
@@ -51,6 +58,7 @@ type Service struct {
 	log      *slog.Logger
 	hooks    Hooks
 	sleep    func(context.Context, time.Duration)
+	soldOut  sync.Map // sku -> time.Time until which this instance answers sold_out
 }
 
 // Deps are the Service's collaborators.
@@ -146,6 +154,12 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if err := r.Validate(s.cfg.MaxQty); err != nil {
 		return Reservation{}, false, err
 	}
+	// A sold-out SKU is answered here for a short while. Not for a request
+	// with an idempotency key: it may be the replay of a reservation that exists.
+	if until, ok := s.soldOut.Load(r.SKU); ok && req.IdempotencyKey == "" && now.Before(until.(time.Time)) {
+		s.metrics.Count("sold_out", 1)
+		return Reservation{}, false, ErrSoldOut
+	}
 	held, replayed, err := s.holds.Reserve(ctx, r, now)
 	if errors.Is(err, ErrUnknownSKU) {
 		// Redis may have lost the SKU (failover, flush): warm it from MySQL
@@ -158,6 +172,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if err != nil {
 		if errors.Is(err, ErrSoldOut) {
 			s.metrics.Count("sold_out", 1)
+			if s.cfg.SoldOutTTL > 0 && r.GroupID == "" {
+				s.soldOut.Store(r.SKU, now.Add(s.cfg.SoldOutTTL))
+			}
 		}
 		if errors.Is(err, ErrUnavailable) {
 			s.abandon(ctx, r)
@@ -318,11 +335,10 @@ func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, erro
 // PersistBatch settles a batch of reservation messages: the hot-SKU path.
 // Messages without a group are grouped by SKU and each group is settled with
 // ApplyBatch — one transaction, one version-checked update for the summed
-// quantity — retried optimistically; if the SKU cannot cover the sum, exactly
+// quantity under the row lock — retried on a conflict; if the SKU cannot cover the sum, exactly
 // the reservations that fit (in message order) are confirmed and the rest are
-// cancelled through the fence. Group joins, and a SKU still contended after
-// the optimistic attempts, go through Persist one by one (whose last attempt
-// locks). It returns one error per message: nil once decided, else the
+// cancelled through the fence. Group joins, and a batch that keeps
+// conflicting, go through Persist one by one. It returns one error per message: nil once decided, else the
 // message must be redelivered.
 func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 	errs := make([]error, len(rs))
@@ -364,7 +380,7 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 	return errs
 }
 
-// applyBatch runs the optimistic batch attempts for one SKU.
+// applyBatch runs the batch attempts for one SKU.
 func (s *Service) applyBatch(ctx context.Context, sku string, batch []Reservation) ([]BatchResult, error) {
 	var err error
 	for attempt := 1; attempt < max(2, s.cfg.PersistAttempts); attempt++ {
@@ -481,6 +497,9 @@ func (s *Service) finishCancel(ctx context.Context, row Reservation) (Reservatio
 		return row, fmt.Errorf("release %s: %w", row.ID, err)
 	}
 	if returned {
+		s.soldOut.Delete(row.SKU) // stock came back: ask Redis again
+	}
+	if returned {
 		s.metrics.Count("released", 1)
 	}
 	if !row.Notified {
@@ -583,6 +602,7 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, limit *
 	if err != nil {
 		return StockLevel{}, err
 	}
+	s.soldOut.Delete(sku)
 	if err := s.holds.AdjustStock(ctx, level, delta); err != nil {
 		// MySQL changed and Redis did not: the drift shows in the sweeper's
 		// metric and reconciliation heals it.

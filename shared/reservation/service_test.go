@@ -569,3 +569,30 @@ func TestPersistBatchConfirmsExactlyWhatFits(t *testing.T) {
 		t.Errorf("redis s = %d held %d, want 2 (the refused unit back) and 0", f.redis("s"), f.holds.held["s"])
 	}
 }
+
+func TestSoldOutFlagAnswersLocallyAndClearsOnRestockOrCancel(t *testing.T) {
+	f := newFixture(t)
+	f.svc.cfg.SoldOutTTL = time.Second
+	f.stock(t, "s", 1)
+	r := f.reserve(t, "s", "a", 1)
+	if _, _, err := f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "b"}); !errors.Is(err, ErrSoldOut) {
+		t.Fatalf("Reserve = %v, want ErrSoldOut", err)
+	}
+	calls := f.holds.calls["Reserve"]
+	if _, _, err := f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "c"}); !errors.Is(err, ErrSoldOut) || f.holds.calls["Reserve"] != calls {
+		t.Fatalf("flagged sold out = %v, Redis calls %d -> %d; want sold_out without Redis", err, calls, f.holds.calls["Reserve"])
+	}
+	if _, err := f.svc.Cancel(context.Background(), r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "d"}); err != nil {
+		t.Fatalf("after a cancel returned the unit: %v, want a hold", err)
+	}
+	_, _, _ = f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "e"}) // sold out again
+	f.clock.t = f.clock.t.Add(time.Second)
+	before := f.holds.calls["Reserve"]
+	_, _, _ = f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "f"})
+	if f.holds.calls["Reserve"] == before {
+		t.Errorf("the flag outlived its TTL")
+	}
+}

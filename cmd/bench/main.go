@@ -1,0 +1,574 @@
+// Command bench measures holdfast against the baselines a user would
+// otherwise pick, in one run, on the real local servers (scripts/bench.sh
+// starts them): reserve on one hot SKU (the raw Lua floor, holdfast's path
+// with and without the SQS send, the pure-database design), persist of a
+// backlog on one hot SKU (the textbook optimistic consumer vs holdfast's
+// batch path), the sold-out storm with and without the per-instance flag, the
+// whole pipeline through the dev stack, and each function's cold start under
+// the Lambda Runtime Interface Emulator. It prints a table and
+// benchstat-compatible lines, and rewrites docs/benchmarks.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	_ "github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/shared/app"
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/devstack"
+	"github.com/holdfast/holdfast/shared/loadgen"
+	"github.com/holdfast/holdfast/shared/mysqlstore"
+	"github.com/holdfast/holdfast/shared/redisstore"
+	"github.com/holdfast/holdfast/shared/reservation"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	concurrency int
+	duration    time.Duration
+	backlog     int
+	consumers   int
+	out         string
+	chart       string
+}
+
+// result is one measured mode.
+type result struct {
+	group, name string
+	ops         int64
+	elapsed     time.Duration
+	lat         []time.Duration
+	extra       map[string]string
+}
+
+func (r result) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
+
+func (r result) pct(q float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	return r.lat[min(len(r.lat)-1, int(q*float64(len(r.lat))))]
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var o options
+	fs.IntVar(&o.concurrency, "c", 32, "concurrent clients for the reserve modes")
+	fs.DurationVar(&o.duration, "d", 3*time.Second, "time per reserve mode")
+	fs.IntVar(&o.backlog, "m", 20000, "persist backlog (messages)")
+	fs.IntVar(&o.consumers, "consumers", 20, "concurrent persist consumers (the template's MaximumConcurrency)")
+	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "report to rewrite (empty: none)")
+	fs.StringVar(&o.chart, "chart", "docs/benchmarks.png", "chart of the load run")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(getenv)
+	if err != nil {
+		return err
+	}
+	cfg.Protocol.SoldOutTTL = 0 // measured separately
+	b := &bench{o: o, cfg: cfg, getenv: getenv, stdout: stdout}
+	a, err := app.Build(ctx, cfg, app.Options{Function: "bench", Out: io.Discard})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	if err := mysqlstore.Migrate(ctx, a.DB); err != nil {
+		return err
+	}
+	b.app = a
+	if err := devstack.EnsureQueues(ctx, a.SQS, cfg, getenv("HOLDFAST_DLQ_URL"), "template.yaml"); err != nil {
+		return err
+	}
+	steps := []func(context.Context) error{b.reserve, b.persist, b.soldOut, b.endToEnd, b.coldStart}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	b.print()
+	if o.out != "" {
+		return b.writeDoc()
+	}
+	return nil
+}
+
+type bench struct {
+	o       options
+	cfg     config.Config
+	getenv  func(string) string
+	stdout  io.Writer
+	app     *app.App
+	results []result
+	checks  []string
+	load    *loadgen.Report
+	cold    map[string]time.Duration
+}
+
+func (b *bench) log(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+
+// hammer runs op from c goroutines for d and records each latency.
+func hammer(c int, d time.Duration, op func(worker, i int) error) (int64, time.Duration, []time.Duration, error) {
+	var ops atomic.Int64
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	for w := range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]time.Duration, 0, 4096)
+			for i := 0; time.Now().Before(deadline); i++ {
+				t := time.Now()
+				if err := op(w, i); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				local = append(local, time.Since(t))
+				ops.Add(1)
+			}
+			mu.Lock()
+			lat = append(lat, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return ops.Load(), elapsed, lat, firstErr
+}
+
+const bigStock = 1_000_000_000
+
+// reserve: the floor, holdfast without and with the send, the pure-DB design.
+func (b *bench) reserve(ctx context.Context) error {
+	rdb, db := b.app.Redis, b.app.DB
+	run := func(name string, setup func(sku string) error, op func(sku string, w, i int) error, check func(sku string, ops int64) error) error {
+		sku := fmt.Sprintf("bench-reserve%d-%d", len(b.results), time.Now().UnixNano())
+		if err := setup(sku); err != nil {
+			return err
+		}
+		b.log("reserve: %s …", name)
+		ops, el, lat, err := hammer(b.o.concurrency, b.o.duration, func(w, i int) error { return op(sku, w, i) })
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		b.results = append(b.results, result{group: "reserve", name: name, ops: ops, elapsed: el, lat: lat})
+		if err := check(sku, ops); err != nil {
+			return err
+		}
+		b.checks = append(b.checks, fmt.Sprintf("reserve %s: %d taken, stock moved by exactly %d (no oversell)", name, ops, ops))
+		return nil
+	}
+	setStock := func(sku string) error {
+		_, err := b.app.Service.SetStock(ctx, sku, bigStock, nil)
+		return err
+	}
+	redisCheck := func(sku string, ops int64) error {
+		avail, _, err := redisstore.New(rdb, 0).Stock(ctx, sku)
+		if err != nil {
+			return err
+		}
+		if avail != bigStock-ops {
+			return fmt.Errorf("redis stock %d after %d reservations: oversold", avail, ops)
+		}
+		return nil
+	}
+	script := redis.NewScript(redisstore.ReserveLua)
+	now := time.Now()
+	if err := run("raw EVALSHA floor", setStock, func(sku string, w, i int) error {
+		r := reservation.Reservation{ID: fmt.Sprintf("f%d-%d", w, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d", w)}
+		out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), sku, r.ID, 1, r.UserID, "", now.Add(time.Minute).UnixMilli(), now.UnixMilli()).StringSlice()
+		if err != nil || out[0] != "OK" {
+			return fmt.Errorf("floor: %v %v", out, err)
+		}
+		return nil
+	}, redisCheck); err != nil {
+		return err
+	}
+	noSend := reservation.NewService(b.cfg.Protocol, reservation.Deps{
+		Holds: redisstore.New(rdb, b.cfg.HoldRetention), Ledger: mysqlstore.New(db), Queue: nopQueue{}, Notifier: nopNotifier{},
+	})
+	if err := run("holdfast, no send", setStock, func(sku string, w, i int) error {
+		_, _, err := noSend.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
+		return err
+	}, redisCheck); err != nil {
+		return err
+	}
+	if err := run("holdfast with SQS send", setStock, func(sku string, w, i int) error {
+		_, _, err := b.app.Service.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
+		return err
+	}, redisCheck); err != nil {
+		return err
+	}
+	if _, err := b.app.SQS.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: &b.cfg.QueueURL}); err != nil {
+		b.log("purge: %v", err)
+	}
+	return run("pure DB: UPDATE ... WHERE available >= 1", setStock, func(sku string, w, i int) error {
+		res, err := db.ExecContext(context.Background(), `UPDATE product_stock SET available = available - 1 WHERE sku = ? AND available >= 1`, sku)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return errors.New("pure DB: sold out")
+		}
+		return nil
+	}, func(sku string, ops int64) error {
+		var avail int64
+		if err := db.QueryRowContext(ctx, `SELECT available FROM product_stock WHERE sku = ?`, sku).Scan(&avail); err != nil {
+			return err
+		}
+		if avail != bigStock-ops {
+			return fmt.Errorf("mysql stock %d after %d updates", avail, ops)
+		}
+		return nil
+	})
+}
+
+type nopQueue struct{}
+
+func (nopQueue) Enqueue(context.Context, reservation.Reservation) error { return nil }
+
+type nopNotifier struct{}
+
+func (nopNotifier) Cancelled(context.Context, reservation.Reservation) error { return nil }
+
+// persist: a backlog of messages on one hot SKU, textbook consumer vs holdfast.
+func (b *bench) persist(ctx context.Context) error {
+	db := b.app.DB
+	backlog := func(prefix, sku string) []reservation.Reservation {
+		now := time.Now()
+		out := make([]reservation.Reservation, b.o.backlog)
+		for i := range out {
+			out[i] = reservation.Reservation{ID: fmt.Sprintf("%s-%d", prefix, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d", i), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+		}
+		return out
+	}
+
+	// The textbook consumer: read, compare, version-checked update, sleep
+	// 50 ms × attempt on a miss, give up (compensate) after 3 attempts.
+	sku := fmt.Sprintf("bench-textbook-%d", time.Now().UnixNano())
+	if _, err := b.app.Service.SetStock(ctx, sku, int64(b.o.backlog), nil); err != nil {
+		return err
+	}
+	msgs := backlog("t", sku)
+	b.log("persist: textbook consumer, %d messages, %d consumers …", len(msgs), b.o.consumers)
+	var next, retries, falseCancel atomic.Int64
+	start := time.Now()
+	limit := start.Add(60 * time.Second)
+	var wg sync.WaitGroup
+	for range b.o.consumers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(msgs) || time.Now().After(limit) {
+					return
+				}
+				m := msgs[i]
+				done := false
+				for attempt := 1; attempt <= 3 && !done; attempt++ {
+					var avail, ver int64
+					if err := db.QueryRowContext(ctx, `SELECT available, version FROM product_stock WHERE sku = ?`, sku).Scan(&avail, &ver); err != nil {
+						return
+					}
+					if avail < int64(m.Qty) {
+						break
+					}
+					res, err := db.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
+						WHERE sku = ? AND version = ? AND available >= ?`, m.Qty, sku, ver, m.Qty)
+					if err != nil {
+						return
+					}
+					if n, _ := res.RowsAffected(); n == 1 {
+						done = true
+						break
+					}
+					retries.Add(1)
+					time.Sleep(time.Duration(attempt) * 50 * time.Millisecond) // the baseline's own backoff
+				}
+				if !done {
+					falseCancel.Add(1) // stock was there: the backlog never exceeds it
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	settled := min(next.Load(), int64(len(msgs)))
+	tb := result{group: "persist", name: "textbook optimistic consumer", ops: settled, elapsed: time.Since(start),
+		extra: map[string]string{"retries": fmt.Sprint(retries.Load()), "false cancellations": fmt.Sprint(falseCancel.Load())}}
+	b.results = append(b.results, tb)
+
+	// holdfast's persist: batches of 10, the same number of consumers.
+	sku = fmt.Sprintf("bench-holdfast-%d", time.Now().UnixNano())
+	if _, err := b.app.Service.SetStock(ctx, sku, int64(b.o.backlog), nil); err != nil {
+		return err
+	}
+	msgs = backlog("h", sku)
+	rec := &counter{}
+	svc := reservation.NewService(b.cfg.Protocol, reservation.Deps{
+		Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention), Ledger: mysqlstore.New(db), Notifier: nopNotifier{}, Metrics: rec,
+	})
+	b.log("persist: holdfast, %d messages, %d consumers …", len(msgs), b.o.consumers)
+	next.Store(0)
+	var failed atomic.Int64
+	start = time.Now()
+	for range b.o.consumers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(10)) - 10
+				if i >= len(msgs) {
+					return
+				}
+				for _, err := range svc.PersistBatch(ctx, msgs[i:min(i+10, len(msgs))]) {
+					if err != nil {
+						failed.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	hf := result{group: "persist", name: "holdfast batch persist", ops: int64(len(msgs)), elapsed: time.Since(start)}
+	var confirmed, cancelled int64
+	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&confirmed)
+	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CANCELLED'`, sku).Scan(&cancelled)
+	hf.extra = map[string]string{"retries": fmt.Sprint(rec.get("persist_retries")), "false cancellations": fmt.Sprint(cancelled), "redelivered": fmt.Sprint(failed.Load())}
+	b.results = append(b.results, hf)
+	var avail int64
+	_ = db.QueryRowContext(ctx, `SELECT available FROM product_stock WHERE sku = ?`, sku).Scan(&avail)
+	if confirmed != int64(len(msgs)) || avail != 0 {
+		return fmt.Errorf("holdfast persist: %d confirmed, %d available; want %d and 0", confirmed, avail, len(msgs))
+	}
+	b.checks = append(b.checks, fmt.Sprintf("persist holdfast: %d confirmed, MySQL available 0, %d false cancellations", confirmed, cancelled))
+	return nil
+}
+
+type counter struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (c *counter) Count(name string, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]int{}
+	}
+	c.m[name] += n
+}
+
+func (c *counter) get(name string) int { c.mu.Lock(); defer c.mu.Unlock(); return c.m[name] }
+
+// soldOut: a storm on a sold-out SKU, with and without the per-instance flag.
+func (b *bench) soldOut(ctx context.Context) error {
+	for _, ttl := range []time.Duration{0, reservation.DefaultConfig().SoldOutTTL} {
+		cfg := b.cfg.Protocol
+		cfg.SoldOutTTL = ttl
+		svc := reservation.NewService(cfg, reservation.Deps{
+			Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention), Ledger: mysqlstore.New(b.app.DB), Queue: nopQueue{}, Notifier: nopNotifier{},
+		})
+		sku := fmt.Sprintf("bench-soldout-%d", time.Now().UnixNano())
+		if _, err := svc.SetStock(ctx, sku, 0, nil); err != nil {
+			return err
+		}
+		name := "sold-out storm, no flag"
+		if ttl > 0 {
+			name = fmt.Sprintf("sold-out storm, %v flag", ttl)
+		}
+		b.log("%s …", name)
+		ops, el, lat, err := hammer(b.o.concurrency, b.o.duration, func(w, i int) error {
+			_, _, err := svc.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
+			if !errors.Is(err, reservation.ErrSoldOut) {
+				return fmt.Errorf("want sold out, got %v", err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		b.results = append(b.results, result{group: "sold out", name: name, ops: ops, elapsed: el, lat: lat})
+	}
+	return nil
+}
+
+// endToEnd: the dev stack (template settings) under the load tool.
+func (b *bench) endToEnd(ctx context.Context) error {
+	cfg := b.cfg
+	cfg.Protocol.SoldOutTTL = reservation.DefaultConfig().SoldOutTTL
+	dlq := b.getenv("HOLDFAST_DLQ_URL")
+	stack, err := devstack.Start(ctx, cfg, devstack.Options{Addr: "127.0.0.1:0", Template: "template.yaml", DLQURL: dlq,
+		Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	defer stack.Stop()
+	b.log("end to end: 20,000 buyers for 5,000 units through the dev stack …")
+	rep, err := loadgen.Run(ctx, loadgen.Config{BaseURL: stack.URL, N: 20000, Concurrency: 64,
+		SKU: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano()), Stock: 5000, Settle: 5 * time.Minute})
+	if err != nil {
+		return err
+	}
+	if !rep.Passed() {
+		rep.Print(os.Stderr)
+		return errors.New("end to end: the invariant report failed")
+	}
+	b.load = rep
+	if b.o.chart != "" {
+		return loadgen.WriteChart(rep, b.o.chart)
+	}
+	return nil
+}
+
+var coldRe = regexp.MustCompile(`cold invocation answered ([0-9.]+[µm]?s) after`)
+
+// coldStart: each bootstrap's init duration under the emulator.
+func (b *bench) coldStart(ctx context.Context) error {
+	b.cold = map[string]time.Duration{}
+	for _, fn := range []string{"reserve", "persist", "compensate", "sweeper"} {
+		event := map[string]string{"reserve": "events/skus-get.json", "persist": "events/persist-batch.json",
+			"compensate": "events/compensate-batch.json", "sweeper": "events/sweeper-schedule.json"}[fn]
+		b.log("cold start: %s …", fn)
+		cmd := exec.CommandContext(ctx, "go", "run", "./cmd/invoke", "-fn", fn, "-event", event)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("cold start %s: %v\n%s", fn, err, out)
+		}
+		m := coldRe.FindSubmatch(out)
+		if m == nil {
+			return fmt.Errorf("cold start %s: no timing in the invoker's output", fn)
+		}
+		d, err := time.ParseDuration(string(m[1]))
+		if err != nil {
+			return err
+		}
+		b.cold[fn] = d
+	}
+	return nil
+}
+
+func (b *bench) find(name string) result {
+	for _, r := range b.results {
+		if r.name == name {
+			return r
+		}
+	}
+	return result{}
+}
+
+func (b *bench) ratios() []string {
+	floor, hf, hfSend, pureDB := b.find("raw EVALSHA floor"), b.find("holdfast, no send"), b.find("holdfast with SQS send"), b.find("pure DB: UPDATE ... WHERE available >= 1")
+	tb, hp := b.find("textbook optimistic consumer"), b.find("holdfast batch persist")
+	so0, so1 := b.results[len(b.results)-2], b.results[len(b.results)-1]
+	return []string{
+		fmt.Sprintf("holdfast reserve / raw script floor = %.2f (goal ≥ 0.90)", hf.rate()/floor.rate()),
+		fmt.Sprintf("holdfast reserve / pure-DB design = %.1f× (goal ≥ 8×)", hf.rate()/pureDB.rate()),
+		fmt.Sprintf("holdfast reserve with the SQS send / pure-DB design = %.1f× (the local SQS server is the bottleneck)", hfSend.rate()/pureDB.rate()),
+		fmt.Sprintf("holdfast persist / textbook consumer = %.0f× (goal ≥ 50×); false cancellations %s vs %s",
+			hp.rate()/tb.rate(), hp.extra["false cancellations"], tb.extra["false cancellations"]),
+		fmt.Sprintf("sold-out flag / no flag = %.1f×", so1.rate()/so0.rate()),
+	}
+}
+
+func (b *bench) print() {
+	w := b.stdout
+	fmt.Fprintf(w, "\n%-10s %-42s %12s %10s %10s  %s\n", "group", "mode", "ops/s", "p50", "p99", "notes")
+	for _, r := range b.results {
+		var notes []string
+		for _, k := range []string{"retries", "false cancellations", "redelivered"} {
+			if v, ok := r.extra[k]; ok {
+				notes = append(notes, k+" "+v)
+			}
+		}
+		p50, p99 := "-", "-" // persist modes are timed as a whole backlog
+		if len(r.lat) > 0 {
+			p50, p99 = r.pct(0.5).Round(time.Microsecond).String(), r.pct(0.99).Round(time.Microsecond).String()
+		}
+		fmt.Fprintf(w, "%-10s %-42s %12.0f %10s %10s  %s\n", r.group, r.name, r.rate(), p50, p99, strings.Join(notes, ", "))
+	}
+	fmt.Fprintln(w)
+	for _, l := range b.ratios() {
+		fmt.Fprintln(w, "  "+l)
+	}
+	for _, c := range b.checks {
+		fmt.Fprintln(w, "  check: "+c)
+	}
+	if b.load != nil {
+		fmt.Fprintf(w, "  end to end: %.0f req/s, accepted %d, accept → CONFIRMED p50 %v p99 %v\n",
+			b.load.Throughput, b.load.Accepted, b.load.Lag.P50.Round(time.Millisecond), b.load.Lag.P99.Round(time.Millisecond))
+	}
+	for _, fn := range []string{"reserve", "persist", "compensate", "sweeper"} {
+		fmt.Fprintf(w, "  cold start %s: first response %v after the emulator started (process start, init, one invocation)\n", fn, b.cold[fn])
+	}
+	fmt.Fprintln(w)
+	for _, r := range b.results { // benchstat-compatible
+		name := strings.NewReplacer(" ", "_", ",", "", ".", "", ">=", "ge", ":", "").Replace(r.name)
+		group := strings.ReplaceAll(strings.ToUpper(r.group[:1])+r.group[1:], " ", "")
+		fmt.Fprintf(w, "Benchmark%s/%s %d %.0f ns/op %.0f ops/s\n", group, name, r.ops, float64(r.elapsed.Nanoseconds())/float64(max(r.ops, 1)), r.rate())
+	}
+}
+
+func version(cmd string, args ...string) string {
+	out, err := exec.Command(cmd, args...).Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+}
+
+func (b *bench) writeDoc() error {
+	var sb strings.Builder
+	saved := b.stdout
+	b.stdout = &sb
+	b.print()
+	b.stdout = saved
+	table := sb.String()
+	doc, err := os.ReadFile(b.o.out)
+	if err != nil {
+		return err
+	}
+	const begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+	i, j := strings.Index(string(doc), begin), strings.Index(string(doc), end)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s lacks the %s … %s markers", b.o.out, begin, end)
+	}
+	var gen strings.Builder
+	fmt.Fprintf(&gen, "%s\n\nMeasured %s by `make bench` on this machine: %d cores (%s), %s, %s, %s, goaws v0.5.4.\n",
+		begin, time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH, runtime.Version(),
+		version("redis-server", "--version"), version("mariadbd", "--version"))
+	fmt.Fprintf(&gen, "Reserve modes: %d clients, %v each, one hot SKU. Persist: a backlog of %d messages, %d consumers (the textbook consumer is cut off after 60 s).\n\n```\n%s```\n\n![load run](benchmarks.png)\n\n%s",
+		b.o.concurrency, b.o.duration, b.o.backlog, b.o.consumers, table, end)
+	return os.WriteFile(b.o.out, []byte(string(doc[:i])+gen.String()+string(doc[j+len(end):])), 0o644)
+}
