@@ -7,6 +7,7 @@ cd "$root"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/holdfast-bench.XXXXXX")
 cleanup() { scripts/services.sh stop "$dir" || true; rm -rf "$dir"; }
 trap cleanup EXIT INT TERM
+export HOLDFAST_DB_DURABLE=1 # MySQL as production runs it: a flush at every commit
 scripts/services.sh start "$dir"
 set -a
 # shellcheck disable=SC1091
