@@ -1,18 +1,9 @@
 #!/usr/bin/env bash
-# bench.sh — what `make bench` runs: start the services on free loopback ports,
-# run cmd/bench (which rewrites docs/benchmarks.md), stop what it started.
+# bench.sh — what `make bench` runs: cmd/bench against real services, MariaDB
+# durable as production runs MySQL (a flush and a binlog sync at every commit).
+# cmd/bench rewrites docs/benchmarks.md.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-dir=$(mktemp -d "${TMPDIR:-/tmp}/holdfast-bench.XXXXXX")
-cleanup() { scripts/services.sh stop "$dir" || true; rm -rf "$dir"; }
-trap cleanup EXIT INT TERM
-export HOLDFAST_DB_DURABLE=1 # MySQL as production runs it: a flush at every commit
-scripts/services.sh start "$dir"
-set -a
-# shellcheck disable=SC1091
-. "$dir/env"
-set +a
-export HOLDFAST_LOG_LEVEL=error HOLDFAST_DB_MAX_OPEN=64
+cd "$(dirname "$0")/.."
+export HOLDFAST_DB_DURABLE=1 HOLDFAST_LOG_LEVEL=error HOLDFAST_DB_MAX_OPEN=64
 go build -o bin/aws-lambda-rie github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie
-go run ./cmd/bench "$@"
+exec scripts/with-services.sh go run ./cmd/bench "$@"

@@ -1,28 +1,11 @@
 #!/usr/bin/env bash
-# test.sh — what `make test` runs: install what is missing, start redis-server,
-# MariaDB and the SQS-API server on free loopback ports, run every test against
-# them (integration tests fail rather than skip if a service is missing), and
-# stop what it started.
+# test.sh — what `make test` runs: every test against real services started on
+# free loopback ports (integration tests fail rather than skip if one is
+# missing). With arguments, a focused `go test` run instead (make chaos).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-
-dir=$(mktemp -d "${TMPDIR:-/tmp}/holdfast-test.XXXXXX")
-cleanup() { scripts/services.sh stop "$dir" || true; rm -rf "$dir"; }
-trap cleanup EXIT INT TERM
-
-scripts/services.sh start "$dir"
-set -a
-# shellcheck disable=SC1091
-. "$dir/env"
-set +a
+cd "$(dirname "$0")/.."
 export HOLDFAST_REQUIRE_SERVICES=1
-
-if [ $# -gt 0 ]; then # a focused run (make chaos): go test with these arguments
-  go test -count=1 "$@"
-  exit
+if [ $# -gt 0 ]; then
+  exec scripts/with-services.sh go test -count=1 "$@"
 fi
-echo "== go vet"
-go vet ./...
-echo "== go test"
-go test -count=1 -timeout 20m ./...
+exec scripts/with-services.sh bash -c 'echo "== go vet" && go vet ./... && echo "== go test" && go test -count=1 -timeout 20m ./...'

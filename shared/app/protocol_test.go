@@ -58,6 +58,10 @@ func TestFlashSaleHoldsThenConfirmsExactlyTheStock(t *testing.T) {
 	testservices.Eventually(t, 60*time.Second, "100 reservations confirmed in MySQL", func() bool {
 		return s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku) == 100
 	})
+	testservices.Eventually(t, 10*time.Second, "every hold marked confirmed in redis", func() bool {
+		_, held := s.redisStock(sku)
+		return held == 0
+	})
 	stop()
 	if n := s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ?`, sku); n != 100 {
 		t.Errorf("reservation rows = %d, want 100 (no cancellation)", n)
@@ -65,10 +69,6 @@ func TestFlashSaleHoldsThenConfirmsExactlyTheStock(t *testing.T) {
 	if got := s.mysqlAvailable(sku); got != 0 {
 		t.Errorf("mysql available = %d, want 0", got)
 	}
-	testservices.Eventually(t, 10*time.Second, "every hold marked confirmed in redis", func() bool {
-		_, held := s.redisStock(sku)
-		return held == 0
-	})
 	for _, id := range ids {
 		if id == "" {
 			continue
