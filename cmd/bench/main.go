@@ -330,20 +330,46 @@ func (b *bench) persist(ctx context.Context) error {
 	b.results = append(b.results, tb)
 
 	// holdfast's persist: batches of 10, the same number of consumers.
-	sku = fmt.Sprintf("bench-holdfast-%d", time.Now().UnixNano())
-	if _, err := b.app.Service.SetStock(ctx, sku, int64(b.o.backlog), nil); err != nil {
+	hf, confirmed, cancelled, err := b.holdfastPersist(ctx, b.o.backlog, b.o.consumers, "h")
+	if err != nil {
 		return err
 	}
-	msgs = backlog("h", sku)
+	b.results = append(b.results, hf)
+	// How throughput moves with the event source's MaximumConcurrency.
+	for _, c := range []int{5, 10, 20, 40} {
+		r, _, _, err := b.holdfastPersist(ctx, 5000, c, fmt.Sprintf("c%d", c))
+		if err != nil {
+			return err
+		}
+		r.group, r.name = "persist", fmt.Sprintf("holdfast, %d consumers (5,000 msgs)", c)
+		b.results = append(b.results, r)
+	}
+	b.checks = append(b.checks, fmt.Sprintf("persist holdfast: %d confirmed, MySQL available 0, %d false cancellations", confirmed, cancelled))
+	return nil
+}
+
+// holdfastPersist settles a backlog of n messages on a fresh hot SKU with
+// the given number of consumers, each taking batches of 10.
+func (b *bench) holdfastPersist(ctx context.Context, n, consumers int, prefix string) (result, int64, int64, error) {
+	db := b.app.DB
+	sku := fmt.Sprintf("bench-%s-%d", prefix, time.Now().UnixNano())
+	if _, err := b.app.Service.SetStock(ctx, sku, int64(n), nil); err != nil {
+		return result{}, 0, 0, err
+	}
+	now := time.Now()
+	msgs := make([]reservation.Reservation, n)
+	for i := range msgs {
+		msgs[i] = reservation.Reservation{ID: fmt.Sprintf("%s-%d-%d", prefix, now.UnixNano()%1e9, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d", i), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	}
 	rec := &counter{}
 	svc := reservation.NewService(b.cfg.Protocol, reservation.Deps{
 		Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention), Ledger: mysqlstore.New(db), Notifier: nopNotifier{}, Metrics: rec,
 	})
-	b.log("persist: holdfast, %d messages, %d consumers …", len(msgs), b.o.consumers)
-	next.Store(0)
-	var failed atomic.Int64
-	start = time.Now()
-	for range b.o.consumers {
+	b.log("persist: holdfast, %d messages, %d consumers …", n, consumers)
+	var next, failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range consumers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -361,19 +387,16 @@ func (b *bench) persist(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	hf := result{group: "persist", name: "holdfast batch persist", ops: int64(len(msgs)), elapsed: time.Since(start)}
-	var confirmed, cancelled int64
+	r := result{group: "persist", name: "holdfast batch persist", ops: int64(n), elapsed: time.Since(start)}
+	var confirmed, cancelled, avail int64
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&confirmed)
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CANCELLED'`, sku).Scan(&cancelled)
-	hf.extra = map[string]string{"retries": fmt.Sprint(rec.get("persist_retries")), "false cancellations": fmt.Sprint(cancelled), "redelivered": fmt.Sprint(failed.Load())}
-	b.results = append(b.results, hf)
-	var avail int64
 	_ = db.QueryRowContext(ctx, `SELECT available FROM product_stock WHERE sku = ?`, sku).Scan(&avail)
-	if confirmed != int64(len(msgs)) || avail != 0 {
-		return fmt.Errorf("holdfast persist: %d confirmed, %d available; want %d and 0", confirmed, avail, len(msgs))
+	r.extra = map[string]string{"retries": fmt.Sprint(rec.get("persist_retries")), "false cancellations": fmt.Sprint(cancelled), "redelivered": fmt.Sprint(failed.Load())}
+	if confirmed != int64(n) || avail != 0 {
+		return r, confirmed, cancelled, fmt.Errorf("holdfast persist: %d confirmed, %d available; want %d and 0", confirmed, avail, n)
 	}
-	b.checks = append(b.checks, fmt.Sprintf("persist holdfast: %d confirmed, MySQL available 0, %d false cancellations", confirmed, cancelled))
-	return nil
+	return r, confirmed, cancelled, nil
 }
 
 type counter struct {
