@@ -81,6 +81,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.IntVar(&o.consumers, "consumers", 20, "concurrent persist consumers (the template's MaximumConcurrency)")
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "report to rewrite (empty: none)")
 	fs.StringVar(&o.chart, "chart", "docs/benchmarks.png", "chart of the load run")
+	only := fs.String("only", "", "run only these parts (comma-separated: reserve,persist,soldout,e2e,cold); implies -out ''")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -102,11 +103,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := devstack.EnsureQueues(ctx, a.SQS, cfg, getenv("HOLDFAST_DLQ_URL"), "template.yaml"); err != nil {
 		return err
 	}
-	steps := []func(context.Context) error{b.reserve, b.persist, b.soldOut, b.endToEnd, b.coldStart}
+	steps := []struct {
+		name string
+		run  func(context.Context) error
+	}{{"reserve", b.reserve}, {"persist", b.persist}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"cold", b.coldStart}}
 	for _, step := range steps {
-		if err := step(ctx); err != nil {
+		if *only != "" && !strings.Contains(","+*only+",", ","+step.name+",") {
+			continue
+		}
+		if err := step.run(ctx); err != nil {
 			return err
 		}
+	}
+	if *only != "" {
+		b.printResults()
+		return nil
 	}
 	b.print()
 	if o.out != "" {
@@ -525,7 +536,15 @@ func (b *bench) ratios() []string {
 	}
 }
 
+// print writes the whole report: the table, the ratios and checks, the
+// end-to-end and cold-start figures, and benchstat-compatible lines.
 func (b *bench) print() {
+	b.printResults()
+	b.printSummary()
+}
+
+// printResults prints the table of measured modes.
+func (b *bench) printResults() {
 	w := b.stdout
 	fmt.Fprintf(w, "\n%-10s %-42s %12s %10s %10s  %s\n", "group", "mode", "ops/s", "p50", "p99", "notes")
 	for _, r := range b.results {
@@ -541,6 +560,10 @@ func (b *bench) print() {
 		}
 		fmt.Fprintf(w, "%-10s %-42s %12.0f %10s %10s  %s\n", r.group, r.name, r.rate(), p50, p99, strings.Join(notes, ", "))
 	}
+}
+
+func (b *bench) printSummary() {
+	w := b.stdout
 	fmt.Fprintln(w)
 	for _, l := range b.ratios() {
 		fmt.Fprintln(w, "  "+l)

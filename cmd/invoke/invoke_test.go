@@ -16,8 +16,8 @@ import (
 )
 
 const (
-	fixtureID = "r-ybeuz2rifwciux7gq6ejuidpzm" // events/reserve-post.json (user-42, order-7f3a9c)
-	lostID    = "r-eozym3bwhhburugtdf5sriopfe" // events/compensate-batch.json
+	fixtureID = "demo-phone.ybeuz2rifwciux7gq6ejuidpzm" // events/reserve-post.json (user-42, order-7f3a9c)
+	lostID    = "demo-phone.eozym3bwhhburugtdf5sriopfe" // events/compensate-batch.json
 )
 
 // Every function runs as its real bootstrap under the Runtime Interface
@@ -32,8 +32,9 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	dsn := env.Database(t)
 	// The events name a fixed SKU: start from a clean slate in Redis.
 	keys, _ := rdb.Keys(ctx, "hf:{demo-phone}*").Result()
-	keys = append(keys, "hf:rid:{"+fixtureID+"}", "hf:rid:{"+lostID+"}")
-	rdb.Del(ctx, keys...)
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
 
 	vars := map[string]string{
 		"HOLDFAST_REDIS_ADDR": env.RedisAddr, "HOLDFAST_DB_DSN": dsn, "HOLDFAST_QUEUE_URL": q.URL,

@@ -14,13 +14,16 @@ import (
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
+// down is the id suffix whose decision fails as if MySQL were down.
+const down = "dddddddddddddddddddddddddd"
+
 type counter map[string]int
 
 func (c counter) Count(name string, n int) { c[name] += n }
 
 func body(t *testing.T, id string) string {
 	t.Helper()
-	b, err := queue.Encode(reservation.Reservation{ID: id, SKU: "s", Qty: 1, UserID: "u"})
+	b, err := queue.Encode(reservation.Reservation{ID: "s." + id, SKU: "s", Qty: 1, UserID: "u"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +34,7 @@ func TestPartialBatchFailuresListOnlyTheFailedRecords(t *testing.T) {
 	var decided []string
 	decide := func(_ context.Context, r reservation.Reservation) (reservation.Reservation, error) {
 		decided = append(decided, r.ID)
-		if r.ID == "r-down" {
+		if r.ID == "s."+down {
 			return r, reservation.Unavailable("mysql", errors.New("connection refused"))
 		}
 		r.Status = reservation.StatusConfirmed
@@ -40,10 +43,10 @@ func TestPartialBatchFailuresListOnlyTheFailedRecords(t *testing.T) {
 	metrics := counter{}
 	h := consumer.New("persist", decide, metrics, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	resp, err := h.Handle(context.Background(), events.SQSEvent{Records: []events.SQSMessage{
-		{MessageId: "m1", Body: body(t, "r-ok")},
+		{MessageId: "m1", Body: body(t, "okokokokokokokokokokokokok")},
 		{MessageId: "m2", Body: `{"poison":true}`},
-		{MessageId: "m3", Body: body(t, "r-down")},
-		{MessageId: "m4", Body: body(t, "r-ok2")},
+		{MessageId: "m3", Body: body(t, down)},
+		{MessageId: "m4", Body: body(t, "zzzzzzzzzzzzzzzzzzzzzzzzzz")},
 	}})
 	if err != nil {
 		t.Fatalf("Handle = %v; a batch must never fail whole", err)
@@ -72,7 +75,7 @@ func TestRecordsLeftWhenTimeRunsOutAreRedelivered(t *testing.T) {
 	h := consumer.New("persist", decide, counter{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // less than the 2 s reserve
 	defer cancel()
-	resp, _ := h.Handle(ctx, events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m1", Body: body(t, "r-1")}}})
+	resp, _ := h.Handle(ctx, events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m1", Body: body(t, "aaaaaaaaaaaaaaaaaaaaaaaaaa")}}})
 	if calls != 0 || len(resp.BatchItemFailures) != 1 {
 		t.Errorf("calls %d failures %d, want 0 and 1", calls, len(resp.BatchItemFailures))
 	}

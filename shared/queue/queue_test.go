@@ -12,7 +12,7 @@ import (
 
 func TestEncodeDecodeRoundTrip(t *testing.T) {
 	in := reservation.Reservation{
-		ID: "r-1", SKU: "sku-1", Qty: 3, UserID: "u", GroupID: "g-1",
+		ID: "sku-1.aaaaaaaaaaaaaaaaaaaaaaaaaa", SKU: "sku-1", Qty: 3, UserID: "u", GroupID: "g-1",
 		ExpiresAt: time.Date(2026, 11, 11, 0, 1, 0, 0, time.UTC), CreatedAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC),
 	}
 	body, err := queue.Encode(in)
@@ -30,7 +30,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 }
 
 func TestDecodeRejectsPoison(t *testing.T) {
-	valid := `"version":1,"type":"ReservationHeld","reservation_id":"r-1","sku":"s","user_id":"u"`
+	valid := `"version":1,"type":"ReservationHeld","reservation_id":"s.aaaaaaaaaaaaaaaaaaaaaaaaaa","sku":"s","user_id":"u"`
 	for _, body := range []string{
 		``, `null`, `[]`, `{`, `not json`,
 		`{` + valid + `,"qty":0}`,
@@ -43,7 +43,8 @@ func TestDecodeRejectsPoison(t *testing.T) {
 		`{"version":2,"type":"ReservationHeld","reservation_id":"r-1","sku":"s","user_id":"u","qty":1}`,
 		`{"version":1,"type":"Other","reservation_id":"r-1","sku":"s","user_id":"u","qty":1}`,
 		`{"version":1,"type":"ReservationHeld","sku":"s","user_id":"u","qty":1}`,
-		`{"version":1,"type":"ReservationHeld","reservation_id":"r-1","sku":"a{b}","user_id":"u","qty":1}`,
+		`{"version":1,"type":"ReservationHeld","reservation_id":"a{b}.aaaaaaaaaaaaaaaaaaaaaaaaaa","sku":"a{b}","user_id":"u","qty":1}`,
+		`{"version":1,"type":"ReservationHeld","reservation_id":"t.aaaaaaaaaaaaaaaaaaaaaaaaaa","sku":"s","user_id":"u","qty":1}`,
 		`{"version":1,"type":"ReservationHeld","reservation_id":"` + strings.Repeat("r", 65) + `","sku":"s","user_id":"u","qty":1}`,
 	} {
 		if _, err := queue.Decode([]byte(body)); !errors.Is(err, queue.ErrPoison) {
@@ -55,7 +56,7 @@ func TestDecodeRejectsPoison(t *testing.T) {
 // FuzzDecode: any body either decodes to a valid reservation or is poison;
 // it never panics. testdata/fuzz/FuzzDecode holds the corpus run in CI.
 func FuzzDecode(f *testing.F) {
-	f.Add([]byte(`{"version":1,"type":"ReservationHeld","reservation_id":"r-1","sku":"s","qty":1,"user_id":"u"}`))
+	f.Add([]byte(`{"version":1,"type":"ReservationHeld","reservation_id":"s.aaaaaaaaaaaaaaaaaaaaaaaaaa","sku":"s","qty":1,"user_id":"u"}`))
 	f.Add([]byte(`{"version":1,"type":"ReservationHeld","reservation_id":"r-1","sku":"s","qty":-1,"user_id":"u"}`))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, body []byte) {

@@ -55,8 +55,8 @@ var _ reservation.Holds = (*Store)(nil)
 // Store keeps holds in Redis (standalone or cluster).
 type Store struct {
 	rdb redis.UniversalClient
-	// retention is how long a finished hold (and the id index) is kept so
-	// that a replayed request finds it.
+	// retention is how long a finished hold is kept so that a replayed
+	// request finds it.
 	retention time.Duration
 }
 
@@ -86,9 +86,6 @@ func (k keys) holdKeys(r reservation.Reservation) []string {
 	return []string{k.stock(), k.meta(), k.exp(), k.users(), k.hold(r.ID), k.group(r.GroupID), k.members(r.GroupID)}
 }
 
-// indexKey maps a reservation id to its SKU, for status polls by id.
-func indexKey(id string) string { return "hf:rid:{" + id + "}" }
-
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
 // Reserve implements reservation.Holds.
@@ -96,20 +93,8 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, now time
 	k := keysOf(r.SKU)
 	ks := k.holdKeys(r)
 	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ms(r.ExpiresAt), ms(now)}
-	// One round trip: the id index (harmless if the script then refuses)
-	// and the script, pipelined. NOSCRIPT (after a failover or flush) falls
-	// back to Run, which loads the script.
-	var res *redis.Cmd
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.SetNX(ctx, indexKey(r.ID), r.SKU, s.retention+time.Hour)
-		res = reserveScript.EvalSha(ctx, p, ks, args...)
-		return nil
-	})
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		res = reserveScript.Run(ctx, s.rdb, ks, args...)
-		err = res.Err()
-	}
-	if err != nil {
+	res := reserveScript.Run(ctx, s.rdb, ks, args...) // EVALSHA, EVAL on NOSCRIPT
+	if err := res.Err(); err != nil {
 		return reservation.Reservation{}, false, reservation.Unavailable("redis reserve", err)
 	}
 	out, err := res.StringSlice()
@@ -168,14 +153,12 @@ func (s *Store) Confirm(ctx context.Context, r reservation.Reservation) error {
 	return nil
 }
 
-// Hold implements reservation.Holds.
+// Hold implements reservation.Holds. The id names its SKU, so one read
+// finds the hold.
 func (s *Store) Hold(ctx context.Context, id string) (reservation.Reservation, error) {
-	sku, err := s.rdb.Get(ctx, indexKey(id)).Result()
-	if errors.Is(err, redis.Nil) {
+	sku, ok := reservation.SKUOf(id)
+	if !ok {
 		return reservation.Reservation{}, reservation.ErrNotFound
-	}
-	if err != nil {
-		return reservation.Reservation{}, reservation.Unavailable("redis hold index", err)
 	}
 	return s.holdOf(ctx, sku, id)
 }

@@ -71,7 +71,7 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 
 	t.Run("reserve deducts and replays without taking twice", func(t *testing.T) {
 		s, sku := setup(t, 5, 0)
-		r := hold(sku, "r1", "u", 2)
+		r := hold(sku, reservation.ReservationID(reservation.ReserveRequest{SKU: sku, UserID: "u", IdempotencyKey: "k"}), "u", 2)
 		if _, replayed, err := s.Reserve(ctx, r, t0); err != nil || replayed {
 			t.Fatalf("Reserve = %v replayed %v", err, replayed)
 		}
@@ -87,8 +87,11 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 		if _, _, err := s.Reserve(ctx, other, t0); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
 			t.Errorf("same id, other qty = %v, want ErrIdempotencyMismatch", err)
 		}
-		if h, err := s.Hold(ctx, "r1"); err != nil || h.SKU != sku || h.UserID != "u" {
-			t.Errorf("Hold(r1) = %+v %v", h, err)
+		if h, err := s.Hold(ctx, r.ID); err != nil || h.SKU != sku || h.UserID != "u" {
+			t.Errorf("Hold(%s) = %+v %v", r.ID, h, err)
+		}
+		if _, err := s.Hold(ctx, "no-sku-in-this-id"); !errors.Is(err, reservation.ErrNotFound) {
+			t.Errorf("Hold(bad id) = %v, want ErrNotFound", err)
 		}
 	})
 

@@ -16,7 +16,7 @@ package reservation
 import (
 	"errors"
 	"fmt"
-	"regexp"
+	"strings"
 	"time"
 )
 
@@ -131,12 +131,23 @@ func invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
-
 // ValidID reports whether s can be a SKU, user, group or reservation id:
 // 1–64 characters of letters, digits and ._:- (no braces, so an id can never
-// break a Redis hash tag).
-func ValidID(s string) bool { return idPattern.MatchString(s) }
+// break a Redis hash tag). It runs on every request, so it is a loop, not a
+// regular expression.
+func ValidID(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == ':', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // Validate checks a reservation request against the per-request limit.
 func (r Reservation) Validate(maxQty int) error {
@@ -147,8 +158,8 @@ func (r Reservation) Validate(maxQty int) error {
 		return invalid("user_id", "must be 1-64 characters of letters, digits and ._:-")
 	case r.GroupID != "" && !ValidID(r.GroupID):
 		return invalid("group_id", "must be 1-64 characters of letters, digits and ._:-")
-	case r.ID != "" && !ValidID(r.ID):
-		return invalid("reservation_id", "must be 1-64 characters of letters, digits and ._:-")
+	case r.ID != "" && !ValidReservationID(r.ID, r.SKU):
+		return invalid("reservation_id", "must be the sku, a dot and 26 base32 characters")
 	case r.Qty < 1:
 		return invalid("qty", "must be at least 1")
 	case r.Qty > maxQty:
@@ -156,6 +167,32 @@ func (r Reservation) Validate(maxQty int) error {
 	}
 	return nil
 }
+
+// ValidReservationID reports whether id is a reservation id of sku (any SKU
+// when sku is empty): the SKU, a dot, and 26 characters of lower-case base32.
+func ValidReservationID(id, sku string) bool {
+	owner, ok := SKUOf(id)
+	return ok && (sku == "" || owner == sku)
+}
+
+// SKUOf returns the SKU a reservation id names. A reservation id carries its
+// SKU so that the hold can be found from the id alone: no index to write on
+// the hot path, no second key in another cluster slot.
+func SKUOf(id string) (string, bool) {
+	i := strings.LastIndexByte(id, '.')
+	if i < 1 || len(id)-i-1 != idRandLen || !ValidID(id[:i]) {
+		return "", false
+	}
+	for _, c := range []byte(id[i+1:]) {
+		if (c < 'a' || c > 'z') && (c < '2' || c > '7') {
+			return "", false
+		}
+	}
+	return id[:i], true
+}
+
+// idRandLen is the length of the random (or key-derived) part of an id.
+const idRandLen = 26
 
 // Final reports whether the status is a decided one.
 func (s Status) Final() bool { return s == StatusConfirmed || s == StatusCancelled }

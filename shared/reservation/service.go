@@ -123,18 +123,22 @@ type ReserveRequest struct {
 	IdempotencyKey string // optional; the same key from the same user for the same SKU is the same reservation
 }
 
-// ReservationID returns the id of a request: derived from the idempotency key
-// when there is one (so a retry lands on the same hold), random otherwise.
+// ReservationID returns the id of a request — "<sku>.<26 base32>" — derived
+// from the idempotency key when there is one (so a retry lands on the same
+// hold), random otherwise. The id names its SKU: see SKUOf.
 func ReservationID(req ReserveRequest) string {
-	enc := base32.StdEncoding.WithPadding(base32.NoPadding)
+	var b [16]byte
 	if req.IdempotencyKey == "" {
-		var b [16]byte
 		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-		return "r-" + strings.ToLower(enc.EncodeToString(b[:]))
+	} else {
+		sum := sha256.Sum256([]byte(req.UserID + "\x00" + req.SKU + "\x00" + req.IdempotencyKey))
+		copy(b[:], sum[:16])
 	}
-	sum := sha256.Sum256([]byte(req.UserID + "\x00" + req.SKU + "\x00" + req.IdempotencyKey))
-	return "r-" + strings.ToLower(enc.EncodeToString(sum[:16]))
+	return req.SKU + "." + idEncoding.EncodeToString(b[:])
 }
+
+// idEncoding is base32 in lower case without padding: 26 characters for 128 bits.
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
 // Reserve holds stock for a buyer and hands the reservation to persist.
 // The result is HELD, or, for a replayed request, the reservation's current
@@ -249,7 +253,7 @@ func (s *Service) warm(ctx context.Context, sku string) error {
 // Get returns a reservation's current state: HELD from Redis until MySQL
 // has decided it. ErrNotFound if neither store knows the id.
 func (s *Service) Get(ctx context.Context, id string) (Reservation, error) {
-	if !ValidID(id) {
+	if !ValidReservationID(id, "") {
 		return Reservation{}, ErrNotFound
 	}
 	h, herr := s.holds.Hold(ctx, id)
@@ -281,7 +285,7 @@ func (s *Service) Get(ctx context.Context, id string) (Reservation, error) {
 // a CONFIRMED one is refunded in MySQL and then in Redis. Idempotent: a
 // repeat returns the final state and returns no stock twice.
 func (s *Service) Cancel(ctx context.Context, id string) (Reservation, error) {
-	if !ValidID(id) {
+	if !ValidReservationID(id, "") {
 		return Reservation{}, ErrNotFound
 	}
 	row, err := s.ledger.Reservation(ctx, id)
@@ -536,9 +540,8 @@ func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl
 		ttl = s.cfg.GroupTTL
 	}
 	now := s.clock.Now()
-	id := ReservationID(ReserveRequest{})
 	g := Group{
-		ID: "g-" + strings.TrimPrefix(id, "r-"), SKU: sku, Capacity: capacity, Remaining: capacity,
+		ID: "g-" + strings.TrimPrefix(ReservationID(ReserveRequest{}), "."), SKU: sku, Capacity: capacity, Remaining: capacity,
 		Status: GroupOpen, Deadline: now.Add(ttl).Truncate(time.Millisecond), CreatedAt: now,
 	}
 	if err := s.ledger.CreateGroup(ctx, g); err != nil {

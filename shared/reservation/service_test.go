@@ -458,7 +458,7 @@ func TestReservationIDIsStablePerUserSKUAndKey(t *testing.T) {
 		{SKU: "s", UserID: "u", IdempotencyKey: "j"},
 		{SKU: "s", UserID: "u"},
 	} {
-		if id := ReservationID(other); id == a || !ValidID(id) {
+		if id := ReservationID(other); id == a || !ValidReservationID(id, other.SKU) {
 			t.Errorf("ReservationID(%+v) = %s (collides or invalid)", other, id)
 		}
 	}
@@ -594,5 +594,20 @@ func TestSoldOutFlagAnswersLocallyAndClearsOnRestockOrCancel(t *testing.T) {
 	_, _, _ = f.svc.Reserve(context.Background(), ReserveRequest{SKU: "s", Qty: 1, UserID: "f"})
 	if f.holds.calls["Reserve"] == before {
 		t.Errorf("the flag outlived its TTL")
+	}
+}
+
+func TestReservationIDNamesItsSKU(t *testing.T) {
+	id := ReservationID(ReserveRequest{SKU: "phone.x:1", UserID: "u"})
+	if sku, ok := SKUOf(id); !ok || sku != "phone.x:1" {
+		t.Errorf("SKUOf(%q) = %q %v, want phone.x:1", id, sku, ok)
+	}
+	for _, bad := range []string{"", "r-1", ".aaaaaaaaaaaaaaaaaaaaaaaaaa", "s.AAAAAAAAAAAAAAAAAAAAAAAAAA", "s.aaaa", "a{b}.aaaaaaaaaaaaaaaaaaaaaaaaaa"} {
+		if _, ok := SKUOf(bad); ok {
+			t.Errorf("SKUOf(%q) accepted", bad)
+		}
+	}
+	if ValidReservationID(id, "other") {
+		t.Errorf("an id of one SKU passed for another")
 	}
 }
