@@ -134,8 +134,9 @@ ENV
 
 alive() { # a zombie (exited, not yet reaped by its new parent) counts as gone
   local st
-  st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
-  [[ -n "$st" && "$st" != Z* ]]
+  [ -r "/proc/$1/stat" ] || return 1
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [[ -n "$st" && "$st" != Z ]]
 }
 
 stop() {
