@@ -157,15 +157,16 @@ func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() boo
 
 // Redis is a private redis-server for tests that stop, restart or flush it.
 type Redis struct {
-	Addr string
-	dir  string
-	cmd  *exec.Cmd
-	t    testing.TB
+	Addr  string
+	dir   string
+	extra []string
+	cmd   *exec.Cmd
+	t     testing.TB
 }
 
 // StartRedis starts a redis-server of the test's own on a free loopback port
 // (no persistence, like ElastiCache losing a node), stopped at the end.
-func StartRedis(t testing.TB) *Redis {
+func StartRedis(t testing.TB, extraArgs ...string) *Redis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("HOLDFAST_REQUIRE_SERVICES") == "1" {
@@ -179,7 +180,7 @@ func StartRedis(t testing.TB) *Redis {
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
-	r := &Redis{Addr: addr, dir: t.TempDir(), t: t}
+	r := &Redis{Addr: addr, dir: t.TempDir(), extra: extraArgs, t: t}
 	r.start()
 	t.Cleanup(r.stop)
 	return r
@@ -188,15 +189,17 @@ func StartRedis(t testing.TB) *Redis {
 func (r *Redis) start() {
 	r.t.Helper()
 	_, port, _ := net.SplitHostPort(r.Addr)
-	r.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
-		"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction")
+	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
+		"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"}, r.extra...)
+	r.cmd = exec.Command("redis-server", args...)
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatalf("start redis-server: %v", err)
 	}
 	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 	defer c.Close()
-	Eventually(r.t, 10*time.Second, "redis-server answers PING", func() bool {
-		return c.Ping(context.Background()).Err() == nil
+	Eventually(r.t, 10*time.Second, "redis-server answers", func() bool {
+		err := c.Ping(context.Background()).Err()
+		return err == nil || strings.HasPrefix(err.Error(), "NOAUTH")
 	})
 }
 
@@ -290,4 +293,37 @@ func StartCluster(t testing.TB) []string {
 		return ok
 	})
 	return addrs
+}
+
+// StartMoto starts moto_server (preinstalled on the project's machines) on a
+// free loopback port for the AWS APIs goaws lacks (Secrets Manager), and
+// returns its endpoint; it is stopped at the end of the test.
+func StartMoto(t testing.TB) string {
+	t.Helper()
+	if _, err := exec.LookPath("moto_server"); err != nil {
+		if os.Getenv("HOLDFAST_REQUIRE_SERVICES") == "1" {
+			t.Fatal("moto_server is required (preinstalled on the image; pip install 'moto[server]' elsewhere)")
+		}
+		t.Skip("moto_server not installed")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	host, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command("moto_server", "-H", host, "-p", port)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+	Eventually(t, 30*time.Second, "moto_server listens", func() bool {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	})
+	return "http://" + addr
 }

@@ -1,0 +1,78 @@
+package app_test
+
+import (
+	"context"
+	"io"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/shared/app"
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/reservation"
+	"github.com/holdfast/holdfast/shared/testservices"
+)
+
+// In AWS the functions get the database credentials and the Redis AUTH token
+// from Secrets Manager (a secret id in the environment, nothing secret in
+// it). Here Secrets Manager is moto, Redis demands a password, and the
+// service must work with what it read.
+func TestCredentialsComeFromSecretsManager(t *testing.T) {
+	env := testservices.Require(t)
+	endpoint := testservices.StartMoto(t)
+	const token = "s3cr3t-t0ken-0f-at-least-16"
+	rds := testservices.StartRedis(t, "--requirepass", token)
+	dsn := env.Database(t)
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx := context.Background()
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm := secretsmanager.NewFromConfig(awsCfg, func(o *secretsmanager.Options) { o.BaseEndpoint = aws.String(endpoint) })
+	create := func(name, value string) string {
+		out, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{Name: aws.String(name), SecretString: aws.String(value)})
+		if err != nil {
+			t.Fatalf("create secret %s: %v", name, err)
+		}
+		return aws.ToString(out.ARN)
+	}
+	dbSecret := create(testservices.Name("db"), `{"username":"`+mc.User+`","password":"`+mc.Passwd+`"}`)
+	redisSecret := create(testservices.Name("redis"), `{"token":"`+token+`"}`)
+
+	vars := map[string]string{
+		"HOLDFAST_REDIS_ADDR": rds.Addr, "HOLDFAST_REDIS_SECRET_ID": redisSecret,
+		"HOLDFAST_DB_HOST": mc.Addr, "HOLDFAST_DB_NAME": mc.DBName, "HOLDFAST_DB_SECRET_ID": dbSecret,
+		"HOLDFAST_EVENT_BUS": "holdfast-test", "HOLDFAST_AWS_ENDPOINT": endpoint,
+	}
+	cfg, err := config.Load(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DBDSN != "" || cfg.RedisPassword != "" {
+		t.Fatal("the configuration holds a credential")
+	}
+	a, err := app.Build(ctx, cfg, app.Options{Function: "test", Out: io.Discard, Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer {
+		return &recordingEnqueuer{}
+	}})
+	if err != nil {
+		t.Fatalf("build with secrets: %v", err)
+	}
+	defer a.Close()
+	sku := testservices.Name("secret")
+	if _, err := a.Service.SetStock(ctx, sku, 3, nil); err != nil {
+		t.Fatalf("SetStock through secret-held credentials: %v", err)
+	}
+	if _, _, err := a.Service.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: "u"}); err != nil {
+		t.Fatalf("Reserve through the AUTH token from the secret: %v", err)
+	}
+	if n, err := a.Service.Available(ctx, sku); err != nil || n != 2 {
+		t.Errorf("Available = %d %v, want 2", n, err)
+	}
+}
