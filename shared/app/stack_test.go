@@ -1,13 +1,11 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"io"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -413,10 +411,4 @@ func (r *recordingEnqueuer) Enqueue(_ context.Context, res reservation.Reservati
 	r.msgs = append(r.msgs, res)
 	r.mu.Unlock()
 	return nil
-}
-
-func jsonBody(v any) string {
-	var b bytes.Buffer
-	_ = json.NewEncoder(&b).Encode(v)
-	return strings.TrimSpace(b.String())
 }

@@ -131,7 +131,7 @@ func invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
-// ValidID reports whether s can be a SKU, user, group or reservation id:
+// ValidID reports whether s can be a SKU, user or group id:
 // 1–64 characters of letters, digits and ._:- (no braces, so an id can never
 // break a Redis hash tag). It runs on every request, so it is a loop, not a
 // regular expression.
