@@ -201,24 +201,23 @@ func (b *bench) reserve(ctx context.Context) error {
 		return nil
 	}
 	setStock := func(sku string) error {
-		_, err := b.app.Service.SetStock(ctx, sku, bigStock, nil)
+		_, err := b.app.Service.ChangeStock(ctx, reservation.SetTo(sku, bigStock))
 		return err
 	}
 	redisCheck := func(sku string, ops int64) error {
-		avail, _, err := redisstore.New(rdb, 0).Stock(ctx, sku)
+		rs, err := redisstore.New(rdb, 0).Stock(ctx, sku)
 		if err != nil {
 			return err
 		}
-		if avail != bigStock-ops {
+		if avail := rs.Available; avail != bigStock-ops {
 			return fmt.Errorf("redis stock %d after %d reservations: oversold", avail, ops)
 		}
 		return nil
 	}
 	script := redis.NewScript(redisstore.ReserveLua)
-	now := time.Now()
 	if err := run("raw EVALSHA floor", setStock, func(sku string, w, i int) error {
-		r := reservation.Reservation{ID: fmt.Sprintf("f%d-%d", w, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d", w)}
-		out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), sku, r.ID, 1, r.UserID, "", now.Add(time.Minute).UnixMilli(), now.UnixMilli()).StringSlice()
+		r := reservation.Reservation{ID: fmt.Sprintf("f%d-%d", w, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d", w), Token: "floor"}
+		out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), redisstore.ReserveArgs(r, time.Minute)...).StringSlice()
 		if err != nil || out[0] != "OK" {
 			return fmt.Errorf("floor: %v %v", out, err)
 		}
@@ -288,7 +287,7 @@ func (b *bench) persist(ctx context.Context) error {
 	// The textbook consumer: read, compare, version-checked update, sleep
 	// 50 ms × attempt on a miss, give up (compensate) after 3 attempts.
 	sku := fmt.Sprintf("bench-textbook-%d", time.Now().UnixNano())
-	if _, err := b.app.Service.SetStock(ctx, sku, int64(b.o.backlog), nil); err != nil {
+	if _, err := b.app.Service.ChangeStock(ctx, reservation.SetTo(sku, int64(b.o.backlog))); err != nil {
 		return err
 	}
 	msgs := backlog("t", sku)
@@ -364,7 +363,7 @@ func (b *bench) persist(ctx context.Context) error {
 func (b *bench) holdfastPersist(ctx context.Context, n, consumers int, prefix string) (result, int64, int64, error) {
 	db := b.app.DB
 	sku := fmt.Sprintf("bench-%s-%d", prefix, time.Now().UnixNano())
-	if _, err := b.app.Service.SetStock(ctx, sku, int64(n), nil); err != nil {
+	if _, err := b.app.Service.ChangeStock(ctx, reservation.SetTo(sku, int64(n))); err != nil {
 		return result{}, 0, 0, err
 	}
 	now := time.Now()
@@ -435,7 +434,7 @@ func (b *bench) soldOut(ctx context.Context) error {
 			Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention), Ledger: mysqlstore.New(b.app.DB), Queue: nopQueue{}, Notifier: nopNotifier{},
 		})
 		sku := fmt.Sprintf("bench-soldout-%d", time.Now().UnixNano())
-		if _, err := svc.SetStock(ctx, sku, 0, nil); err != nil {
+		if _, err := svc.ChangeStock(ctx, reservation.SetTo(sku, 0)); err != nil {
 			return err
 		}
 		name := "sold-out storm, no flag"

@@ -47,9 +47,13 @@ type App struct {
 
 // Options adjusts the wiring for tests and the dev stack.
 type Options struct {
-	Function string    // the function name in logs and metrics
-	Out      io.Writer // where logs and EMF lines go (stdout in Lambda)
-	Clock    reservation.Clock
+	Function string            // the function name in logs and metrics
+	Out      io.Writer         // where logs and EMF lines go (stdout in Lambda)
+	Clock    reservation.Clock // the function's clock (the Lambda's own)
+	// ScriptClock, when set, replaces Redis's clock in the Lua scripts:
+	// tests that move time set it. Production leaves it nil, so scripts read
+	// Redis's TIME and no function's clock moves a deadline.
+	ScriptClock reservation.Clock
 	// Enqueuer, when set, wraps or replaces the SQS publisher (tests inject
 	// lost messages and failed sends). Production wiring leaves it nil.
 	Enqueuer func(sqs reservation.Enqueuer) reservation.Enqueuer
@@ -116,8 +120,12 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		return nil, cfg.NeedsEvents()
 	}
 
+	var holdOpts []redisstore.Option
+	if opt.ScriptClock != nil {
+		holdOpts = append(holdOpts, redisstore.WithClock(opt.ScriptClock))
+	}
 	a.Service = reservation.NewService(cfg.Protocol, reservation.Deps{
-		Holds:    redisstore.New(rdb, cfg.HoldRetention),
+		Holds:    redisstore.New(rdb, cfg.HoldRetention, holdOpts...),
 		Ledger:   mysqlstore.New(db),
 		Queue:    enq,
 		Notifier: notifier,

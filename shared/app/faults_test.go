@@ -427,23 +427,35 @@ func TestFault14CancelRacesPersist(t *testing.T) {
 	s.check(invariant.Expect{Sellable: map[string]int64{sku: 40}, Accepted: ids, Quiescent: true})
 }
 
-// Row 15: clock skew between invocations. A sweeper whose clock runs ahead
-// by less than the grace releases nothing early; one far ahead releases,
-// but through the fence, so the late persist takes nothing.
+// Row 15: clock skew between invocations. Deadlines are set and judged by
+// Redis's clock, so a function whose own clock runs an hour ahead neither
+// stretches a hold it reserves nor releases one early; once Redis's clock
+// passes deadline + grace the hold is released through the fence, and the
+// late persist takes nothing.
 func TestFault15ClockSkew(t *testing.T) {
 	rec := &recordingEnqueuer{}
 	s := newStack(t, withEnqueuer(rec))
 	sku := testservices.Name("skew")
 	s.setStock(sku, 10)
-	s.reserve(sku, "u", 2, "")
-	ahead := &testClock{now: s.clock.Now().Add(60*time.Second + 1500*time.Millisecond)} // deadline 60 s, grace 2 s
-	sweeper := s.twin(ahead, nil)
-	if rep, _ := sweeper.Sweep(context.Background()); rep.Released != 0 {
-		t.Fatalf("a sweeper 61.5 s ahead released a 60 s hold early")
+	ahead := &testClock{now: s.clock.Now().Add(time.Hour)}
+	skewed := s.twin(ahead, rec)
+	held, _, err := skewed.Reserve(context.Background(), reservation.ReserveRequest{SKU: sku, Qty: 2, UserID: "u"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	ahead.Advance(time.Hour)
-	if rep, _ := sweeper.Sweep(context.Background()); rep.Released != 1 {
-		t.Fatalf("a sweeper an hour ahead released %d, want 1", rep.Released)
+	if want := s.clock.Now().Add(60 * time.Second); !held.ExpiresAt.Equal(want) {
+		t.Fatalf("a function an hour ahead set the deadline %v, want Redis's now + 60 s = %v", held.ExpiresAt, want)
+	}
+	if rep, _ := skewed.Sweep(context.Background()); rep.Released != 0 {
+		t.Fatalf("a sweeper an hour ahead released a hold before its deadline by Redis's clock")
+	}
+	s.clock.Advance(61500 * time.Millisecond) // past the deadline, within the grace
+	if rep, _ := skewed.Sweep(context.Background()); rep.Released != 0 {
+		t.Fatalf("released within the grace")
+	}
+	s.clock.Advance(time.Second)
+	if rep, _ := skewed.Sweep(context.Background()); rep.Released != 1 {
+		t.Fatalf("after deadline + grace by Redis's clock released %d, want 1", rep.Released)
 	}
 	out, err := s.app.Service.Persist(context.Background(), rec.msgs[0])
 	if err != nil || out.Status != reservation.StatusCancelled {

@@ -2,12 +2,15 @@ package app_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/queue"
 	"github.com/holdfast/holdfast/shared/reservation"
 	"github.com/holdfast/holdfast/shared/testservices"
@@ -293,16 +296,15 @@ func TestPublishFailureHoldsNothing(t *testing.T) {
 			s := newStack(t, withFailingSend(delivered))
 			sku := testservices.Name("pubfail")
 			s.setStock(sku, 5)
-			code, body := s.reserve(sku, "gina", 2, "key-1")
+			code, body := s.reserve(sku, "gina", 2, "")
 			if code != http.StatusServiceUnavailable || body["error"] != "unavailable" {
 				t.Fatalf("reserve = %d %v, want 503 unavailable", code, body)
 			}
 			if avail, held := s.redisStock(sku); avail != 5 || held != 0 {
 				t.Fatalf("redis = %d/%d, want 5 available 0 held", avail, held)
 			}
-			code, body = s.reserve(sku, "gina", 2, "key-1")
-			if code != http.StatusOK || body["status"] != "CANCELLED" || body["reason"] != "publish_failed" {
-				t.Fatalf("retry with the same key = %d %v, want 200 CANCELLED publish_failed", code, body)
+			if n := s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CANCELLED' AND reason = 'publish_failed'`, sku); n != 1 {
+				t.Fatalf("publish_failed fences = %d, want 1", n)
 			}
 			if delivered {
 				stop := s.runPersist(1)
@@ -317,6 +319,66 @@ func TestPublishFailureHoldsNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A keyed request whose send fails answers 503 and is not cancelled: the
+// retry with the same key replays the hold and sends it, and the reservation
+// is confirmed once, even when the failed send had gone through too.
+func TestKeyedPublishFailureIsRetriedNotCancelled(t *testing.T) {
+	for _, delivered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("delivered=%v", delivered), func(t *testing.T) {
+			var fails atomic.Int32
+			fails.Store(1)
+			s := newStack(t, func(_ *stack, o *app.Options, _ map[string]string) {
+				o.Enqueuer = func(real reservation.Enqueuer) reservation.Enqueuer {
+					return flakyEnqueuer{next: real, fails: &fails, delivered: delivered}
+				}
+			})
+			sku := testservices.Name("pubkey")
+			s.setStock(sku, 5)
+			if code, body := s.reserve(sku, "gina", 2, "key-1"); code != http.StatusServiceUnavailable {
+				t.Fatalf("reserve = %d %v, want 503", code, body)
+			}
+			code, body := s.reserve(sku, "gina", 2, "key-1")
+			if code != http.StatusAccepted || body["status"] != "HELD" {
+				t.Fatalf("retry with the same key = %d %v, want 202 HELD", code, body)
+			}
+			id := body["reservation_id"].(string)
+			stop := s.runPersist(1)
+			testservices.Eventually(t, 30*time.Second, "confirmed", func() bool {
+				_, b := s.call("GET", "/reservations/"+id, "", nil)
+				return b["status"] == "CONFIRMED"
+			})
+			testservices.Eventually(t, 30*time.Second, "queue drained", func() bool { return s.queueDepth(s.queues.URL) == 0 })
+			stop()
+			if got := s.mysqlAvailable(sku); got != 3 {
+				t.Errorf("mysql available = %d, want 3 (taken once)", got)
+			}
+			if avail, held := s.redisStock(sku); avail != 3 || held != 0 {
+				t.Errorf("redis = %d/%d, want 3 available 0 held", avail, held)
+			}
+		})
+	}
+}
+
+// flakyEnqueuer fails the first *fails sends (after sending them through
+// when delivered), then sends.
+type flakyEnqueuer struct {
+	next      reservation.Enqueuer
+	fails     *atomic.Int32
+	delivered bool
+}
+
+func (f flakyEnqueuer) Enqueue(ctx context.Context, r reservation.Reservation) error {
+	if f.fails.Add(-1) < 0 {
+		return f.next.Enqueue(ctx, r)
+	}
+	if f.delivered {
+		if err := f.next.Enqueue(ctx, r); err != nil {
+			return err
+		}
+	}
+	return reservation.Unavailable("sqs send", errors.New("injected: connection reset"))
 }
 
 // A 3-slot group with 10 concurrent joiners, two of them the same user:

@@ -66,7 +66,7 @@ func TestCredentialsComeFromSecretsManager(t *testing.T) {
 	}
 	defer a.Close()
 	sku := testservices.Name("secret")
-	if _, err := a.Service.SetStock(ctx, sku, 3, nil); err != nil {
+	if _, err := a.Service.ChangeStock(ctx, reservation.SetTo(sku, 3)); err != nil {
 		t.Fatalf("SetStock through secret-held credentials: %v", err)
 	}
 	if _, _, err := a.Service.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: "u"}); err != nil {

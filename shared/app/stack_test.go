@@ -67,10 +67,11 @@ type stack struct {
 }
 
 // twin builds a second service on the same stores with its own clock, as
-// another Lambda execution environment would be.
+// another Lambda execution environment would be. Redis's clock (the
+// scripts') stays the stack's.
 func (s *stack) twin(clock reservation.Clock, enq reservation.Enqueuer) *reservation.Service {
 	s.t.Helper()
-	a, err := app.Build(context.Background(), s.cfg, app.Options{Function: "twin", Out: io.Discard, Clock: clock,
+	a, err := app.Build(context.Background(), s.cfg, app.Options{Function: "twin", Out: io.Discard, Clock: clock, ScriptClock: s.clock,
 		Enqueuer: func(real reservation.Enqueuer) reservation.Enqueuer {
 			if enq != nil {
 				return enq
@@ -194,7 +195,7 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 		"HOLDFAST_SWEEP_GRACE":      "2s",
 		"HOLDFAST_LOG_LEVEL":        "warn",
 	}
-	o := app.Options{Function: "test", Out: io.Discard, Clock: s.clock}
+	o := app.Options{Function: "test", Out: io.Discard, Clock: s.clock, ScriptClock: s.clock}
 	for _, opt := range opts {
 		opt(s, &o, vars)
 	}
@@ -239,9 +240,15 @@ func (s *stack) call(method, path, body string, headers map[string]string) (int,
 	return resp.StatusCode, m
 }
 
+// setStock sets a SKU's stock through the admin API, with the version
+// precondition when the SKU exists.
 func (s *stack) setStock(sku string, n int) {
 	s.t.Helper()
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":`+itoa(n)+`}`, nil); code != 200 {
+	var h map[string]string
+	if code, body := s.call("GET", "/admin/skus/"+sku+"/stock", "", nil); code == 200 {
+		h = map[string]string{"If-Match": `"` + itoa(int(body["version"].(float64))) + `"`}
+	}
+	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":`+itoa(n)+`}`, h); code != 200 {
 		s.t.Fatalf("set stock %s = %d: %d %v", sku, n, code, body)
 	}
 }

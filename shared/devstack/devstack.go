@@ -111,7 +111,7 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 		if _, err := a.Service.Available(ctx, sku); !errors.Is(err, reservation.ErrUnknownSKU) {
 			continue
 		}
-		if _, err := a.Service.SetStock(ctx, sku, n, nil); err != nil {
+		if _, err := a.Service.ChangeStock(ctx, reservation.SetTo(sku, n)); err != nil {
 			_ = a.Close()
 			return nil, fmt.Errorf("seed %s: %w", sku, err)
 		}

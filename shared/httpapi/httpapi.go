@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,7 +33,7 @@ type Service interface {
 	CreateGroup(ctx context.Context, sku string, capacity int, ttl time.Duration) (reservation.Group, error)
 	Group(ctx context.Context, id string) (reservation.Group, error)
 	Available(ctx context.Context, sku string) (int64, error)
-	SetStock(ctx context.Context, sku string, stock int64, limit *int) (reservation.StockLevel, error)
+	ChangeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error)
 	InspectStock(ctx context.Context, sku string) (reservation.StockReport, error)
 }
 
@@ -90,10 +91,12 @@ var routes = []route{
 		if err != nil {
 			return h.fail(ctx, err)
 		}
-		return reply(http.StatusOK, map[string]any{
+		resp := reply(http.StatusOK, map[string]any{
 			"sku": r.SKU, "mysql_available": r.MySQLAvailable, "redis_available": r.RedisAvailable,
 			"held": r.Held, "drift": r.Drift(), "version": r.Version, "per_user_limit": r.PerUserLimit,
 		})
+		resp.Headers["ETag"] = etag(r.Version)
+		return resp
 	}},
 }
 
@@ -213,26 +216,46 @@ func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRe
 
 type stockRequest struct {
 	Stock        *int64 `json:"stock"`
+	Add          *int64 `json:"add"`
 	PerUserLimit *int   `json:"per_user_limit"`
+	Version      *int64 `json:"version"`
 }
 
+// setStock changes a SKU's sellable stock: {"stock": n} is an absolute
+// figure, guarded on an existing SKU by the version it was based on
+// (If-Match: "<version>" or "version" in the body); {"add": n} is relative.
 func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response {
-	sku := seg[2]
 	var b stockRequest
 	if resp, ok := decode(req, &b); !ok {
 		return resp
 	}
-	if b.Stock == nil {
-		return invalid("stock is required")
+	if (b.Stock == nil) == (b.Add == nil) {
+		return invalid("give exactly one of stock (the new figure) and add (units to add or remove)")
 	}
-	level, err := h.svc.SetStock(ctx, sku, *b.Stock, b.PerUserLimit)
+	c := reservation.StockChange{SKU: seg[2], Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, IfVersion: b.Version,
+		Key: header(req, "Idempotency-Key")}
+	if m := header(req, "If-Match"); m != "" {
+		v, err := strconv.ParseInt(strings.TrimPrefix(strings.Trim(m, `"`), "W/"), 10, 64)
+		if err != nil || strings.Contains(m, ",") {
+			return invalid(`If-Match must be one version, as the ETag gives it ("<version>")`)
+		}
+		if c.IfVersion != nil && *c.IfVersion != v {
+			return invalid("If-Match and the body's version disagree")
+		}
+		c.IfVersion = &v
+	}
+	level, err := h.svc.ChangeStock(ctx, c)
 	if err != nil {
 		return h.fail(ctx, err)
 	}
-	return reply(http.StatusOK, map[string]any{
+	resp := reply(http.StatusOK, map[string]any{
 		"sku": level.SKU, "stock": level.Available, "per_user_limit": level.PerUserLimit, "version": level.Version,
 	})
+	resp.Headers["ETag"] = etag(level.Version)
+	return resp
 }
+
+func etag(version int64) string { return `"` + strconv.FormatInt(version, 10) + `"` }
 
 // decode reads a JSON body strictly: bounded size, no unknown fields, one value.
 func decode(req events.APIGatewayV2HTTPRequest, v any) (response, bool) {
@@ -297,6 +320,14 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 	case errors.Is(err, reservation.ErrIdempotencyMismatch):
 		return errorReply(http.StatusUnprocessableEntity, "idempotency_mismatch",
 			"the Idempotency-Key was already used with a different request")
+	case errors.Is(err, reservation.ErrPreconditionRequired):
+		return errorReply(http.StatusPreconditionRequired, "precondition_required",
+			`this sku exists: send If-Match: "<version>" (the ETag of GET /admin/skus/{sku}/stock) or use {"add": n}`)
+	case errors.Is(err, reservation.ErrPreconditionFailed):
+		return errorReply(http.StatusPreconditionFailed, "version_mismatch",
+			"the stock changed since that version: read it again, or use {\"add\": n}")
+	case errors.Is(err, reservation.ErrInsufficient):
+		return errorReply(http.StatusConflict, "insufficient_stock", "not that many units available to remove")
 	case errors.Is(err, reservation.ErrUnknownSKU):
 		return errorReply(http.StatusNotFound, "unknown_sku", "no such sku")
 	case errors.Is(err, reservation.ErrUnknownGroup):
@@ -305,7 +336,7 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 		return errorReply(http.StatusNotFound, "not_found", "no such reservation")
 	case errors.Is(err, reservation.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		h.log.WarnContext(ctx, "dependency unavailable", "error", err)
-		resp := errorReply(http.StatusServiceUnavailable, "unavailable", "a dependency is unavailable; nothing was held, retry later")
+		resp := errorReply(http.StatusServiceUnavailable, "unavailable", "a dependency is unavailable; retry later, with the same Idempotency-Key if you sent one (it is never taken twice)")
 		resp.Headers["Retry-After"] = "1"
 		return resp
 	}

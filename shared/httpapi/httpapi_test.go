@@ -18,9 +18,10 @@ import (
 
 // stub records calls and answers with err (or a plausible value).
 type stub struct {
-	calls int
-	err   error
-	last  reservation.ReserveRequest
+	calls  int
+	err    error
+	last   reservation.ReserveRequest
+	change reservation.StockChange
 }
 
 func (s *stub) Reserve(_ context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error) {
@@ -45,9 +46,13 @@ func (s *stub) Group(context.Context, string) (reservation.Group, error) {
 	return reservation.Group{ID: "g-1", Status: reservation.GroupOpen}, s.err
 }
 func (s *stub) Available(context.Context, string) (int64, error) { s.calls++; return 7, s.err }
-func (s *stub) SetStock(_ context.Context, sku string, stock int64, _ *int) (reservation.StockLevel, error) {
+func (s *stub) ChangeStock(_ context.Context, c reservation.StockChange) (reservation.StockLevel, error) {
 	s.calls++
-	return reservation.StockLevel{SKU: sku, Available: stock}, s.err
+	s.change = c
+	if c.Set != nil {
+		return reservation.StockLevel{SKU: c.SKU, Available: *c.Set, Version: 4}, s.err
+	}
+	return reservation.StockLevel{SKU: c.SKU, Available: *c.Add, Version: 4}, s.err
 }
 
 func (s *stub) InspectStock(_ context.Context, sku string) (reservation.StockReport, error) {
@@ -97,7 +102,8 @@ func TestBadInputIsA4xxThatNamesTheProblemAndReachesNothing(t *testing.T) {
 		{"oversize", "POST", "/reservations", `{"sku":"` + strings.Repeat("x", 5000) + `","qty":1,"user_id":"u"}`, 413, "larger than"},
 		{"group without capacity", "POST", "/groups", `{"sku":"s"}`, 400, "capacity is required"},
 		{"group ttl zero", "POST", "/groups", `{"sku":"s","capacity":3,"ttl_seconds":0}`, 400, "ttl_seconds"},
-		{"stock missing", "PUT", "/admin/skus/s/stock", `{}`, 400, "stock is required"},
+		{"stock missing", "PUT", "/admin/skus/s/stock", `{}`, 400, "exactly one of stock"},
+		{"stock and add", "PUT", "/admin/skus/s/stock", `{"stock":1,"add":1}`, 400, "exactly one of stock"},
 		{"unknown route", "GET", "/nope", ``, 404, "no route"},
 		{"wrong method", "PATCH", "/reservations", ``, 405, "not allowed"},
 	}
@@ -226,4 +232,36 @@ func FuzzHandle(f *testing.F) {
 			t.Fatalf("%s %s %q: refused as invalid but reached the service", method, path, body)
 		}
 	})
+}
+
+// The stock change's precondition comes from If-Match (as the ETag gives it)
+// or the body; the domain errors map to 428, 412 and 409.
+func TestStockChangePreconditions(t *testing.T) {
+	svc := &stub{}
+	code, body := do(t, svc, request("PUT", "/admin/skus/s/stock", `{"stock":9}`, map[string]string{"If-Match": `"3"`}))
+	if code != 200 || svc.change.IfVersion == nil || *svc.change.IfVersion != 3 || body["version"] != float64(4) {
+		t.Errorf("If-Match \"3\" = %d %v, change %+v", code, body, svc.change)
+	}
+	if code, _ := do(t, svc, request("PUT", "/admin/skus/s/stock", `{"add":-2}`, map[string]string{"Idempotency-Key": "k"})); code != 200 || *svc.change.Add != -2 || svc.change.Key != "k" {
+		t.Errorf("add = %d, change %+v", code, svc.change)
+	}
+	for _, c := range []struct {
+		name    string
+		headers map[string]string
+		body    string
+		err     error
+		status  int
+		code    string
+	}{
+		{"bad If-Match", map[string]string{"If-Match": "abc"}, `{"stock":1}`, nil, 400, "invalid_request"},
+		{"two versions disagree", map[string]string{"If-Match": `"2"`}, `{"stock":1,"version":3}`, nil, 400, "invalid_request"},
+		{"no precondition", nil, `{"stock":1}`, reservation.ErrPreconditionRequired, 428, "precondition_required"},
+		{"stale", map[string]string{"If-Match": `"1"`}, `{"stock":1}`, reservation.ErrPreconditionFailed, 412, "version_mismatch"},
+		{"below zero", nil, `{"add":-100}`, reservation.ErrInsufficient, 409, "insufficient_stock"},
+	} {
+		svc := &stub{err: c.err}
+		if code, body := do(t, svc, request("PUT", "/admin/skus/s/stock", c.body, c.headers)); code != c.status || body["error"] != c.code {
+			t.Errorf("%s = %d %v, want %d %s", c.name, code, body, c.status, c.code)
+		}
+	}
 }

@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/holdfast/holdfast/shared/reservation"
 )
 
 // Stock is what the checker needs of Redis: a SKU's available and held units.
 type Stock interface {
-	Stock(ctx context.Context, sku string) (available, held int64, err error)
+	Stock(ctx context.Context, sku string) (reservation.RedisStock, error)
 }
 
 // Expect is what the test knows: the units it made sellable per SKU, the
@@ -45,13 +47,16 @@ func Violations(vs []Violation) string {
 //
 //   - I1 no oversell: MySQL available ≥ 0, and available + confirmed units =
 //     units made sellable (the ledger balances: nothing taken twice or lost).
-//   - I2 conservation (quiescent): Redis available = MySQL available, no hold left.
+//   - I2 conservation (quiescent): Redis available = MySQL available, no hold
+//     left, no cancellation Redis has not followed (the release outbox is empty).
 //   - I3 at most once: no reservation id is confirmed twice; with I1 and I2,
 //     each id took stock once per store.
 //   - I4 termination (quiescent): every accepted id has a final row; every
 //     CANCELLED row's event went out.
 //   - I5 groups (of the SKUs in Expect.Sellable): members ≤ capacity, members =
 //     confirmed members, one join per user, a FAILED group keeps no confirmed member.
+//   - I6 per-user limits: no user holds more CONFIRMED units of a SKU than
+//     its per_user_limit.
 func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation, error) {
 	var out []Violation
 	add := func(inv, format string, args ...any) {
@@ -79,12 +84,35 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 			add("I1", "%s: MySQL available %d + confirmed %d != sellable %d", sku, available, confirmed, e.Sellable[sku])
 		}
 		if e.Quiescent {
-			ra, held, err := redis.Stock(ctx, sku)
+			rs, err := redis.Stock(ctx, sku)
 			if err != nil {
 				return nil, fmt.Errorf("invariant: redis stock of %s: %w", sku, err)
 			}
-			if ra != available || held != 0 {
-				add("I2", "%s: Redis available %d held %d, MySQL available %d", sku, ra, held, available)
+			if rs.Available != available || rs.Held != 0 {
+				add("I2", "%s: Redis available %d held %d, MySQL available %d", sku, rs.Available, rs.Held, available)
+			}
+			var unreleased int
+			if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND released = 0`, sku).Scan(&unreleased); err != nil {
+				return nil, err
+			}
+			if unreleased != 0 {
+				add("I2", "%s: %d cancellations Redis has not followed", sku, unreleased)
+			}
+		}
+		var limit int
+		var most sql.NullInt64
+		if err := db.QueryRowContext(ctx, `SELECT per_user_limit FROM product_stock WHERE sku = ?`, sku).Scan(&limit); err != nil {
+			return nil, err
+		}
+		if limit > 0 {
+			var user sql.NullString
+			err := db.QueryRowContext(ctx, `SELECT user_id, SUM(qty) AS units FROM reservations WHERE sku = ? AND status = 'CONFIRMED'
+				GROUP BY user_id ORDER BY units DESC LIMIT 1`, sku).Scan(&user, &most)
+			if err != nil && err != sql.ErrNoRows {
+				return nil, err
+			}
+			if most.Int64 > int64(limit) {
+				add("I6", "%s: user %s holds %d confirmed units, limit %d", sku, user.String, most.Int64, limit)
 			}
 		}
 	}

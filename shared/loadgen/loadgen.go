@@ -87,6 +87,7 @@ type StockView struct {
 	RedisAvailable int64 `json:"redis_available"`
 	Held           int64 `json:"held"`
 	Drift          int64 `json:"drift"`
+	Version        int64 `json:"version"`
 }
 
 // Report is what a run measured and checked.
@@ -217,6 +218,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 func (r *runner) do(ctx context.Context, method, path string, body any, admin bool) (int, map[string]any, error) {
+	return r.doWith(ctx, method, path, body, admin, nil)
+}
+
+func (r *runner) doWith(ctx context.Context, method, path string, body any, admin bool, headers map[string]string) (int, map[string]any, error) {
 	var rd io.Reader
 	var raw []byte
 	if body != nil {
@@ -228,6 +233,9 @@ func (r *runner) do(ctx context.Context, method, path string, body any, admin bo
 		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	if admin && r.cfg.Sign != nil {
 		if err := r.cfg.Sign(req); err != nil {
 			return 0, nil, err
@@ -250,7 +258,13 @@ func (r *runner) do(ctx context.Context, method, path string, body any, admin bo
 }
 
 func (r *runner) setStock(ctx context.Context, sku string, n int) error {
-	code, body, err := r.do(ctx, http.MethodPut, "/admin/skus/"+sku+"/stock", map[string]any{"stock": n}, true)
+	// An existing SKU's figure is set against the version read just before
+	// (the admin API's precondition); a new one needs none.
+	var headers map[string]string
+	if v, err := r.stock(ctx, sku); err == nil {
+		headers = map[string]string{"If-Match": fmt.Sprintf("%q", fmt.Sprint(v.Version))}
+	}
+	code, body, err := r.doWith(ctx, http.MethodPut, "/admin/skus/"+sku+"/stock", map[string]any{"stock": n}, true, headers)
 	if err != nil || code != http.StatusOK {
 		return fmt.Errorf("set stock of %s: %d %v %v", sku, code, body, err)
 	}

@@ -89,17 +89,19 @@ func utc(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: utc(t), Valid: !t.IsZero()} }
 
-const reservationColumns = `reservation_id, sku, qty, user_id, group_id, status, reason, refunded, notified, expires_at, created_at`
+const reservationColumns = `reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, refunded, released, refund_version, notified, expires_at, created_at`
 
 func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservation, error) {
 	var r reservation.Reservation
-	var group, reason sql.NullString
+	var group, token, reason sql.NullString
 	var expires sql.NullTime
+	var refundVersion sql.NullInt64
 	var status string
-	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &status, &reason, &r.Refunded, &r.Notified, &expires, &r.CreatedAt); err != nil {
+	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &token, &status, &reason, &r.Refunded, &r.Released, &refundVersion, &r.Notified, &expires, &r.CreatedAt); err != nil {
 		return r, err
 	}
-	r.GroupID, r.Reason, r.Status = group.String, reservation.Reason(reason.String), reservation.Status(status)
+	r.RefundVersion = refundVersion.Int64
+	r.GroupID, r.Token, r.Reason, r.Status = group.String, token.String, reservation.Reason(reason.String), reservation.Status(status)
 	if expires.Valid {
 		r.ExpiresAt = expires.Time
 	}
@@ -107,68 +109,128 @@ func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservati
 }
 
 // Apply implements reservation.Ledger.
-func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reservation.Locking, now time.Time) (reservation.ApplyResult, reservation.Reservation, error) {
+func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reservation.Locking, now time.Time) (reservation.BatchResult, error) {
+	out := reservation.BatchResult{Row: r}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, r, translate("apply begin", err)
+		return out, translate("apply begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
-		(reservation_id, sku, qty, user_id, group_id, status, expires_at, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?)`,
-		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+		(reservation_id, sku, qty, user_id, group_id, hold_token, status, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?)`,
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
 	if isDuplicate(err) {
 		_ = tx.Rollback()
 		row, err := s.Reservation(ctx, r.ID)
 		if err != nil {
-			return 0, r, err
+			return out, err
 		}
 		if row.Status == reservation.StatusConfirmed {
-			return reservation.AlreadyConfirmed, row, nil
+			return reservation.BatchResult{Result: reservation.AlreadyConfirmed, Row: row}, nil
 		}
-		return reservation.AlreadyCancelled, row, nil
+		return reservation.BatchResult{Result: reservation.AlreadyCancelled, Row: row}, nil
 	}
 	if err != nil {
-		return 0, r, translate("apply insert", err)
+		return out, translate("apply insert", err)
 	}
 
-	read := `SELECT available, version FROM product_stock WHERE sku = ?`
+	read := `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ?`
 	if lock == reservation.Pessimistic {
 		read += ` FOR UPDATE`
 	}
 	var available, version int64
-	err = tx.QueryRowContext(ctx, read, r.SKU).Scan(&available, &version)
+	var limit int
+	err = tx.QueryRowContext(ctx, read, r.SKU).Scan(&available, &version, &limit)
 	if errors.Is(err, sql.ErrNoRows) {
-		return reservation.NoSuchSKU, r, nil
+		out.Result = reservation.NoSuchSKU
+		return out, nil
 	}
 	if err != nil {
-		return 0, r, translate("apply read stock", err)
+		return out, translate("apply read stock", err)
 	}
 	if available < int64(r.Qty) {
-		return reservation.Insufficient, r, nil
+		out.Result = reservation.Insufficient
+		return out, nil
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
 		WHERE sku = ? AND version = ? AND available >= ?`, r.Qty, r.SKU, version, r.Qty)
 	if err != nil {
-		return 0, r, translate("apply update stock", err)
+		return out, translate("apply update stock", err)
 	}
 	if n, err := res.RowsAffected(); err != nil {
-		return 0, r, translate("apply update stock", err)
+		return out, translate("apply update stock", err)
 	} else if n == 0 {
-		return 0, r, fmt.Errorf("apply %s: %w", r.ID, reservation.ErrVersionConflict)
+		return out, fmt.Errorf("apply %s: %w", r.ID, reservation.ErrVersionConflict)
+	}
+	if limit > 0 {
+		have, err := userUnits(ctx, tx, r.SKU, []any{r.UserID})
+		if err != nil {
+			return out, err
+		}
+		if have[r.UserID]+int64(r.Qty) > int64(limit) {
+			out.Result = reservation.OverLimit
+			return out, nil
+		}
+		if err := addUserUnits(ctx, tx, r.SKU, map[string]int64{r.UserID: int64(r.Qty)}); err != nil {
+			return out, err
+		}
 	}
 
 	if r.GroupID != "" {
 		result, err := joinGroup(ctx, tx, r, now)
 		if err != nil || result != reservation.Applied {
-			return result, r, err
+			out.Result = result
+			return out, err
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, r, translate("apply commit", err)
+		return out, translate("apply commit", err)
 	}
-	return reservation.Applied, r, nil
+	out.Result, out.Version = reservation.Applied, version+1
+	return out, nil
+}
+
+// userUnits reads the confirmed units of users of a SKU with a per-user
+// limit, locking their rows (lock order: after product_stock).
+func userUnits(ctx context.Context, tx *sql.Tx, sku string, users []any) (map[string]int64, error) {
+	type uu struct {
+		user  string
+		units int64
+	}
+	rows, err := queryAll(ctx, tx, "read user units", func(row interface{ Scan(...any) error }) (uu, error) {
+		var u uu
+		err := row.Scan(&u.user, &u.units)
+		return u, err
+	}, `SELECT user_id, units FROM user_units WHERE sku = ? AND user_id IN (?`+strings.Repeat(",?", len(users)-1)+`) FOR UPDATE`,
+		append([]any{sku}, users...)...)
+	if err != nil {
+		return nil, err
+	}
+	have := make(map[string]int64, len(rows))
+	for _, u := range rows {
+		have[u.user] = u.units
+	}
+	return have, nil
+}
+
+// addUserUnits adds confirmed units to users of a SKU in one statement.
+func addUserUnits(ctx context.Context, tx *sql.Tx, sku string, add map[string]int64) error {
+	if len(add) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 3*len(add))
+	for user, n := range add {
+		args = append(args, sku, user, n)
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO user_units (sku, user_id, units) VALUES `+
+		strings.TrimSuffix(strings.Repeat(`(?, ?, ?),`, len(add)), ",")+
+		` ON DUPLICATE KEY UPDATE units = units + VALUES(units)`, args...)
+	if err != nil {
+		return translate("add user units", err)
+	}
+	return nil
 }
 
 // ApplyBatch implements reservation.Ledger: the hot-SKU path of persist.
@@ -221,14 +283,14 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if len(fresh) == 0 {
 		return out, nil
 	}
-	args := make([]any, 0, len(fresh)*7)
+	args := make([]any, 0, len(fresh)*8)
 	for _, i := range fresh {
 		r := rs[i]
-		args = append(args, r.ID, r.SKU, r.Qty, r.UserID, nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+		args = append(args, r.ID, r.SKU, r.Qty, r.UserID, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
-		(reservation_id, sku, qty, user_id, status, expires_at, created_at, updated_at) VALUES `+
-		strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, len(fresh)), ","), args...)
+		(reservation_id, sku, qty, user_id, hold_token, status, expires_at, created_at, updated_at) VALUES `+
+		strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, len(fresh)), ","), args...)
 	if isDuplicate(err) {
 		// A fence (or another persist) wrote one of these rows since the read.
 		return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
@@ -237,7 +299,8 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 		return nil, translate("batch insert", err)
 	}
 	var available, version int64
-	err = tx.QueryRowContext(ctx, `SELECT available, version FROM product_stock WHERE sku = ? FOR UPDATE`, sku).Scan(&available, &version)
+	var limit int
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ? FOR UPDATE`, sku).Scan(&available, &version, &limit)
 	if errors.Is(err, sql.ErrNoRows) {
 		for i := range out {
 			out[i].Result = reservation.NoSuchSKU
@@ -247,16 +310,38 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if err != nil {
 		return nil, translate("batch read stock", err)
 	}
+	var units map[string]int64 // confirmed units per user, when the SKU has a limit
+	if limit > 0 {
+		users := make([]any, 0, len(fresh))
+		listed := map[string]bool{}
+		for _, i := range fresh {
+			if u := rs[i].UserID; !listed[u] {
+				listed[u] = true
+				users = append(users, u)
+			}
+		}
+		if units, err = userUnits(ctx, tx, sku, users); err != nil {
+			return nil, err
+		}
+	}
 	var sum int64
 	var refused []any
+	added := map[string]int64{}
 	for _, i := range fresh {
 		r := rs[i]
-		if sum+int64(r.Qty) <= available {
+		switch {
+		case sum+int64(r.Qty) > available:
+			out[i] = reservation.BatchResult{Result: reservation.Insufficient, Row: r}
+		case limit > 0 && units[r.UserID]+added[r.UserID]+int64(r.Qty) > int64(limit):
+			out[i] = reservation.BatchResult{Result: reservation.OverLimit, Row: r}
+		default:
 			sum += int64(r.Qty)
-			out[i] = reservation.BatchResult{Result: reservation.Applied, Row: r}
+			if limit > 0 {
+				added[r.UserID] += int64(r.Qty)
+			}
+			out[i] = reservation.BatchResult{Result: reservation.Applied, Row: r, Version: version + 1}
 			continue
 		}
-		out[i] = reservation.BatchResult{Result: reservation.Insufficient, Row: r}
 		refused = append(refused, r.ID)
 	}
 	for i, r := range rs { // a twin follows its first copy
@@ -285,14 +370,19 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 			return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
 		}
 	}
+	if err := addUserUnits(ctx, tx, sku, added); err != nil {
+		return nil, err
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, translate("batch commit", err)
 	}
 	return out, nil
 }
 
-// joinGroup takes a slot of r's group inside the persist transaction. The
-// status assignment comes first so that it reads members before the increment.
+// joinGroup takes a slot of r's group inside the persist transaction. A
+// FORMED group still admits the members whose slots Redis gave before the
+// deadline and whose messages arrive late (members < capacity bounds them).
+// The status assignment comes first so that it reads members before the increment.
 func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time) (reservation.ApplyResult, error) {
 	_, err := tx.ExecContext(ctx, `INSERT INTO group_members (group_id, user_id, reservation_id) VALUES (?, ?, ?)`,
 		r.GroupID, r.UserID, r.ID)
@@ -304,7 +394,7 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE group_buys
 		SET status = IF(members + 1 >= capacity, 'FORMED', status), members = members + 1, updated_at = ?
-		WHERE group_id = ? AND sku = ? AND status = 'OPEN' AND members < capacity`, utc(now), r.GroupID, r.SKU)
+		WHERE group_id = ? AND sku = ? AND status IN ('OPEN', 'FORMED') AND members < capacity`, utc(now), r.GroupID, r.SKU)
 	if err != nil {
 		return 0, translate("apply take slot", err)
 	}
@@ -315,7 +405,7 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 	}
 	var status string
 	err = tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ? AND sku = ?`, r.GroupID, r.SKU).Scan(&status)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && status != string(reservation.GroupOpen)) {
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && status == string(reservation.GroupFailed)) {
 		return reservation.GroupNotOpen, nil
 	}
 	if err != nil {
@@ -336,10 +426,10 @@ func (s *Store) Fence(ctx context.Context, r reservation.Reservation, reason res
 
 func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
 	res, err := s.db.ExecContext(ctx, `INSERT INTO reservations
-		(reservation_id, sku, qty, user_id, group_id, status, reason, notified, expires_at, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?)
+		(reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, released, notified, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, 0, ?, ?, ?)
 		ON DUPLICATE KEY UPDATE reservation_id = reservation_id`,
-		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), string(reason), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), nullString(r.Token), string(reason), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
 	if err != nil {
 		return r, false, translate("fence", err)
 	}
@@ -382,16 +472,25 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 	if row.Status != reservation.StatusConfirmed {
 		return row, false, nil
 	}
+	if _, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available + ?, version = version + 1 WHERE sku = ?`, row.Qty, row.SKU); err != nil {
+		return reservation.Reservation{}, false, translate("refund stock", err)
+	}
+	var version int64
+	if err := tx.QueryRowContext(ctx, `SELECT version FROM product_stock WHERE sku = ?`, row.SKU).Scan(&version); err != nil {
+		return reservation.Reservation{}, false, translate("refund read version", err)
+	}
 	stmts := []stmt{
-		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, refunded = 1, notified = 0, updated_at = ?
-			WHERE reservation_id = ?`, []any{string(reason), utc(now), id}},
-		{`UPDATE product_stock SET available = available + ?, version = version + 1 WHERE sku = ?`, []any{row.Qty, row.SKU}},
+		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, refunded = 1, released = 0, refund_version = ?, notified = 0, updated_at = ?
+			WHERE reservation_id = ?`, []any{string(reason), version, utc(now), id}},
+		{`UPDATE user_units SET units = GREATEST(units - ?, 0) WHERE sku = ? AND user_id = ?`, []any{row.Qty, row.SKU, row.UserID}},
 	}
 	if row.GroupID != "" {
+		// A FORMED group stays FORMED (final): the member leaves, the group
+		// does not reopen. An OPEN one gets its slot back.
 		stmts = append(stmts,
 			stmt{`DELETE FROM group_members WHERE group_id = ? AND reservation_id = ?`, []any{row.GroupID, id}},
-			stmt{`UPDATE group_buys SET members = members - 1, status = IF(status = 'FORMED', 'OPEN', status), updated_at = ?
-				WHERE group_id = ? AND members > 0`, []any{utc(now), row.GroupID}},
+			stmt{`UPDATE group_buys SET members = members - 1, updated_at = ? WHERE group_id = ? AND members > 0`,
+				[]any{utc(now), row.GroupID}},
 		)
 	}
 	for _, st := range stmts {
@@ -402,7 +501,8 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 	if err := tx.Commit(); err != nil {
 		return reservation.Reservation{}, false, translate("refund commit", err)
 	}
-	row.Status, row.Reason, row.Refunded, row.Notified = reservation.StatusCancelled, reason, true, false
+	row.Status, row.Reason, row.Refunded, row.Released, row.Notified = reservation.StatusCancelled, reason, true, false, false
+	row.RefundVersion = version
 	return row, true, nil
 }
 
@@ -430,10 +530,45 @@ func (s *Store) MarkNotified(ctx context.Context, id string) error {
 	return nil
 }
 
-// Unnotified implements reservation.Ledger.
-func (s *Store) Unnotified(ctx context.Context, t time.Time, limit int) ([]reservation.Reservation, error) {
-	return s.reservations(ctx, "unnotified", `SELECT `+reservationColumns+` FROM reservations
+// MarkReleased implements reservation.Ledger.
+func (s *Store) MarkReleased(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE reservations SET released = 1 WHERE reservation_id = ? AND released = 0`, id); err != nil {
+		return translate("mark released", err)
+	}
+	return nil
+}
+
+// Outbox implements reservation.Ledger: two index range reads, merged.
+func (s *Store) Outbox(ctx context.Context, t time.Time, limit int) ([]reservation.Reservation, error) {
+	unreleased, err := s.reservations(ctx, "release outbox", `SELECT `+reservationColumns+` FROM reservations
+		WHERE released = 0 AND updated_at < ? AND status = 'CANCELLED' LIMIT ?`, utc(t), limit)
+	if err != nil {
+		return nil, err
+	}
+	unnotified, err := s.reservations(ctx, "event outbox", `SELECT `+reservationColumns+` FROM reservations
 		WHERE notified = 0 AND updated_at < ? AND status = 'CANCELLED' LIMIT ?`, utc(t), limit)
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]bool, len(unreleased))
+	for _, r := range unreleased {
+		seen[r.ID] = true
+	}
+	for _, r := range unnotified {
+		if !seen[r.ID] {
+			unreleased = append(unreleased, r)
+		}
+	}
+	return unreleased, nil
+}
+
+// Unreleased implements reservation.Ledger.
+func (s *Store) Unreleased(ctx context.Context, sku string) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE released = 0 AND sku = ?`, sku).Scan(&n); err != nil {
+		return 0, translate("count unreleased", err)
+	}
+	return n, nil
 }
 
 // GroupMembers implements reservation.Ledger.
@@ -467,56 +602,100 @@ func queryAll[T any](ctx context.Context, q querier, op string, scan func(interf
 	return out, nil
 }
 
-// SetStock implements reservation.Ledger.
-func (s *Store) SetStock(ctx context.Context, sku string, stock int64, limit *int) (reservation.StockLevel, int64, error) {
+// ChangeStock implements reservation.Ledger. The row is read FOR UPDATE,
+// so the precondition, the new figure and admin_delta are one decision.
+// Turning a per-user limit on rebuilds user_units from the confirmed rows
+// under the same lock (no persist can commit in between: each takes it).
+func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return reservation.StockLevel{}, 0, translate("set stock begin", err)
+		return reservation.StockLevel{}, translate("change stock begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
-	level := reservation.StockLevel{SKU: sku}
-	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ? FOR UPDATE`, sku).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit)
-	var delta int64
+	level := reservation.StockLevel{SKU: c.SKU}
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta)
+	exists := err == nil
+	if c.Key != "" && (exists || errors.Is(err, sql.ErrNoRows)) {
+		// A retried change (the same key) is answered before its
+		// precondition: the first one moved the version it was based on.
+		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key) VALUES (?, ?)`, c.SKU, c.Key)
+		if isDuplicate(err) {
+			_ = tx.Rollback()
+			return s.Stock(ctx, c.SKU)
+		}
+		if err != nil {
+			return reservation.StockLevel{}, translate("change stock key", err)
+		}
+	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		level = reservation.StockLevel{SKU: sku, Available: stock, Version: 1}
-		if limit != nil {
-			level.PerUserLimit = *limit
+		if c.Set == nil {
+			return reservation.StockLevel{}, reservation.ErrUnknownSKU
 		}
-		delta = stock
-		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit) VALUES (?, ?, 1, ?)`,
-			sku, stock, level.PerUserLimit)
-		if isDuplicate(err) {
-			return reservation.StockLevel{}, 0, fmt.Errorf("set stock %s: %w", sku, reservation.ErrVersionConflict)
+		if c.IfVersion != nil && *c.IfVersion != 0 {
+			return reservation.StockLevel{}, fmt.Errorf("change stock %s: no such sku: %w", c.SKU, reservation.ErrPreconditionFailed)
 		}
 	case err != nil:
-		return reservation.StockLevel{}, 0, translate("set stock read", err)
-	default:
-		delta = stock - level.Available
-		level.Available = stock
-		level.Version++
-		if limit != nil {
-			level.PerUserLimit = *limit
+		return reservation.StockLevel{}, translate("change stock read", err)
+	case c.Set != nil && c.IfVersion == nil:
+		return reservation.StockLevel{}, reservation.ErrPreconditionRequired
+	case c.IfVersion != nil && *c.IfVersion != level.Version:
+		return reservation.StockLevel{}, fmt.Errorf("change stock %s: version is %d, not %d: %w", c.SKU, level.Version, *c.IfVersion, reservation.ErrPreconditionFailed)
+	}
+	var delta int64
+	switch {
+	case c.Set != nil:
+		delta = *c.Set - level.Available
+	case c.Add != nil:
+		delta = *c.Add
+	}
+	if level.Available+delta < 0 {
+		return reservation.StockLevel{}, fmt.Errorf("change stock %s: %d available, cannot remove %d: %w", c.SKU, level.Available, -delta, reservation.ErrInsufficient)
+	}
+	oldLimit := level.PerUserLimit
+	if c.Limit != nil {
+		level.PerUserLimit = *c.Limit
+	}
+	level.Available += delta
+	level.AdminDelta += delta
+	level.Version++
+	if exists {
+		_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ? WHERE sku = ?`,
+			level.Available, level.Version, level.PerUserLimit, level.AdminDelta, c.SKU)
+	} else {
+		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta) VALUES (?, ?, ?, ?, ?)`,
+			c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta)
+		if isDuplicate(err) {
+			return reservation.StockLevel{}, fmt.Errorf("change stock %s: created concurrently: %w", c.SKU, reservation.ErrPreconditionFailed)
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ? WHERE sku = ?`,
-			stock, level.Version, level.PerUserLimit, sku)
 	}
 	if err != nil {
-		return reservation.StockLevel{}, 0, translate("set stock write", err)
+		return reservation.StockLevel{}, translate("change stock write", err)
+	}
+	if exists && oldLimit == 0 && level.PerUserLimit > 0 {
+		for _, st := range []stmt{
+			{`DELETE FROM user_units WHERE sku = ?`, []any{c.SKU}},
+			{`INSERT INTO user_units (sku, user_id, units) SELECT sku, user_id, SUM(qty) FROM reservations
+				WHERE sku = ? AND status = 'CONFIRMED' GROUP BY sku, user_id`, []any{c.SKU}},
+		} {
+			if _, err := tx.ExecContext(ctx, st.q, st.args...); err != nil {
+				return reservation.StockLevel{}, translate("rebuild user units", err)
+			}
+		}
 	}
 	if err := tx.Commit(); err != nil {
-		return reservation.StockLevel{}, 0, translate("set stock commit", err)
+		return reservation.StockLevel{}, translate("change stock commit", err)
 	}
-	return level, delta, nil
+	return level, nil
 }
 
 // Stock implements reservation.Ledger.
 func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, error) {
 	level := reservation.StockLevel{SKU: sku}
-	err := s.db.QueryRowContext(ctx, `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ?`, sku).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit)
+	err := s.db.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta FROM product_stock WHERE sku = ?`, sku).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta)
 	if errors.Is(err, sql.ErrNoRows) {
 		return level, reservation.ErrUnknownSKU
 	}
@@ -526,13 +705,47 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, 
 	return level, nil
 }
 
+// Snapshot implements reservation.Ledger: one consistent read.
+func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reservation.StockLevel, []reservation.Reservation, error) {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return reservation.StockLevel{}, nil, translate("snapshot begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only
+	level := reservation.StockLevel{SKU: sku}
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta FROM product_stock WHERE sku = ?`, sku).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta)
+	if errors.Is(err, sql.ErrNoRows) {
+		return level, nil, reservation.ErrUnknownSKU
+	}
+	if err != nil {
+		return level, nil, translate("snapshot stock", err)
+	}
+	var confirmed []reservation.Reservation
+	for len(held) > 0 {
+		chunk := held[:min(len(held), 500)]
+		held = held[len(chunk):]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		rows, err := queryAll(ctx, tx, "snapshot confirmed", scanReservation, `SELECT `+reservationColumns+` FROM reservations
+			WHERE reservation_id IN (?`+strings.Repeat(",?", len(chunk)-1)+`) AND status = 'CONFIRMED'`, args...)
+		if err != nil {
+			return level, nil, err
+		}
+		confirmed = append(confirmed, rows...)
+	}
+	return level, confirmed, nil
+}
+
 // Stocks implements reservation.Ledger.
 func (s *Store) Stocks(ctx context.Context) ([]reservation.StockLevel, error) {
 	return queryAll(ctx, s.db, "list stock", func(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
 		var l reservation.StockLevel
-		err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit)
+		err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta)
 		return l, err
-	}, `SELECT sku, available, version, per_user_limit FROM product_stock ORDER BY sku`)
+	}, `SELECT sku, available, version, per_user_limit, admin_delta FROM product_stock ORDER BY sku`)
 }
 
 // CreateGroup implements reservation.Ledger.
@@ -551,13 +764,14 @@ func (s *Store) CreateGroup(ctx context.Context, g reservation.Group) error {
 	return nil
 }
 
-const groupColumns = `group_id, sku, capacity, members, status, deadline, created_at`
+const groupColumns = `group_id, sku, capacity, members, status, deadline, formed_at, created_at`
 
 func scanGroup(row interface{ Scan(...any) error }) (reservation.Group, error) {
 	var g reservation.Group
 	var status string
-	err := row.Scan(&g.ID, &g.SKU, &g.Capacity, &g.Members, &status, &g.Deadline, &g.CreatedAt)
-	g.Status = reservation.GroupStatus(status)
+	var formed sql.NullTime
+	err := row.Scan(&g.ID, &g.SKU, &g.Capacity, &g.Members, &status, &g.Deadline, &formed, &g.CreatedAt)
+	g.Status, g.FormedAt = reservation.GroupStatus(status), formed.Time
 	return g, err
 }
 
@@ -578,6 +792,15 @@ func (s *Store) DueGroups(ctx context.Context, t time.Time, limit int) ([]reserv
 	return queryAll(ctx, s.db, "due groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
 		WHERE (status = 'OPEN' AND deadline <= ?) OR (status = 'FAILED' AND settled_at IS NULL)
 		ORDER BY deadline LIMIT ?`, utc(t), limit)
+}
+
+// FormGroup implements reservation.Ledger.
+func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys SET status = 'FORMED', formed_at = ?, updated_at = ?
+		WHERE group_id = ? AND status = 'OPEN'`, utc(formedAt), utc(formedAt), id); err != nil {
+		return translate("form group", err)
+	}
+	return nil
 }
 
 // FailGroup implements reservation.Ledger.

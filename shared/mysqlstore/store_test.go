@@ -46,11 +46,11 @@ func available(t *testing.T, s *mysqlstore.Store, sku string) int64 {
 // apply retries version conflicts (optimistically, in fresh transactions).
 func apply(ctx context.Context, s *mysqlstore.Store, r reservation.Reservation) (reservation.ApplyResult, error) {
 	for {
-		out, _, err := s.Apply(ctx, r, reservation.Optimistic, now)
+		out, err := s.Apply(ctx, r, reservation.Optimistic, now)
 		if errors.Is(err, reservation.ErrVersionConflict) {
 			continue
 		}
-		return out, err
+		return out.Result, err
 	}
 }
 
@@ -64,13 +64,13 @@ func TestMigrateIsRepeatable(t *testing.T) {
 func TestApplyOutcomes(t *testing.T) {
 	ctx := context.Background()
 	s, _ := open(t)
-	if _, _, err := s.SetStock(ctx, "s", 5, nil); err != nil {
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 5)); err != nil {
 		t.Fatal(err)
 	}
 	check := func(name string, r reservation.Reservation, want reservation.ApplyResult) {
 		t.Helper()
-		got, _, err := s.Apply(ctx, r, reservation.Optimistic, now)
-		if err != nil || got != want {
+		got, err := s.Apply(ctx, r, reservation.Optimistic, now)
+		if err != nil || got.Result != want {
 			t.Errorf("%s: Apply = %v %v, want %v", name, got, err, want)
 		}
 	}
@@ -93,7 +93,7 @@ func TestApplyOutcomes(t *testing.T) {
 func TestFenceNeverOverwritesAConfirmedRow(t *testing.T) {
 	ctx := context.Background()
 	s, _ := open(t)
-	if _, _, err := s.SetStock(ctx, "s", 5, nil); err != nil {
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 5)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := apply(ctx, s, res("a", "s", 2)); err != nil {
@@ -111,7 +111,7 @@ func TestApplyAndFenceRaceDecideOneOutcome(t *testing.T) {
 	ctx := context.Background()
 	s, _ := open(t)
 	const n = 60
-	if _, _, err := s.SetStock(ctx, "s", n, nil); err != nil {
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", n)); err != nil {
 		t.Fatal(err)
 	}
 	var confirmed int64
@@ -150,7 +150,7 @@ func TestApplyAndFenceRaceDecideOneOutcome(t *testing.T) {
 func TestOptimisticStormNeverOversells(t *testing.T) {
 	ctx := context.Background()
 	s, db := open(t)
-	if _, _, err := s.SetStock(ctx, "hot", 150, nil); err != nil {
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("hot", 150)); err != nil {
 		t.Fatal(err)
 	}
 	var applied, short atomic.Int64
@@ -195,7 +195,7 @@ func TestOptimisticStormNeverOversells(t *testing.T) {
 func TestRefundReturnsStockOnceUnderConcurrency(t *testing.T) {
 	ctx := context.Background()
 	s, _ := open(t)
-	if _, _, err := s.SetStock(ctx, "s", 5, nil); err != nil {
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 5)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := apply(ctx, s, res("a", "s", 3)); err != nil {
@@ -235,7 +235,7 @@ func TestRefundReturnsStockOnceUnderConcurrency(t *testing.T) {
 func TestGroupCapacityAndOneJoinPerUser(t *testing.T) {
 	ctx := context.Background()
 	s, _ := open(t)
-	if _, _, err := s.SetStock(ctx, "s", 100, nil); err != nil {
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 100)); err != nil {
 		t.Fatal(err)
 	}
 	g := reservation.Group{ID: "g", SKU: "s", Capacity: 3, Status: reservation.GroupOpen, Deadline: now.Add(time.Hour), CreatedAt: now}
@@ -280,7 +280,7 @@ func TestGroupCapacityAndOneJoinPerUser(t *testing.T) {
 func TestClosedDatabaseIsUnavailable(t *testing.T) {
 	s, db := open(t)
 	_ = db.Close()
-	if _, _, err := s.Apply(context.Background(), res("a", "s", 1), reservation.Optimistic, now); !errors.Is(err, reservation.ErrUnavailable) {
+	if _, err := s.Apply(context.Background(), res("a", "s", 1), reservation.Optimistic, now); !errors.Is(err, reservation.ErrUnavailable) {
 		t.Errorf("Apply on a closed db = %v, want ErrUnavailable", err)
 	}
 }
@@ -289,7 +289,7 @@ func TestClosedDatabaseIsUnavailable(t *testing.T) {
 func TestPessimisticApplyNeverConflicts(t *testing.T) {
 	ctx := context.Background()
 	s, _ := open(t)
-	if _, _, err := s.SetStock(ctx, "hot", 100, nil); err != nil {
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("hot", 100)); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -298,10 +298,10 @@ func TestPessimisticApplyNeverConflicts(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got, _, err := s.Apply(ctx, res(fmt.Sprintf("p%d", i), "hot", 1), reservation.Pessimistic, now)
+			got, err := s.Apply(ctx, res(fmt.Sprintf("p%d", i), "hot", 1), reservation.Pessimistic, now)
 			if errors.Is(err, reservation.ErrVersionConflict) {
 				conflicts.Add(1)
-			} else if err != nil || got != reservation.Applied {
+			} else if err != nil || got.Result != reservation.Applied {
 				t.Errorf("locking apply = %v %v", got, err)
 			}
 		}()
@@ -318,7 +318,7 @@ func TestPessimisticApplyNeverConflicts(t *testing.T) {
 func TestApplyBatchStormAndFenceRace(t *testing.T) {
 	ctx := context.Background()
 	s, db := open(t)
-	if _, _, err := s.SetStock(ctx, "hot", 300, nil); err != nil {
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("hot", 300)); err != nil {
 		t.Fatal(err)
 	}
 	work := make(chan []reservation.Reservation)
@@ -376,5 +376,162 @@ func TestApplyBatchStormAndFenceRace(t *testing.T) {
 	}
 	if applied.Load()+short.Load()+fenced.Load() < 396 {
 		t.Errorf("applied %d short %d fenced %d: results missing", applied.Load(), short.Load(), fenced.Load())
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// An absolute stock change needs the version it was based on; a relative
+// one commutes with sales; a keyed retry applies once; admin_delta sums them.
+func TestChangeStockPreconditions(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	l, err := s.ChangeStock(ctx, reservation.SetTo("s", 100))
+	if err != nil || l.Available != 100 || l.Version != 1 || l.AdminDelta != 100 {
+		t.Fatalf("create = %+v %v", l, err)
+	}
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 90)); !errors.Is(err, reservation.ErrPreconditionRequired) {
+		t.Errorf("set without a version = %v, want ErrPreconditionRequired", err)
+	}
+	if _, err := apply(ctx, s, res("a", "s", 5)); err != nil { // a sale moves the version
+		t.Fatal(err)
+	}
+	if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](60), IfVersion: ptr[int64](1)}); !errors.Is(err, reservation.ErrPreconditionFailed) {
+		t.Errorf("set from a stale version = %v, want ErrPreconditionFailed", err)
+	}
+	if got := available(t, s, "s"); got != 95 {
+		t.Fatalf("a refused change moved stock: %d", got)
+	}
+	l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](60), IfVersion: ptr[int64](2), Limit: ptr(1)})
+	if err != nil || l.Available != 60 || l.Version != 3 || l.AdminDelta != 65 || l.PerUserLimit != 1 {
+		t.Fatalf("set from the fresh version = %+v %v", l, err)
+	}
+	for range 2 {
+		l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Add: ptr[int64](-10), Key: "k1"})
+		if err != nil || l.Available != 50 || l.AdminDelta != 55 {
+			t.Fatalf("keyed add = %+v %v, want 50 available once", l, err)
+		}
+	}
+	// A keyed absolute change retried after it committed is a no-op, not a 412.
+	for range 2 {
+		l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(l.Version), Key: "k2"})
+		if err != nil || l.Available != 50 {
+			t.Fatalf("keyed set = %+v %v, want 50 once", l, err)
+		}
+	}
+	if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Add: ptr[int64](-51)}); !errors.Is(err, reservation.ErrInsufficient) {
+		t.Errorf("remove more than available = %v, want ErrInsufficient", err)
+	}
+	if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "nosuch", Add: ptr[int64](1)}); !errors.Is(err, reservation.ErrUnknownSKU) {
+		t.Errorf("add to an unknown sku = %v, want ErrUnknownSKU", err)
+	}
+}
+
+// Persist enforces the per-user limit in MySQL (one message at a time and in
+// a batch), counts what was confirmed before the limit was set, and a
+// refunded unit no longer counts.
+func TestPerUserLimitHoldsInMySQL(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 100)); err != nil {
+		t.Fatal(err)
+	}
+	mine := func(id string, qty int) reservation.Reservation {
+		r := res(id, "s", qty)
+		r.UserID = "ann"
+		return r
+	}
+	if got, err := apply(ctx, s, mine("a", 1)); err != nil || got != reservation.Applied {
+		t.Fatalf("before the limit = %v %v", got, err)
+	}
+	l, _ := s.Stock(ctx, "s")
+	if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Add: ptr[int64](0), Limit: ptr(2), IfVersion: ptr(l.Version)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := apply(ctx, s, mine("b", 2)); err != nil || got != reservation.OverLimit {
+		t.Errorf("past the limit = %v %v, want OverLimit", got, err)
+	}
+	out, err := s.ApplyBatch(ctx, "s", []reservation.Reservation{mine("c", 1), mine("d", 1), res("e", "s", 2)}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Result != reservation.Applied || out[1].Result != reservation.OverLimit || out[2].Result != reservation.Applied {
+		t.Errorf("batch = %v %v %v, want Applied OverLimit Applied", out[0].Result, out[1].Result, out[2].Result)
+	}
+	if _, _, err := s.Refund(ctx, "a", reservation.ReasonBuyer, now); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := apply(ctx, s, mine("f", 1)); err != nil || got != reservation.Applied {
+		t.Errorf("after a refund = %v %v, want Applied", got, err)
+	}
+	if got := available(t, s, "s"); got != 96 {
+		t.Errorf("available = %d, want 96 (a, c, e, f taken; a refunded)", got)
+	}
+}
+
+// Every CANCELLED transition is unreleased until Redis followed it; the
+// outbox lists it; MarkReleased ends it. A refund keeps a FORMED group FORMED.
+func TestReleaseOutboxAndFormedGroups(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 10)); err != nil {
+		t.Fatal(err)
+	}
+	row, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now)
+	if err != nil || row.Released || row.Notified {
+		t.Fatalf("fence = %+v %v, want unreleased and unnotified", row, err)
+	}
+	if n, err := s.Unreleased(ctx, "s"); err != nil || n != 1 {
+		t.Errorf("Unreleased = %d %v, want 1", n, err)
+	}
+	if got, err := s.Outbox(ctx, now.Add(time.Second), 10); err != nil || len(got) != 1 || got[0].ID != "f" {
+		t.Errorf("Outbox = %+v %v", got, err)
+	}
+	if err := s.MarkReleased(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkNotified(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Outbox(ctx, now.Add(time.Second), 10); len(got) != 0 {
+		t.Errorf("Outbox after both marks = %+v", got)
+	}
+
+	g := reservation.Group{ID: "g", SKU: "s", Capacity: 2, Status: reservation.GroupOpen, Deadline: now.Add(time.Hour), CreatedAt: now}
+	if err := s.CreateGroup(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	join := func(id, user string) reservation.ApplyResult {
+		r := res(id, "s", 1)
+		r.UserID, r.GroupID = user, "g"
+		got, err := apply(ctx, s, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := join("m1", "u1"); got != reservation.Applied {
+		t.Fatalf("join = %v", got)
+	}
+	// Redis took the last slot before the deadline: FORMED, and a late member still joins.
+	if err := s.FormGroup(ctx, "g", now.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if gr, _ := s.FailGroup(ctx, "g", now.Add(2*time.Hour)); gr.Status != reservation.GroupFormed {
+		t.Errorf("FailGroup of a formed group = %v", gr.Status)
+	}
+	if got := join("m2", "u2"); got != reservation.Applied {
+		t.Fatalf("late member of a formed group = %v, want Applied", got)
+	}
+	row, refunded, err := s.Refund(ctx, "m1", reservation.ReasonBuyer, now)
+	if err != nil || !refunded || row.Released {
+		t.Fatalf("refund = %+v %v %v, want refunded and unreleased", row, refunded, err)
+	}
+	gr, _ := s.Group(ctx, "g")
+	if gr.Status != reservation.GroupFormed || gr.Members != 1 {
+		t.Errorf("group after a member's refund = %+v, want FORMED with 1 member", gr)
+	}
+	if got := join("m3", "u3"); got != reservation.Applied {
+		t.Errorf("no slot is given twice, but a late holder of a formed group still joins: %v", got)
 	}
 }

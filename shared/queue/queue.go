@@ -27,15 +27,18 @@ const Version = 1
 
 // Message is the body of a reservation message.
 type Message struct {
-	Version       int       `json:"version"`
-	Type          string    `json:"type"`
-	ReservationID string    `json:"reservation_id"`
-	SKU           string    `json:"sku"`
-	Qty           int       `json:"qty"`
-	UserID        string    `json:"user_id"`
-	GroupID       string    `json:"group_id,omitempty"`
-	ExpiresAt     time.Time `json:"expires_at"`
-	CreatedAt     time.Time `json:"created_at"`
+	Version       int    `json:"version"`
+	Type          string `json:"type"`
+	ReservationID string `json:"reservation_id"`
+	SKU           string `json:"sku"`
+	Qty           int    `json:"qty"`
+	UserID        string `json:"user_id"`
+	GroupID       string `json:"group_id,omitempty"`
+	// HoldToken names the Redis incarnation of the hold (optional: messages
+	// written before it existed have none).
+	HoldToken string    `json:"hold_token,omitempty"`
+	ExpiresAt time.Time `json:"expires_at"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // ErrPoison marks a message that can never be processed: it is reported as
@@ -50,7 +53,7 @@ const maxQty = 1_000_000
 func Encode(r reservation.Reservation) ([]byte, error) {
 	return json.Marshal(Message{
 		Version: Version, Type: MessageType, ReservationID: r.ID, SKU: r.SKU, Qty: r.Qty,
-		UserID: r.UserID, GroupID: r.GroupID, ExpiresAt: r.ExpiresAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
+		UserID: r.UserID, GroupID: r.GroupID, HoldToken: r.Token, ExpiresAt: r.ExpiresAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
 	})
 }
 
@@ -69,7 +72,7 @@ func Decode(body []byte) (reservation.Reservation, error) {
 		return reservation.Reservation{}, fmt.Errorf("%w: version %d type %q not understood", ErrPoison, m.Version, m.Type)
 	}
 	r := reservation.Reservation{
-		ID: m.ReservationID, SKU: m.SKU, Qty: m.Qty, UserID: m.UserID, GroupID: m.GroupID,
+		ID: m.ReservationID, SKU: m.SKU, Qty: m.Qty, UserID: m.UserID, GroupID: m.GroupID, Token: m.HoldToken,
 		Status: reservation.StatusHeld, ExpiresAt: m.ExpiresAt, CreatedAt: m.CreatedAt,
 	}
 	if r.ID == "" {

@@ -17,14 +17,18 @@ import (
 )
 
 var (
+	//go:embed lua/clock.lua
+	clockLua string
 	//go:embed lua/reserve.lua
 	reserveLua string
-	//go:embed lua/release.lua
-	releaseLua string
-	//go:embed lua/confirm.lua
-	confirmLua string
+	//go:embed lua/follow.lua
+	followLua string
+	//go:embed lua/expired.lua
+	expiredLua string
 	//go:embed lua/stock.lua
 	stockLua string
+	//go:embed lua/warm.lua
+	warmLua string
 	//go:embed lua/group_create.lua
 	groupCreateLua string
 	//go:embed lua/group_close.lua
@@ -33,21 +37,29 @@ var (
 	healLua string
 )
 
-// ReserveLua is the reserve script's source, for tools that measure the
-// raw script (make bench's floor); ReserveKeys gives its KEYS.
-var ReserveLua = reserveLua
+// ReserveLua is the reserve script's source (with its clock prelude), for
+// tools that measure the raw script (make bench's floor); ReserveKeys and
+// ReserveArgs give its KEYS and ARGV.
+var ReserveLua = clockLua + reserveLua
 
 // ReserveKeys returns the KEYS of reserve.lua for a reservation.
 func ReserveKeys(r reservation.Reservation) []string { return keysOf(r.SKU).holdKeys(r) }
 
+// ReserveArgs returns the ARGV of reserve.lua for a reservation, reading the
+// time from Redis as production does.
+func ReserveArgs(r reservation.Reservation, ttl time.Duration) []any {
+	return []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, ""}
+}
+
 var (
-	reserveScript     = redis.NewScript(reserveLua)
-	releaseScript     = redis.NewScript(releaseLua)
-	confirmScript     = redis.NewScript(confirmLua)
+	reserveScript     = redis.NewScript(ReserveLua)
+	followScript      = redis.NewScript(followLua)
+	expiredScript     = redis.NewScript(clockLua + expiredLua)
 	stockScript       = redis.NewScript(stockLua)
+	warmScript        = redis.NewScript(warmLua)
 	groupCreateScript = redis.NewScript(groupCreateLua)
-	groupCloseScript  = redis.NewScript(groupCloseLua)
-	healScript        = redis.NewScript(healLua)
+	groupCloseScript  = redis.NewScript(clockLua + groupCloseLua)
+	healScript        = redis.NewScript(clockLua + healLua)
 )
 
 var _ reservation.Holds = (*Store)(nil)
@@ -58,15 +70,37 @@ type Store struct {
 	// retention is how long a finished hold is kept so that a replayed
 	// request finds it.
 	retention time.Duration
+	// clock, when set, replaces Redis's clock in the scripts: tests move
+	// time with it. Production leaves it nil, so scripts read TIME.
+	clock reservation.Clock
 }
+
+// Option adjusts a Store.
+type Option func(*Store)
+
+// WithClock makes the scripts take the time from c instead of Redis's own
+// clock. For tests that move time; production never sets it.
+func WithClock(c reservation.Clock) Option { return func(s *Store) { s.clock = c } }
 
 // New returns a Store. retention is how long finished holds stay readable
 // for replays and status polls (24h if zero).
-func New(rdb redis.UniversalClient, retention time.Duration) *Store {
+func New(rdb redis.UniversalClient, retention time.Duration, opts ...Option) *Store {
 	if retention <= 0 {
 		retention = 24 * time.Hour
 	}
-	return &Store{rdb: rdb, retention: retention}
+	s := &Store{rdb: rdb, retention: retention}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// now is the ARGV a script reads the time from: "" for Redis's clock.
+func (s *Store) now() string {
+	if s.clock == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.clock.Now().UnixMilli(), 10)
 }
 
 // keys names every key of one SKU. Scripts never build key names.
@@ -89,68 +123,67 @@ func (k keys) holdKeys(r reservation.Reservation) []string {
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
 // Reserve implements reservation.Holds.
-func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, now time.Time) (reservation.Reservation, bool, error) {
+func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time.Duration) (reservation.Reservation, reservation.ReserveOutcome, error) {
+	var none reservation.ReserveOutcome
 	k := keysOf(r.SKU)
-	ks := k.holdKeys(r)
-	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ms(r.ExpiresAt), ms(now)}
-	res := reserveScript.Run(ctx, s.rdb, ks, args...) // EVALSHA, EVAL on NOSCRIPT
+	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now()}
+	res := reserveScript.Run(ctx, s.rdb, k.holdKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
 	if err := res.Err(); err != nil {
-		return reservation.Reservation{}, false, reservation.Unavailable("redis reserve", err)
+		return reservation.Reservation{}, none, reservation.Unavailable("redis reserve", err)
 	}
 	out, err := res.StringSlice()
 	if err != nil || len(out) == 0 {
-		return reservation.Reservation{}, false, fmt.Errorf("redis reserve: unexpected reply %v: %w", res.Val(), err)
+		return reservation.Reservation{}, none, fmt.Errorf("redis reserve: unexpected reply %v: %w", res.Val(), err)
 	}
 	switch out[0] {
 	case "OK":
-		return r, false, nil
+		if len(out) != 4 {
+			return reservation.Reservation{}, none, fmt.Errorf("redis reserve: unexpected reply %v", out)
+		}
+		deadline, _ := strconv.ParseInt(out[1], 10, 64)
+		created, _ := strconv.ParseInt(out[2], 10, 64)
+		r.ExpiresAt, r.CreatedAt, r.Status = time.UnixMilli(deadline).UTC(), time.UnixMilli(created).UTC(), reservation.StatusHeld
+		return r, reservation.ReserveOutcome{Formed: out[3] == "1"}, nil
 	case "REPLAY":
 		h, err := holdFromPairs(r.ID, out[1:])
-		return h, true, err
+		return h, reservation.ReserveOutcome{Replayed: true}, err
 	case "MISMATCH":
-		return reservation.Reservation{}, false, reservation.ErrIdempotencyMismatch
+		return reservation.Reservation{}, none, reservation.ErrIdempotencyMismatch
 	case "UNKNOWN_SKU":
-		return reservation.Reservation{}, false, reservation.ErrUnknownSKU
+		return reservation.Reservation{}, none, reservation.ErrUnknownSKU
 	case "SOLD_OUT":
-		return reservation.Reservation{}, false, reservation.ErrSoldOut
+		return reservation.Reservation{}, none, reservation.ErrSoldOut
 	case "LIMIT":
-		return reservation.Reservation{}, false, reservation.ErrLimitExceeded
+		return reservation.Reservation{}, none, reservation.ErrLimitExceeded
 	case "UNKNOWN_GROUP":
-		return reservation.Reservation{}, false, reservation.ErrUnknownGroup
+		return reservation.Reservation{}, none, reservation.ErrUnknownGroup
 	case "GROUP_CLOSED":
-		return reservation.Reservation{}, false, reservation.ErrGroupClosed
+		return reservation.Reservation{}, none, reservation.ErrGroupClosed
 	case "ALREADY_JOINED":
-		return reservation.Reservation{}, false, reservation.ErrAlreadyJoined
+		return reservation.Reservation{}, none, reservation.ErrAlreadyJoined
 	case "GROUP_FULL":
-		return reservation.Reservation{}, false, reservation.ErrGroupFull
+		return reservation.Reservation{}, none, reservation.ErrGroupFull
 	}
-	return reservation.Reservation{}, false, fmt.Errorf("redis reserve: unknown code %q", out[0])
+	return reservation.Reservation{}, none, fmt.Errorf("redis reserve: unknown code %q", out[0])
 }
 
-// Release implements reservation.Holds.
-func (s *Store) Release(ctx context.Context, r reservation.Reservation, refund bool) (bool, error) {
-	k := keysOf(r.SKU)
-	flag := "0"
-	if refund {
-		flag = "1"
-	}
-	n, err := releaseScript.Run(ctx, s.rdb, k.holdKeys(r),
-		r.SKU, r.ID, flag, string(r.Reason), int64(s.retention.Seconds()), r.Qty, r.UserID, r.GroupID).Int()
+// Follow implements reservation.Holds.
+func (s *Store) Follow(ctx context.Context, row reservation.Reservation, version int64) (bool, error) {
+	k := keysOf(row.SKU)
+	n, err := followScript.Run(ctx, s.rdb, k.holdKeys(row),
+		row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
+		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion).Int()
 	if err != nil {
-		return false, reservation.Unavailable("redis release", err)
+		return false, reservation.Unavailable("redis follow", err)
 	}
 	return n == 1, nil
 }
 
-// Confirm implements reservation.Holds.
-func (s *Store) Confirm(ctx context.Context, r reservation.Reservation) error {
-	k := keysOf(r.SKU)
-	err := confirmScript.Run(ctx, s.rdb, []string{k.meta(), k.exp(), k.hold(r.ID)},
-		r.ID, int64(s.retention.Seconds()), r.SKU, r.Qty, r.UserID, r.GroupID).Err()
-	if err != nil {
-		return reservation.Unavailable("redis confirm", err)
+func flag(b bool) string {
+	if b {
+		return "1"
 	}
-	return nil
+	return "0"
 }
 
 // Hold implements reservation.Holds. The id names its SKU, so one read
@@ -175,11 +208,9 @@ func (s *Store) holdOf(ctx context.Context, sku, id string) (reservation.Reserva
 }
 
 // Expired implements reservation.Holds.
-func (s *Store) Expired(ctx context.Context, sku string, t time.Time, limit int) ([]reservation.Reservation, error) {
+func (s *Store) Expired(ctx context.Context, sku string, grace time.Duration, limit int) ([]reservation.Reservation, error) {
 	k := keysOf(sku)
-	ids, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
-		Key: k.exp(), Start: "-inf", Stop: strconv.FormatInt(ms(t), 10), ByScore: true, Count: int64(limit),
-	}).Result()
+	ids, err := expiredScript.Run(ctx, s.rdb, []string{k.exp()}, grace.Milliseconds(), limit, s.now()).StringSlice()
 	if err != nil {
 		return nil, reservation.Unavailable("redis expired", err)
 	}
@@ -217,58 +248,100 @@ func (s *Store) Expired(ctx context.Context, sku string, t time.Time, limit int)
 }
 
 // Stock implements reservation.Holds.
-func (s *Store) Stock(ctx context.Context, sku string) (int64, int64, error) {
+func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, error) {
 	k := keysOf(sku)
 	var stock *redis.StringCmd
-	var held *redis.StringCmd
+	var meta *redis.SliceCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		stock = p.Get(ctx, k.stock())
-		held = p.HGet(ctx, k.meta(), "held")
+		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver")
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return 0, 0, reservation.Unavailable("redis stock", err)
+		return reservation.RedisStock{}, reservation.Unavailable("redis stock", err)
 	}
-	available, err := stock.Int64()
+	rs := reservation.RedisStock{SKU: sku}
+	rs.Available, err = stock.Int64()
 	if errors.Is(err, redis.Nil) {
-		return 0, 0, reservation.ErrUnknownSKU
+		return reservation.RedisStock{}, reservation.ErrUnknownSKU
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("redis stock %s: %w", sku, err)
+		return reservation.RedisStock{}, fmt.Errorf("redis stock %s: %w", sku, err)
 	}
-	h, err := held.Int64()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return 0, 0, fmt.Errorf("redis held %s: %w", sku, err)
+	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version} {
+		if v, ok := meta.Val()[i].(string); ok {
+			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
+				return reservation.RedisStock{}, fmt.Errorf("redis meta %s: %w", sku, err)
+			}
+		}
 	}
-	return available, h, nil
+	return rs, nil
+}
+
+// Sync implements reservation.Holds.
+func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reservation.SyncResult, error) {
+	k := keysOf(level.SKU)
+	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()}, level.Version, level.PerUserLimit, level.AdminDelta).Int()
+	if err != nil {
+		return reservation.SyncNone, reservation.Unavailable("redis sync stock", err)
+	}
+	switch n {
+	case 2:
+		return reservation.SyncAdjusted, nil
+	case 4:
+		return reservation.SyncMissing, nil
+	}
+	return reservation.SyncNone, nil
+}
+
+// HeldIDs implements reservation.Holds.
+func (s *Store) HeldIDs(ctx context.Context, sku string, limit int) ([]string, error) {
+	ids, err := s.rdb.ZRange(ctx, keysOf(sku).exp(), 0, int64(limit)-1).Result()
+	if err != nil {
+		return nil, reservation.Unavailable("redis held ids", err)
+	}
+	return ids, nil
 }
 
 // Warm implements reservation.Holds.
-func (s *Store) Warm(ctx context.Context, level reservation.StockLevel) (bool, error) {
-	return s.stock(ctx, "warm", level, 0)
-}
-
-// AdjustStock implements reservation.Holds.
-func (s *Store) AdjustStock(ctx context.Context, level reservation.StockLevel, delta int64) error {
-	_, err := s.stock(ctx, "adjust", level, delta)
-	return err
-}
-
-func (s *Store) stock(ctx context.Context, mode string, level reservation.StockLevel, delta int64) (bool, error) {
+func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, confirmed []reservation.Reservation) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
-	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()},
-		mode, level.Available, level.Version, level.PerUserLimit, delta).Int()
-	if err != nil {
-		return false, reservation.Unavailable("redis "+mode, err)
+	ks := []string{k.stock(), k.meta()}
+	args := []any{level.Available, level.Version, level.PerUserLimit, level.AdminDelta}
+	for _, r := range confirmed {
+		ks = append(ks, k.hold(r.ID))
+		args = append(args, r.Token)
 	}
-	return n == 1, nil
+	n, err := warmScript.Run(ctx, s.rdb, ks, args...).Int()
+	if err != nil {
+		return reservation.SyncNone, reservation.Unavailable("redis warm", err)
+	}
+	switch n {
+	case 1:
+		return reservation.SyncWarmed, nil
+	case 3:
+		return reservation.SyncStale, nil
+	}
+	return reservation.SyncNone, nil
+}
+
+// Now implements reservation.Holds.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	if s.clock != nil {
+		return s.clock.Now(), nil
+	}
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, reservation.Unavailable("redis time", err)
+	}
+	return t.UTC(), nil
 }
 
 // Heal implements reservation.Holds.
-func (s *Store) Heal(ctx context.Context, sku string, seenAvailable, seenHeld, drift int64, now time.Time, after time.Duration) (bool, error) {
-	k := keysOf(sku)
+func (s *Store) Heal(ctx context.Context, seen reservation.RedisStock, drift int64, after time.Duration) (bool, error) {
+	k := keysOf(seen.SKU)
 	n, err := healScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()},
-		seenAvailable, seenHeld, drift, ms(now), after.Milliseconds()).Int()
+		seen.Available, seen.Held, drift, after.Milliseconds(), s.now()).Int()
 	if err != nil {
 		return false, reservation.Unavailable("redis heal", err)
 	}
@@ -299,18 +372,40 @@ func (s *Store) Group(ctx context.Context, sku, id string) (reservation.Group, e
 	g.Capacity, _ = strconv.Atoi(m["capacity"])
 	g.Remaining, _ = strconv.Atoi(m["remaining"])
 	d, _ := strconv.ParseInt(m["deadline"], 10, 64)
-	g.Deadline = time.UnixMilli(d)
+	g.Deadline = time.UnixMilli(d).UTC()
+	if f, _ := strconv.ParseInt(m["formed_at"], 10, 64); f > 0 {
+		g.FormedAt = time.UnixMilli(f).UTC()
+	}
 	return g, nil
 }
 
 // CloseGroup implements reservation.Holds.
-func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) ([]string, error) {
+func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservation.GroupClosing, error) {
 	k := keysOf(g.SKU)
-	ids, err := groupCloseScript.Run(ctx, s.rdb, []string{k.group(g.ID), k.members(g.ID)}).StringSlice()
+	out, err := groupCloseScript.Run(ctx, s.rdb, []string{k.group(g.ID), k.members(g.ID)}, s.now()).StringSlice()
 	if err != nil {
-		return nil, reservation.Unavailable("redis close group", err)
+		return reservation.GroupClosing{}, reservation.Unavailable("redis close group", err)
 	}
-	return ids, nil
+	if len(out) == 0 {
+		return reservation.GroupClosing{}, fmt.Errorf("redis close group %s: empty reply", g.ID)
+	}
+	switch out[0] {
+	case "UNKNOWN":
+		return reservation.GroupClosing{Unknown: true}, nil
+	case "NOT_DUE":
+		return reservation.GroupClosing{NotDue: true}, nil
+	case "FORMED":
+		c := reservation.GroupClosing{Status: reservation.GroupFormed}
+		if len(out) > 1 {
+			if f, _ := strconv.ParseInt(out[1], 10, 64); f > 0 {
+				c.FormedAt = time.UnixMilli(f).UTC()
+			}
+		}
+		return c, nil
+	case "FAILED":
+		return reservation.GroupClosing{Status: reservation.GroupFailed, Holders: out[1:]}, nil
+	}
+	return reservation.GroupClosing{}, fmt.Errorf("redis close group %s: unknown code %q", g.ID, out[0])
 }
 
 func holdFromPairs(id string, kv []string) (reservation.Reservation, error) {
@@ -330,7 +425,7 @@ func holdFromMap(id string, m map[string]string) (reservation.Reservation, error
 	created, _ := strconv.ParseInt(m["created"], 10, 64)
 	r := reservation.Reservation{
 		ID: id, SKU: m["sku"], Qty: qty, UserID: m["user"], GroupID: m["group"],
-		Status: reservation.Status(m["state"]), Reason: reservation.Reason(m["reason"]),
+		Token: m["token"], Status: reservation.Status(m["state"]), Reason: reservation.Reason(m["reason"]),
 		Refunded: m["refunded"] == "1",
 	}
 	if deadline > 0 {

@@ -3,65 +3,95 @@ package reservation
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
 )
 
 // The fakes below are in-memory models of the ports with the same
-// contracts as the Redis and MySQL adapters, plus switches that inject
-// failures. They make the protocol's decisions testable in microseconds;
-// the adapters' own tests and the integration tests check the real stores.
+// contracts as the Redis and MySQL adapters (shared/redisstore with its Lua
+// scripts, shared/mysqlstore), plus switches that inject failures. They make
+// the protocol's decisions testable in microseconds; the adapters' own
+// contract tests and the integration tests check the real stores.
 
 var errInjected = Unavailable("fake", errors.New("injected failure"))
 
-type sighting struct {
-	drift int64
-	at    time.Time
+var (
+	_ Holds    = (*memHolds)(nil)
+	_ Ledger   = (*memLedger)(nil)
+	_ Enqueuer = (*memQueue)(nil)
+	_ Notifier = (*memNotifier)(nil)
+	_ Metrics  = (*memMetrics)(nil)
+	_ Clock    = (*fixedClock)(nil)
+)
+
+// ---------------------------------------------------------------- Redis
+
+// memHold is the hold hash (hf:{sku}:r:<id>) of reserve.lua and follow.lua.
+type memHold struct {
+	sku, user, group, token string
+	qty                     int64
+	state                   Status
+	reason                  Reason
+	refunded                bool
+	rel                     string // the token whose release follow.lua applied (field rel)
+	hasRel                  bool   // rel is set (HMGET answers false for a missing field)
+	deadline, created       int64  // unix ms; 0 on a tombstone
 }
 
+// reservation mirrors redisstore's holdFromMap: Released is not a Redis field.
+func (h *memHold) reservation(id string) Reservation {
+	r := Reservation{
+		ID: id, SKU: h.sku, Qty: int(h.qty), UserID: h.user, GroupID: h.group,
+		Token: h.token, Status: h.state, Reason: h.reason, Refunded: h.refunded,
+	}
+	if h.deadline > 0 {
+		r.ExpiresAt = time.UnixMilli(h.deadline).UTC()
+	}
+	if h.created > 0 {
+		r.CreatedAt = time.UnixMilli(h.created).UTC()
+	}
+	return r
+}
+
+// memGroup is the group hash (hf:{sku}:g:<gid>).
+type memGroup struct {
+	capacity, remaining int
+	status              GroupStatus
+	deadline, formedAt  int64 // unix ms; formedAt 0 until FORMED
+}
+
+// memHolds models one Redis: per SKU the stock string, the meta hash (held,
+// ver, added, limit, cver, drift, drift_at: a field is absent until written,
+// as in Redis), the exp sorted set and the users hash; the hold hashes; the
+// group and members hashes. Scripts take their time from clock (WithClock).
 type memHolds struct {
-	seen   map[string]sighting // heal's memory, per SKU
-	mu     sync.Mutex
-	stock  map[string]int64
-	held   map[string]int64
-	holds  map[string]Reservation // by id
-	groups map[string]*Group
-	member map[string]map[string]string // group -> user -> reservation id
-	fail   map[string]error             // method name -> error to return
-	calls  map[string]int
+	mu      sync.Mutex
+	clock   Clock
+	stock   map[string]int64             // sku -> available; absent: Redis lost or never had the SKU
+	meta    map[string]map[string]int64  // sku -> meta hash (held ver added limit cver wver drift drift_at)
+	exp     map[string]map[string]int64  // sku -> id -> deadline (ms)
+	users   map[string]map[string]int64  // sku -> user -> units held or confirmed
+	holds   map[string]*memHold          // by reservation id (an id names its SKU)
+	groups  map[string]*memGroup         // by groupKey
+	members map[string]map[string]string // groupKey -> user -> reservation id
+	fail    map[string]error             // method -> error returned before anything runs
+	lost    map[string]error             // method -> error returned after the script ran (reply lost)
+	calls   map[string]int               // method -> calls
+	follows []Reservation                // rows Follow was called with, in order
 }
 
-func newMemHolds() *memHolds {
+func newMemHolds(c Clock) *memHolds {
 	return &memHolds{
-		stock: map[string]int64{}, held: map[string]int64{}, holds: map[string]Reservation{},
-		groups: map[string]*Group{}, member: map[string]map[string]string{}, fail: map[string]error{}, calls: map[string]int{},
-		seen: map[string]sighting{},
+		clock: c, stock: map[string]int64{}, meta: map[string]map[string]int64{},
+		exp: map[string]map[string]int64{}, users: map[string]map[string]int64{},
+		holds: map[string]*memHold{}, groups: map[string]*memGroup{}, members: map[string]map[string]string{},
+		fail: map[string]error{}, lost: map[string]error{}, calls: map[string]int{},
 	}
 }
 
-func (m *memHolds) Heal(_ context.Context, sku string, seenAvailable, seenHeld, drift int64, now time.Time, after time.Duration) (bool, error) {
-	err := m.enter("Heal")
-	defer m.mu.Unlock()
-	if err != nil {
-		return false, err
-	}
-	if m.stock[sku] != seenAvailable || m.held[sku] != seenHeld || drift == 0 {
-		delete(m.seen, sku)
-		return false, nil
-	}
-	prev, ok := m.seen[sku]
-	if !ok || prev.drift != drift {
-		m.seen[sku] = sighting{drift, now}
-		return false, nil
-	}
-	if now.Sub(prev.at) < after {
-		return false, nil
-	}
-	m.stock[sku] += drift
-	delete(m.seen, sku)
-	return true, nil
-}
+func groupKey(sku, gid string) string { return sku + "\x00" + gid }
 
 func (m *memHolds) enter(name string) error {
 	m.mu.Lock()
@@ -69,244 +99,512 @@ func (m *memHolds) enter(name string) error {
 	return m.fail[name]
 }
 
-func (m *memHolds) Reserve(_ context.Context, r Reservation, now time.Time) (Reservation, bool, error) {
+// nowMS is clock.lua's clock_ms: the injected clock's reading.
+func (m *memHolds) nowMS() int64 { return m.clock.Now().UnixMilli() }
+
+// metaOf returns the SKU's meta hash, creating it (HINCRBY/HSET create keys).
+func (m *memHolds) metaOf(sku string) map[string]int64 {
+	if m.meta[sku] == nil {
+		m.meta[sku] = map[string]int64{}
+	}
+	return m.meta[sku]
+}
+
+// forget deletes a hold hash only, as retention or a failover would
+// (redisstore's export_test Forget).
+func (m *memHolds) forget(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.holds, id)
+}
+
+// forgetStock deletes a SKU's stock figure only (redisstore's ForgetStock).
+func (m *memHolds) forgetStock(sku string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.stock, sku)
+}
+
+// hold returns the hold hash of id, for assertions.
+func (m *memHolds) hold(id string) (Reservation, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h, ok := m.holds[id]
+	if !ok {
+		return Reservation{}, false
+	}
+	return h.reservation(id), true
+}
+
+// held returns meta.held of sku, for assertions.
+func (m *memHolds) held(sku string) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.meta[sku]["held"]
+}
+
+// group returns the group hash, for assertions.
+func (m *memHolds) group(sku, gid string) (memGroup, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g, ok := m.groups[groupKey(sku, gid)]
+	if !ok {
+		return memGroup{}, false
+	}
+	return *g, true
+}
+
+// Reserve mirrors reserve.lua (with the clock.lua prelude).
+func (m *memHolds) Reserve(_ context.Context, r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error) {
 	err := m.enter("Reserve")
 	defer m.mu.Unlock()
 	if err != nil {
-		return Reservation{}, false, err
+		return Reservation{}, ReserveOutcome{}, err
 	}
+	h, out, err := m.reserve(r, ttl)
+	if lost := m.lost["Reserve"]; lost != nil {
+		return Reservation{}, ReserveOutcome{}, lost
+	}
+	return h, out, err
+}
+
+func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error) {
+	qty := int64(r.Qty)
 	if h, ok := m.holds[r.ID]; ok {
-		if h.Qty != r.Qty || h.UserID != r.UserID || h.GroupID != r.GroupID {
-			return Reservation{}, false, ErrIdempotencyMismatch
+		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
+			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
-		return h, true, nil
+		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
 	}
 	avail, ok := m.stock[r.SKU]
 	if !ok {
-		return Reservation{}, false, ErrUnknownSKU
+		return Reservation{}, ReserveOutcome{}, ErrUnknownSKU
 	}
-	if avail < int64(r.Qty) {
-		return Reservation{}, false, ErrSoldOut
+	if avail < qty {
+		return Reservation{}, ReserveOutcome{}, ErrSoldOut
 	}
+	if limit := m.meta[r.SKU]["limit"]; limit > 0 && m.users[r.SKU][r.UserID]+qty > limit {
+		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded
+	}
+	now := m.nowMS()
+	var out ReserveOutcome
 	if r.GroupID != "" {
-		g, ok := m.groups[r.GroupID]
+		key := groupKey(r.SKU, r.GroupID)
+		g, ok := m.groups[key]
 		switch {
-		case !ok || g.SKU != r.SKU:
-			return Reservation{}, false, ErrUnknownGroup
-		case g.Status == GroupFailed || !now.Before(g.Deadline):
-			return Reservation{}, false, ErrGroupClosed
-		case m.member[r.GroupID][r.UserID] != "":
-			return Reservation{}, false, ErrAlreadyJoined
-		case g.Remaining <= 0:
-			return Reservation{}, false, ErrGroupFull
+		case !ok:
+			return Reservation{}, ReserveOutcome{}, ErrUnknownGroup
+		case g.status == GroupFailed || now >= g.deadline:
+			return Reservation{}, ReserveOutcome{}, ErrGroupClosed
+		case m.members[key][r.UserID] != "":
+			return Reservation{}, ReserveOutcome{}, ErrAlreadyJoined
+		case g.status != GroupOpen || g.remaining <= 0:
+			return Reservation{}, ReserveOutcome{}, ErrGroupFull
 		}
-		g.Remaining--
-		if g.Remaining == 0 {
-			g.Status = GroupFormed
+		g.remaining--
+		if g.remaining == 0 {
+			g.status, g.formedAt = GroupFormed, now
+			out.Formed = true
 		}
-		m.member[r.GroupID][r.UserID] = r.ID
+		if m.members[key] == nil {
+			m.members[key] = map[string]string{}
+		}
+		m.members[key][r.UserID] = r.ID
 	}
-	m.stock[r.SKU] -= int64(r.Qty)
-	m.held[r.SKU] += int64(r.Qty)
-	r.Status = StatusHeld
-	m.holds[r.ID] = r
-	return r, false, nil
+	deadline := now + ttl.Milliseconds()
+	m.stock[r.SKU] -= qty
+	m.metaOf(r.SKU)["held"] += qty
+	if m.users[r.SKU] == nil {
+		m.users[r.SKU] = map[string]int64{}
+	}
+	m.users[r.SKU][r.UserID] += qty
+	m.holds[r.ID] = &memHold{
+		sku: r.SKU, qty: qty, user: r.UserID, group: r.GroupID, token: r.Token,
+		state: StatusHeld, deadline: deadline, created: now,
+	}
+	if m.exp[r.SKU] == nil {
+		m.exp[r.SKU] = map[string]int64{}
+	}
+	m.exp[r.SKU][r.ID] = deadline
+	r.ExpiresAt, r.CreatedAt, r.Status = time.UnixMilli(deadline).UTC(), time.UnixMilli(now).UTC(), StatusHeld
+	return r, out, nil
 }
 
-func (m *memHolds) Release(_ context.Context, r Reservation, refund bool) (bool, error) {
-	err := m.enter("Release")
+// Follow mirrors follow.lua.
+func (m *memHolds) Follow(_ context.Context, row Reservation, version int64) (bool, error) {
+	err := m.enter("Follow")
 	defer m.mu.Unlock()
 	if err != nil {
 		return false, err
 	}
-	h, ok := m.holds[r.ID]
-	if !ok {
-		r.Status = StatusCancelled
-		m.holds[r.ID] = r
-		if refund {
-			if _, known := m.stock[r.SKU]; known {
-				m.giveBack(r)
-				return true, nil
-			}
-		}
-		return false, nil
+	m.follows = append(m.follows, row)
+	returned := m.follow(row, version)
+	if lost := m.lost["Follow"]; lost != nil {
+		return false, lost
 	}
-	if h.Status == StatusCancelled || (h.Status == StatusConfirmed && !refund) {
-		return false, nil
-	}
-	if h.Status == StatusHeld {
-		m.held[h.SKU] -= int64(h.Qty)
-	}
-	m.giveBack(h)
-	h.Status, h.Reason, h.Refunded = StatusCancelled, r.Reason, refund
-	m.holds[r.ID] = h
-	return true, nil
+	return returned, nil
 }
 
-func (m *memHolds) giveBack(h Reservation) {
-	m.stock[h.SKU] += int64(h.Qty)
-	if h.GroupID != "" && m.member[h.GroupID][h.UserID] == h.ID {
-		delete(m.member[h.GroupID], h.UserID)
-		if g := m.groups[h.GroupID]; g != nil {
-			g.Remaining++
-			if g.Status == GroupFormed {
-				g.Status = GroupOpen
-			}
+func (m *memHolds) follow(row Reservation, version int64) bool {
+	sku, id, token := row.SKU, row.ID, row.Token
+	qty, user, gid := int64(row.Qty), row.UserID, row.GroupID
+	giveBack := func(n int64, who, group string, counted bool) {
+		if _, ok := m.stock[sku]; ok && !counted {
+			m.stock[sku] += n
+		}
+		if m.users[sku] == nil {
+			m.users[sku] = map[string]int64{}
+		}
+		if m.users[sku][who] -= n; m.users[sku][who] <= 0 {
+			delete(m.users[sku], who)
+		}
+		key := groupKey(sku, gid)
+		if g := m.groups[key]; group != "" && group == gid && m.members[key][who] == id && g != nil && g.status == GroupOpen {
+			delete(m.members[key], who)
+			g.remaining++
 		}
 	}
+	unhold := func(n int64) {
+		m.metaOf(sku)["held"] -= n
+		delete(m.exp[sku], id)
+	}
+
+	returned := false
+	var old memHold // HMGET's answer: the hold before this call
+	var state Status
+	if h, ok := m.holds[id]; ok {
+		old, state = *h, h.state
+	}
+	if state != "" && token != "" && old.token != token { // a stray
+		if state == StatusHeld {
+			unhold(old.qty)
+			giveBack(old.qty, old.user, old.group, false)
+			returned = true
+		}
+		delete(m.holds, id)
+		state = ""
+	}
+	if state == "" { // the row's tombstone
+		m.holds[id] = &memHold{sku: sku, qty: qty, user: user, group: gid, token: token, state: row.Status}
+	}
+	h := m.holds[id]
+
+	if row.Status == StatusConfirmed {
+		if state == StatusHeld {
+			unhold(old.qty)
+			h.state = StatusConfirmed
+			if meta := m.metaOf(sku); version > meta["cver"] {
+				meta["cver"] = version
+			}
+		}
+		return returned
+	}
+
+	if state != "" && old.hasRel && old.rel == token {
+		return returned
+	}
+	switch {
+	case state == StatusHeld:
+		unhold(old.qty)
+		giveBack(old.qty, old.user, old.group, false)
+		returned = true
+	case row.Refunded && !row.Released && (state == StatusConfirmed || state == ""):
+		// A warm-up from a level at or past the refund counted its units already.
+		counted := row.RefundVersion > 0 && m.meta[sku]["wver"] >= row.RefundVersion
+		giveBack(qty, user, gid, counted)
+		returned = !counted
+	}
+	h.state, h.reason, h.refunded, h.rel, h.hasRel = StatusCancelled, row.Reason, row.Refunded, token, true
+	return returned
 }
 
-func (m *memHolds) Confirm(_ context.Context, r Reservation) error {
-	err := m.enter("Confirm")
-	defer m.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	h, ok := m.holds[r.ID]
-	if !ok {
-		r.Status = StatusConfirmed
-		m.holds[r.ID] = r
-		return nil
-	}
-	if h.Status == StatusHeld {
-		m.held[h.SKU] -= int64(h.Qty)
-		h.Status = StatusConfirmed
-		m.holds[r.ID] = h
-	}
-	return nil
-}
-
+// Hold mirrors redisstore's Hold (HGETALL of the hold the id names).
 func (m *memHolds) Hold(_ context.Context, id string) (Reservation, error) {
 	err := m.enter("Hold")
 	defer m.mu.Unlock()
 	if err != nil {
 		return Reservation{}, err
 	}
+	if _, ok := SKUOf(id); !ok {
+		return Reservation{}, ErrNotFound
+	}
 	h, ok := m.holds[id]
 	if !ok {
 		return Reservation{}, ErrNotFound
 	}
-	return h, nil
+	return h.reservation(id), nil
 }
 
-func (m *memHolds) Expired(_ context.Context, sku string, t time.Time, limit int) ([]Reservation, error) {
+// Expired mirrors expired.lua plus redisstore's Expired (HELD only; drops index entries of lost holds).
+func (m *memHolds) Expired(_ context.Context, sku string, grace time.Duration, limit int) ([]Reservation, error) {
 	err := m.enter("Expired")
 	defer m.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	var out []Reservation
-	for _, h := range m.holds {
-		if h.SKU == sku && h.Status == StatusHeld && !h.ExpiresAt.After(t) {
-			out = append(out, h)
+	cutoff := m.nowMS() - grace.Milliseconds()
+	var ids []string
+	for id, d := range m.exp[sku] {
+		if d <= cutoff {
+			ids = append(ids, id)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ExpiresAt.Before(out[j].ExpiresAt) })
-	if len(out) > limit {
-		out = out[:limit]
+	sort.Slice(ids, func(i, j int) bool { // ZRANGEBYSCORE: by score, then member
+		a, b := m.exp[sku][ids[i]], m.exp[sku][ids[j]]
+		return a < b || (a == b && ids[i] < ids[j])
+	})
+	if len(ids) > limit {
+		ids = ids[:limit]
+	}
+	var out []Reservation
+	for _, id := range ids {
+		h, ok := m.holds[id]
+		if !ok {
+			delete(m.exp[sku], id)
+			continue
+		}
+		if h.state == StatusHeld {
+			out = append(out, h.reservation(id))
+		}
 	}
 	return out, nil
 }
 
-func (m *memHolds) Stock(_ context.Context, sku string) (int64, int64, error) {
+// Stock mirrors redisstore's Stock (GET stock, HMGET meta held added ver).
+func (m *memHolds) Stock(_ context.Context, sku string) (RedisStock, error) {
 	err := m.enter("Stock")
 	defer m.mu.Unlock()
 	if err != nil {
-		return 0, 0, err
+		return RedisStock{}, err
 	}
 	avail, ok := m.stock[sku]
 	if !ok {
-		return 0, 0, ErrUnknownSKU
+		return RedisStock{}, ErrUnknownSKU
 	}
-	return avail, m.held[sku], nil
+	meta := m.meta[sku]
+	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"]}, nil
 }
 
-func (m *memHolds) Warm(_ context.Context, level StockLevel) (bool, error) {
+// Sync mirrors stock.lua (admin changes of a SKU Redis knows).
+func (m *memHolds) Sync(_ context.Context, level StockLevel) (SyncResult, error) {
+	err := m.enter("Sync")
+	defer m.mu.Unlock()
+	if err != nil {
+		return SyncNone, err
+	}
+	if _, ok := m.stock[level.SKU]; !ok {
+		return SyncMissing, nil
+	}
+	meta := m.metaOf(level.SKU)
+	ver, ok := meta["ver"]
+	if !ok {
+		ver = -1
+	}
+	if level.Version <= ver {
+		return SyncNone, nil
+	}
+	added := meta["added"] // a SKU written before meta.added existed counts as 0 applied
+	meta["ver"], meta["added"], meta["limit"] = level.Version, level.AdminDelta, int64(level.PerUserLimit)
+	d := level.AdminDelta - added
+	if d == 0 {
+		return SyncNone, nil
+	}
+	m.stock[level.SKU] += d
+	return SyncAdjusted, nil
+}
+
+// HeldIDs mirrors redisstore's HeldIDs (ZRANGE exp 0 limit-1).
+func (m *memHolds) HeldIDs(_ context.Context, sku string, limit int) ([]string, error) {
+	err := m.enter("HeldIDs")
+	defer m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for id := range m.exp[sku] {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool {
+		a, b := m.exp[sku][ids[i]], m.exp[sku][ids[j]]
+		return a < b || (a == b && ids[i] < ids[j])
+	})
+	if len(ids) > limit {
+		ids = ids[:limit]
+	}
+	return ids, nil
+}
+
+// Warm mirrors warm.lua.
+func (m *memHolds) Warm(_ context.Context, level StockLevel, confirmed []Reservation) (SyncResult, error) {
 	err := m.enter("Warm")
+	defer m.mu.Unlock()
+	if err != nil {
+		return SyncNone, err
+	}
+	if _, ok := m.stock[level.SKU]; ok {
+		return SyncNone, nil
+	}
+	meta := m.metaOf(level.SKU)
+	if meta["cver"] > level.Version {
+		return SyncStale, nil
+	}
+	held := meta["held"]
+	for _, r := range confirmed {
+		if h, ok := m.holds[r.ID]; ok && h.state == StatusHeld && (r.Token == "" || h.token == r.Token) {
+			held -= h.qty
+		}
+	}
+	m.stock[level.SKU] = level.Available - held
+	meta["ver"], meta["added"], meta["limit"], meta["wver"] = level.Version, level.AdminDelta, int64(level.PerUserLimit), level.Version
+	return SyncWarmed, nil
+}
+
+// Heal mirrors heal.lua.
+func (m *memHolds) Heal(_ context.Context, seen RedisStock, drift int64, after time.Duration) (bool, error) {
+	err := m.enter("Heal")
 	defer m.mu.Unlock()
 	if err != nil {
 		return false, err
 	}
-	if _, ok := m.stock[level.SKU]; ok {
+	meta := m.metaOf(seen.SKU)
+	now := m.nowMS()
+	avail, ok := m.stock[seen.SKU]
+	if !ok || avail != seen.Available || meta["held"] != seen.Held || drift == 0 {
+		delete(meta, "drift")
+		delete(meta, "drift_at")
 		return false, nil
 	}
-	m.stock[level.SKU] = level.Available - m.held[level.SKU]
+	prev, hasPrev := meta["drift"]
+	prevAt, hasAt := meta["drift_at"]
+	if !hasPrev || prev != drift || !hasAt {
+		meta["drift"], meta["drift_at"] = drift, now
+		return false, nil
+	}
+	if now-prevAt < after.Milliseconds() {
+		return false, nil
+	}
+	m.stock[seen.SKU] += drift
+	delete(meta, "drift")
+	delete(meta, "drift_at")
 	return true, nil
 }
 
-func (m *memHolds) AdjustStock(_ context.Context, level StockLevel, delta int64) error {
-	err := m.enter("AdjustStock")
+// Now mirrors redisstore's Now with WithClock.
+func (m *memHolds) Now(context.Context) (time.Time, error) {
+	err := m.enter("Now")
 	defer m.mu.Unlock()
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
-	if _, ok := m.stock[level.SKU]; !ok {
-		m.stock[level.SKU] = level.Available - m.held[level.SKU]
-		return nil
-	}
-	m.stock[level.SKU] += delta
-	return nil
+	return m.clock.Now(), nil
 }
 
+// CreateGroup mirrors group_create.lua (a repeat changes nothing).
 func (m *memHolds) CreateGroup(_ context.Context, g Group) error {
 	err := m.enter("CreateGroup")
 	defer m.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	m.groups[g.ID] = &g
-	m.member[g.ID] = map[string]string{}
+	key := groupKey(g.SKU, g.ID)
+	if _, ok := m.groups[key]; ok {
+		return nil
+	}
+	m.groups[key] = &memGroup{capacity: g.Capacity, remaining: g.Capacity, status: GroupOpen, deadline: g.Deadline.UnixMilli()}
 	return nil
 }
 
+// Group mirrors redisstore's Group (HGETALL of the group hash).
 func (m *memHolds) Group(_ context.Context, sku, id string) (Group, error) {
 	err := m.enter("Group")
 	defer m.mu.Unlock()
 	if err != nil {
 		return Group{}, err
 	}
-	g, ok := m.groups[id]
-	if !ok || g.SKU != sku {
+	g, ok := m.groups[groupKey(sku, id)]
+	if !ok {
 		return Group{}, ErrUnknownGroup
 	}
-	return *g, nil
+	out := Group{
+		ID: id, SKU: sku, Capacity: g.capacity, Remaining: g.remaining, Status: g.status,
+		Deadline: time.UnixMilli(g.deadline).UTC(),
+	}
+	if g.formedAt > 0 {
+		out.FormedAt = time.UnixMilli(g.formedAt).UTC()
+	}
+	return out, nil
 }
 
-func (m *memHolds) CloseGroup(_ context.Context, g Group) ([]string, error) {
+// CloseGroup mirrors group_close.lua.
+func (m *memHolds) CloseGroup(_ context.Context, g Group) (GroupClosing, error) {
 	err := m.enter("CloseGroup")
 	defer m.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return GroupClosing{}, err
 	}
-	if mg, ok := m.groups[g.ID]; ok {
-		mg.Status = GroupFailed
+	key := groupKey(g.SKU, g.ID)
+	mg, ok := m.groups[key]
+	if !ok {
+		return GroupClosing{Unknown: true}, nil
 	}
-	var ids []string
-	for _, id := range m.member[g.ID] {
-		ids = append(ids, id)
+	if mg.status == GroupFormed {
+		c := GroupClosing{Status: GroupFormed}
+		if mg.formedAt > 0 {
+			c.FormedAt = time.UnixMilli(mg.formedAt).UTC()
+		}
+		return c, nil
 	}
-	sort.Strings(ids)
-	return ids, nil
+	if mg.status == GroupOpen {
+		if m.nowMS() < mg.deadline {
+			return GroupClosing{NotDue: true}, nil
+		}
+		mg.status = GroupFailed
+	}
+	holders := []string{}
+	for _, id := range m.members[key] {
+		holders = append(holders, id)
+	}
+	sort.Strings(holders) // HVALS has no order; sorted for repeatable tests
+	return GroupClosing{Status: GroupFailed, Holders: holders}, nil
 }
 
+// ---------------------------------------------------------------- MySQL
+
+// memRow is a reservations row: the reservation and its updated_at.
+type memRow struct {
+	r       Reservation
+	updated time.Time
+}
+
+// memGroupRow is a group_buys row (Remaining is not a column).
+type memGroupRow struct {
+	g       Group
+	settled bool
+}
+
+// memLedger models the MySQL schema: product_stock, reservations,
+// user_units, stock_change_keys, group_buys and group_members.
 type memLedger struct {
 	mu        sync.Mutex
-	stock     map[string]*StockLevel
-	rows      map[string]Reservation
-	notified  map[string]bool
-	groups    map[string]*Group
-	members   map[string]map[string]string // group -> user -> id
-	settled   map[string]bool
-	fail      map[string]error
-	conflicts int       // Apply answers ErrVersionConflict this many times first (even when locking: a deadlock)
-	locked    []Locking // the mode of each Apply that reached the stock row
-	calls     map[string]int
+	stock     map[string]*StockLevel       // product_stock
+	rows      map[string]*memRow           // reservations
+	units     map[string]map[string]int64  // user_units: sku -> user -> confirmed units
+	keys      map[string]bool              // stock_change_keys: sku + "\x00" + key
+	groups    map[string]*memGroupRow      // group_buys
+	members   map[string]map[string]string // group_members: group -> user -> reservation id
+	fail      map[string]error             // method -> error returned before anything runs
+	conflicts int                          // Apply/ApplyBatch answer ErrVersionConflict this many times first (even when locking: a deadlock)
+	locked    []Locking                    // the mode of each Apply that reached the stock row
+	calls     map[string]int               // method -> calls
+	// beforeFence runs at the start of Fence, outside the lock: a racing
+	// writer (a persist) that reaches the row first.
+	beforeFence func(Reservation)
 }
 
 func newMemLedger() *memLedger {
 	return &memLedger{
-		stock: map[string]*StockLevel{}, rows: map[string]Reservation{}, notified: map[string]bool{},
-		groups: map[string]*Group{}, members: map[string]map[string]string{}, settled: map[string]bool{},
+		stock: map[string]*StockLevel{}, rows: map[string]*memRow{}, units: map[string]map[string]int64{},
+		keys: map[string]bool{}, groups: map[string]*memGroupRow{}, members: map[string]map[string]string{},
 		fail: map[string]error{}, calls: map[string]int{},
 	}
 }
@@ -317,197 +615,422 @@ func (l *memLedger) enter(name string) error {
 	return l.fail[name]
 }
 
-func (l *memLedger) row(id string) Reservation {
-	r := l.rows[id]
-	r.Notified = l.notified[id]
-	return r
+// msUTC mirrors mysqlstore's utc: DATETIME(3) keeps milliseconds.
+func msUTC(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
+
+// msNullTime mirrors a NULL-able DATETIME read back (zero stays zero).
+func msNullTime(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return msUTC(t)
 }
 
-func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, _ time.Time) (ApplyResult, Reservation, error) {
+// row returns the reservations row of id, for assertions.
+func (l *memLedger) row(id string) (Reservation, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	row, ok := l.rows[id]
+	if !ok {
+		return Reservation{}, false
+	}
+	return row.r, true
+}
+
+// available returns product_stock.available, for assertions (-1: no row).
+func (l *memLedger) available(sku string) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, ok := l.stock[sku]
+	if !ok {
+		return -1
+	}
+	return st.Available
+}
+
+// insert writes a reservations row as the INSERTs of Apply, ApplyBatch and Fence do.
+func (l *memLedger) insert(r Reservation, status Status, reason Reason, now time.Time) Reservation {
+	row := Reservation{
+		ID: r.ID, SKU: r.SKU, Qty: r.Qty, UserID: r.UserID, GroupID: r.GroupID, Token: r.Token,
+		Status: status, Reason: reason, Released: true, Notified: true,
+		ExpiresAt: msNullTime(r.ExpiresAt), CreatedAt: msUTC(r.CreatedAt),
+	}
+	if status == StatusCancelled { // a fence: unreleased, event pending
+		row.Released, row.Notified = false, false
+	}
+	l.rows[r.ID] = &memRow{r: row, updated: msUTC(now)}
+	return row
+}
+
+func (l *memLedger) addUnits(sku, user string, n int64) {
+	if l.units[sku] == nil {
+		l.units[sku] = map[string]int64{}
+	}
+	l.units[sku][user] += n
+}
+
+// Apply mirrors mysqlstore's Apply (INSERT CONFIRMED, version-checked UPDATE product_stock, user_units, joinGroup).
+func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now time.Time) (BatchResult, error) {
 	err := l.enter("Apply")
 	defer l.mu.Unlock()
+	out := BatchResult{Row: r}
 	if err != nil {
-		return 0, r, err
+		return out, err
 	}
-	if _, ok := l.rows[r.ID]; ok {
-		if l.rows[r.ID].Status == StatusConfirmed {
-			return AlreadyConfirmed, l.row(r.ID), nil
+	if row, ok := l.rows[r.ID]; ok {
+		if row.r.Status == StatusConfirmed {
+			return BatchResult{Result: AlreadyConfirmed, Row: row.r}, nil
 		}
-		return AlreadyCancelled, l.row(r.ID), nil
+		return BatchResult{Result: AlreadyCancelled, Row: row.r}, nil
 	}
 	st, ok := l.stock[r.SKU]
 	if !ok {
-		return NoSuchSKU, r, nil
+		out.Result = NoSuchSKU
+		return out, nil
 	}
 	if st.Available < int64(r.Qty) {
-		return Insufficient, r, nil
+		out.Result = Insufficient
+		return out, nil
 	}
 	l.locked = append(l.locked, lock)
 	if l.conflicts > 0 {
 		l.conflicts--
-		return 0, r, ErrVersionConflict
+		return out, fmt.Errorf("apply %s: %w", r.ID, ErrVersionConflict)
 	}
-	if r.GroupID != "" {
-		g, ok := l.groups[r.GroupID]
-		switch {
-		case l.members[r.GroupID][r.UserID] != "":
-			return GroupDuplicate, r, nil
-		case !ok || g.Status != GroupOpen:
-			return GroupNotOpen, r, nil
-		case g.Members >= g.Capacity:
-			return GroupNoSlot, r, nil
-		}
-		g.Members++
-		if g.Members == g.Capacity {
-			g.Status = GroupFormed
-		}
-		l.members[r.GroupID][r.UserID] = r.ID
+	if st.PerUserLimit > 0 && l.units[r.SKU][r.UserID]+int64(r.Qty) > int64(st.PerUserLimit) {
+		out.Result = OverLimit // rolled back
+		return out, nil
 	}
+	var g *memGroupRow
+	if r.GroupID != "" { // joinGroup
+		if _, dup := l.members[r.GroupID][r.UserID]; dup {
+			out.Result = GroupDuplicate
+			return out, nil
+		}
+		g = l.groups[r.GroupID]
+		if g == nil || g.g.SKU != r.SKU || (g.g.Status != GroupOpen && g.g.Status != GroupFormed) || g.g.Members >= g.g.Capacity {
+			if g == nil || g.g.SKU != r.SKU || g.g.Status == GroupFailed {
+				out.Result = GroupNotOpen
+			} else {
+				out.Result = GroupNoSlot
+			}
+			return out, nil
+		}
+	}
+	// Commit.
+	l.insert(r, StatusConfirmed, "", now)
 	st.Available -= int64(r.Qty)
 	st.Version++
-	r.Status = StatusConfirmed
-	l.rows[r.ID] = r
-	l.notified[r.ID] = true
-	return Applied, r, nil
+	if st.PerUserLimit > 0 {
+		l.addUnits(r.SKU, r.UserID, int64(r.Qty))
+	}
+	if g != nil {
+		if l.members[r.GroupID] == nil {
+			l.members[r.GroupID] = map[string]string{}
+		}
+		l.members[r.GroupID][r.UserID] = r.ID
+		if g.g.Members+1 >= g.g.Capacity {
+			g.g.Status = GroupFormed
+		}
+		g.g.Members++
+	}
+	out.Result, out.Version = Applied, st.Version
+	return out, nil
 }
 
-func (l *memLedger) ApplyBatch(_ context.Context, sku string, rs []Reservation, _ time.Time) ([]BatchResult, error) {
+// ApplyBatch mirrors mysqlstore's ApplyBatch (no group joins: group_id is not written).
+func (l *memLedger) ApplyBatch(_ context.Context, sku string, rs []Reservation, now time.Time) ([]BatchResult, error) {
 	err := l.enter("ApplyBatch")
 	defer l.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	if l.conflicts > 0 {
-		l.conflicts--
-		return nil, ErrVersionConflict
-	}
 	out := make([]BatchResult, len(rs))
-	st, ok := l.stock[sku]
+	if len(rs) == 0 {
+		return out, nil
+	}
+	var fresh []int
+	seen := map[string]bool{}
 	for i, r := range rs {
-		switch row, have := l.rows[r.ID]; {
-		case !ok:
-			out[i].Result = NoSuchSKU
-		case have && row.Status == StatusConfirmed:
-			out[i] = BatchResult{AlreadyConfirmed, l.row(r.ID)}
-		case have:
-			out[i] = BatchResult{AlreadyCancelled, l.row(r.ID)}
-		case st.Available >= int64(r.Qty):
-			st.Available -= int64(r.Qty)
-			r.Status = StatusConfirmed
-			l.rows[r.ID] = r
-			l.notified[r.ID] = true
-			out[i] = BatchResult{Applied, r}
+		switch row, ok := l.rows[r.ID]; {
+		case ok && row.r.Status == StatusConfirmed:
+			out[i] = BatchResult{Result: AlreadyConfirmed, Row: row.r}
+		case ok:
+			out[i] = BatchResult{Result: AlreadyCancelled, Row: row.r}
+		case seen[r.ID]: // a twin: decided with its first copy below
+			out[i] = BatchResult{Result: AlreadyConfirmed, Row: r}
 		default:
-			out[i] = BatchResult{Insufficient, r}
+			seen[r.ID] = true
+			fresh = append(fresh, i)
 		}
 	}
-	if ok {
+	if len(fresh) == 0 {
+		return out, nil
+	}
+	if l.conflicts > 0 { // a fence raced the insert, or a deadlock
+		l.conflicts--
+		return nil, fmt.Errorf("batch %s: %w", sku, ErrVersionConflict)
+	}
+	st, ok := l.stock[sku]
+	if !ok {
+		for i := range out {
+			out[i].Result = NoSuchSKU
+		}
+		return out, nil // rolled back
+	}
+	limit := int64(st.PerUserLimit)
+	var sum int64
+	added := map[string]int64{}
+	for _, i := range fresh {
+		r := rs[i]
+		switch {
+		case sum+int64(r.Qty) > st.Available:
+			out[i] = BatchResult{Result: Insufficient, Row: r}
+		case limit > 0 && l.units[sku][r.UserID]+added[r.UserID]+int64(r.Qty) > limit:
+			out[i] = BatchResult{Result: OverLimit, Row: r}
+		default:
+			sum += int64(r.Qty)
+			if limit > 0 {
+				added[r.UserID] += int64(r.Qty)
+			}
+			out[i] = BatchResult{Result: Applied, Row: r, Version: st.Version + 1}
+		}
+	}
+	for i, r := range rs { // a twin follows its first copy
+		if _, have := l.rows[r.ID]; out[i].Result == AlreadyConfirmed && !have {
+			for _, j := range fresh {
+				if rs[j].ID == r.ID {
+					out[i] = out[j]
+				}
+			}
+		}
+	}
+	// Commit: the refused rows were deleted again; the rest stay CONFIRMED.
+	for _, i := range fresh {
+		if out[i].Result == Applied {
+			r := rs[i]
+			r.GroupID = ""
+			l.insert(r, StatusConfirmed, "", now)
+		}
+	}
+	if sum > 0 {
+		st.Available -= sum
 		st.Version++
+	}
+	for user, n := range added {
+		l.addUnits(sku, user, n)
 	}
 	return out, nil
 }
 
-func (l *memLedger) Fence(_ context.Context, r Reservation, reason Reason, _ time.Time) (Reservation, bool, error) {
+// Fence mirrors mysqlstore's fence (INSERT … 'CANCELLED', released 0, notified 0 … ON DUPLICATE KEY no-op).
+func (l *memLedger) Fence(_ context.Context, r Reservation, reason Reason, now time.Time) (Reservation, bool, error) {
+	if hook := l.beforeFence; hook != nil {
+		l.beforeFence = nil
+		hook(r)
+	}
 	err := l.enter("Fence")
 	defer l.mu.Unlock()
 	if err != nil {
 		return r, false, err
 	}
-	if _, ok := l.rows[r.ID]; ok {
-		return l.row(r.ID), false, nil
+	if row, ok := l.rows[r.ID]; ok {
+		return row.r, false, nil
 	}
-	r.Status, r.Reason = StatusCancelled, reason
-	l.rows[r.ID] = r
-	return l.row(r.ID), true, nil
+	return l.insert(r, StatusCancelled, reason, now), true, nil
 }
 
-func (l *memLedger) Refund(_ context.Context, id string, reason Reason, _ time.Time) (Reservation, bool, error) {
+// Refund mirrors mysqlstore's refund transaction.
+func (l *memLedger) Refund(_ context.Context, id string, reason Reason, now time.Time) (Reservation, bool, error) {
 	err := l.enter("Refund")
 	defer l.mu.Unlock()
 	if err != nil {
 		return Reservation{}, false, err
 	}
-	r, ok := l.rows[id]
+	row, ok := l.rows[id]
 	if !ok {
 		return Reservation{}, false, ErrNotFound
 	}
-	if r.Status != StatusConfirmed {
-		return l.row(id), false, nil
+	if row.r.Status != StatusConfirmed {
+		return row.r, false, nil
 	}
-	r.Status, r.Reason, r.Refunded = StatusCancelled, reason, true
-	l.rows[id] = r
-	l.notified[id] = false
-	l.stock[r.SKU].Available += int64(r.Qty)
-	l.stock[r.SKU].Version++
+	r := &row.r
+	r.Status, r.Reason, r.Refunded, r.Released, r.Notified = StatusCancelled, reason, true, false, false
+	row.updated = msUTC(now)
+	r.RefundVersion = 0 // SELECT version after the UPDATE: NULL (0) if the stock row is gone
+	if st, ok := l.stock[r.SKU]; ok {
+		st.Available += int64(r.Qty)
+		st.Version++
+		r.RefundVersion = st.Version
+	}
+	if u, ok := l.units[r.SKU][r.UserID]; ok {
+		l.units[r.SKU][r.UserID] = max(u-int64(r.Qty), 0)
+	}
 	if r.GroupID != "" {
-		delete(l.members[r.GroupID], r.UserID)
-		if g := l.groups[r.GroupID]; g != nil {
-			g.Members--
-			if g.Status == GroupFormed {
-				g.Status = GroupOpen
+		// A FORMED group stays FORMED: the member leaves, the group does not reopen.
+		for user, rid := range l.members[r.GroupID] {
+			if rid == id {
+				delete(l.members[r.GroupID], user)
 			}
 		}
+		if g := l.groups[r.GroupID]; g != nil && g.g.Members > 0 {
+			g.g.Members--
+		}
 	}
-	return l.row(id), true, nil
+	return *r, true, nil
 }
 
+// Reservation mirrors mysqlstore's Reservation (SELECT by id).
 func (l *memLedger) Reservation(_ context.Context, id string) (Reservation, error) {
 	err := l.enter("Reservation")
 	defer l.mu.Unlock()
 	if err != nil {
 		return Reservation{}, err
 	}
-	if _, ok := l.rows[id]; !ok {
+	row, ok := l.rows[id]
+	if !ok {
 		return Reservation{}, ErrNotFound
 	}
-	return l.row(id), nil
+	return row.r, nil
 }
 
+// MarkReleased mirrors `UPDATE reservations SET released = 1 WHERE reservation_id = ? AND released = 0`.
+func (l *memLedger) MarkReleased(_ context.Context, id string) error {
+	err := l.enter("MarkReleased")
+	defer l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if row, ok := l.rows[id]; ok {
+		row.r.Released = true
+	}
+	return nil
+}
+
+// MarkNotified mirrors `UPDATE reservations SET notified = 1 WHERE reservation_id = ? AND notified = 0`.
 func (l *memLedger) MarkNotified(_ context.Context, id string) error {
 	err := l.enter("MarkNotified")
 	defer l.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	l.notified[id] = true
+	if row, ok := l.rows[id]; ok {
+		row.r.Notified = true
+	}
 	return nil
 }
 
-func (l *memLedger) Unnotified(_ context.Context, _ time.Time, limit int) ([]Reservation, error) {
-	err := l.enter("Unnotified")
+// Outbox mirrors mysqlstore's Outbox (released = 0, then notified = 0, CANCELLED, updated_at < t; merged).
+func (l *memLedger) Outbox(_ context.Context, t time.Time, limit int) ([]Reservation, error) {
+	err := l.enter("Outbox")
 	defer l.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	var out []Reservation
-	for id, r := range l.rows {
-		if r.Status == StatusCancelled && !l.notified[id] && len(out) < limit {
-			out = append(out, l.row(id))
+	pick := func(want func(Reservation) bool) []Reservation {
+		var out []Reservation
+		for _, row := range l.rows {
+			if row.r.Status == StatusCancelled && row.updated.Before(msUTC(t)) && want(row.r) {
+				out = append(out, row.r)
+			}
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+		if len(out) > limit {
+			out = out[:limit]
+		}
+		return out
+	}
+	unreleased := pick(func(r Reservation) bool { return !r.Released })
+	seen := map[string]bool{}
+	for _, r := range unreleased {
+		seen[r.ID] = true
+	}
+	for _, r := range pick(func(r Reservation) bool { return !r.Notified }) {
+		if !seen[r.ID] {
+			unreleased = append(unreleased, r)
 		}
 	}
-	return out, nil
+	return unreleased, nil
 }
 
-func (l *memLedger) SetStock(_ context.Context, sku string, stock int64, limit *int) (StockLevel, int64, error) {
-	err := l.enter("SetStock")
+// Unreleased mirrors `SELECT COUNT(*) FROM reservations WHERE released = 0 AND sku = ?`.
+func (l *memLedger) Unreleased(_ context.Context, sku string) (int, error) {
+	err := l.enter("Unreleased")
 	defer l.mu.Unlock()
 	if err != nil {
-		return StockLevel{}, 0, err
+		return 0, err
 	}
-	st, ok := l.stock[sku]
-	if !ok {
-		st = &StockLevel{SKU: sku}
-		l.stock[sku] = st
+	n := 0
+	for _, row := range l.rows {
+		if !row.r.Released && row.r.SKU == sku {
+			n++
+		}
 	}
-	delta := stock - st.Available
-	st.Available = stock
-	st.Version++
-	if limit != nil {
-		st.PerUserLimit = *limit
-	}
-	return *st, delta, nil
+	return n, nil
 }
 
+// ChangeStock mirrors mysqlstore's ChangeStock (FOR UPDATE, preconditions, stock_change_keys, admin_delta).
+func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, error) {
+	err := l.enter("ChangeStock")
+	defer l.mu.Unlock()
+	if err != nil {
+		return StockLevel{}, err
+	}
+	level := StockLevel{SKU: c.SKU}
+	st, exists := l.stock[c.SKU]
+	if exists {
+		level = *st
+	}
+	switch {
+	case !exists:
+		if c.Set == nil {
+			return StockLevel{}, ErrUnknownSKU
+		}
+		if c.IfVersion != nil && *c.IfVersion != 0 {
+			return StockLevel{}, fmt.Errorf("change stock %s: no such sku: %w", c.SKU, ErrPreconditionFailed)
+		}
+	case c.Set != nil && c.IfVersion == nil:
+		return StockLevel{}, ErrPreconditionRequired
+	case c.IfVersion != nil && *c.IfVersion != level.Version:
+		return StockLevel{}, fmt.Errorf("change stock %s: version is %d, not %d: %w", c.SKU, level.Version, *c.IfVersion, ErrPreconditionFailed)
+	}
+	key := c.SKU + "\x00" + c.Key
+	if c.Key != "" && l.keys[key] {
+		return *st, nil // a retried change: applied once already
+	}
+	var delta int64
+	switch {
+	case c.Set != nil:
+		delta = *c.Set - level.Available
+	case c.Add != nil:
+		delta = *c.Add
+	}
+	if level.Available+delta < 0 {
+		return StockLevel{}, fmt.Errorf("change stock %s: %d available, cannot remove %d: %w", c.SKU, level.Available, -delta, ErrInsufficient)
+	}
+	if c.Key != "" {
+		l.keys[key] = true
+	}
+	oldLimit := level.PerUserLimit
+	if c.Limit != nil {
+		level.PerUserLimit = *c.Limit
+	}
+	level.Available += delta
+	level.AdminDelta += delta
+	level.Version++
+	l.stock[c.SKU] = &level
+	if exists && oldLimit == 0 && level.PerUserLimit > 0 { // rebuild user_units
+		l.units[c.SKU] = map[string]int64{}
+		for _, row := range l.rows {
+			if row.r.SKU == c.SKU && row.r.Status == StatusConfirmed {
+				l.addUnits(c.SKU, row.r.UserID, int64(row.r.Qty))
+			}
+		}
+	}
+	return level, nil
+}
+
+// Stock mirrors `SELECT … FROM product_stock WHERE sku = ?`.
 func (l *memLedger) Stock(_ context.Context, sku string) (StockLevel, error) {
 	err := l.enter("Stock")
 	defer l.mu.Unlock()
@@ -516,11 +1039,32 @@ func (l *memLedger) Stock(_ context.Context, sku string) (StockLevel, error) {
 	}
 	st, ok := l.stock[sku]
 	if !ok {
-		return StockLevel{}, ErrUnknownSKU
+		return StockLevel{SKU: sku}, ErrUnknownSKU
 	}
 	return *st, nil
 }
 
+// Snapshot mirrors mysqlstore's Snapshot (product_stock and CONFIRMED rows among ids, one read-only tx).
+func (l *memLedger) Snapshot(_ context.Context, sku string, ids []string) (StockLevel, []Reservation, error) {
+	err := l.enter("Snapshot")
+	defer l.mu.Unlock()
+	if err != nil {
+		return StockLevel{}, nil, err
+	}
+	st, ok := l.stock[sku]
+	if !ok {
+		return StockLevel{SKU: sku}, nil, ErrUnknownSKU
+	}
+	var confirmed []Reservation
+	for _, id := range ids {
+		if row, ok := l.rows[id]; ok && row.r.Status == StatusConfirmed {
+			confirmed = append(confirmed, row.r)
+		}
+	}
+	return *st, confirmed, nil
+}
+
+// Stocks mirrors `SELECT … FROM product_stock ORDER BY sku`.
 func (l *memLedger) Stocks(_ context.Context) ([]StockLevel, error) {
 	err := l.enter("Stocks")
 	defer l.mu.Unlock()
@@ -535,6 +1079,7 @@ func (l *memLedger) Stocks(_ context.Context) ([]StockLevel, error) {
 	return out, nil
 }
 
+// CreateGroup mirrors `INSERT INTO group_buys … SELECT … FROM product_stock WHERE sku = ?`.
 func (l *memLedger) CreateGroup(_ context.Context, g Group) error {
 	err := l.enter("CreateGroup")
 	defer l.mu.Unlock()
@@ -544,11 +1089,17 @@ func (l *memLedger) CreateGroup(_ context.Context, g Group) error {
 	if _, ok := l.stock[g.SKU]; !ok {
 		return ErrUnknownSKU
 	}
-	l.groups[g.ID] = &g
-	l.members[g.ID] = map[string]string{}
+	if _, dup := l.groups[g.ID]; dup {
+		return Unavailable("create group", errors.New("duplicate group id"))
+	}
+	l.groups[g.ID] = &memGroupRow{g: Group{
+		ID: g.ID, SKU: g.SKU, Capacity: g.Capacity, Status: GroupOpen,
+		Deadline: msUTC(g.Deadline), CreatedAt: msUTC(g.CreatedAt),
+	}}
 	return nil
 }
 
+// Group mirrors `SELECT … FROM group_buys WHERE group_id = ?` (Remaining is not a column).
 func (l *memLedger) Group(_ context.Context, id string) (Group, error) {
 	err := l.enter("Group")
 	defer l.mu.Unlock()
@@ -559,9 +1110,10 @@ func (l *memLedger) Group(_ context.Context, id string) (Group, error) {
 	if !ok {
 		return Group{}, ErrUnknownGroup
 	}
-	return *g, nil
+	return g.g, nil
 }
 
+// DueGroups mirrors `… WHERE (status = 'OPEN' AND deadline <= ?) OR (status = 'FAILED' AND settled_at IS NULL) ORDER BY deadline LIMIT ?`.
 func (l *memLedger) DueGroups(_ context.Context, t time.Time, limit int) ([]Group, error) {
 	err := l.enter("DueGroups")
 	defer l.mu.Unlock()
@@ -569,17 +1121,32 @@ func (l *memLedger) DueGroups(_ context.Context, t time.Time, limit int) ([]Grou
 		return nil, err
 	}
 	var out []Group
-	for id, g := range l.groups {
-		if (g.Status == GroupOpen && !g.Deadline.After(t)) || (g.Status == GroupFailed && !l.settled[id]) {
-			out = append(out, *g)
+	for _, g := range l.groups {
+		if (g.g.Status == GroupOpen && !g.g.Deadline.After(msUTC(t))) || (g.g.Status == GroupFailed && !g.settled) {
+			out = append(out, g.g)
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Deadline.Before(out[j].Deadline) })
 	if len(out) > limit {
 		out = out[:limit]
 	}
 	return out, nil
 }
 
+// FormGroup mirrors `UPDATE group_buys SET status = 'FORMED', formed_at = ? WHERE group_id = ? AND status = 'OPEN'`.
+func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) error {
+	err := l.enter("FormGroup")
+	defer l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if g, ok := l.groups[id]; ok && g.g.Status == GroupOpen {
+		g.g.Status, g.g.FormedAt = GroupFormed, msUTC(formedAt)
+	}
+	return nil
+}
+
+// FailGroup mirrors `UPDATE group_buys SET status = 'FAILED' WHERE group_id = ? AND status = 'OPEN' AND deadline <= ?`, then Group.
 func (l *memLedger) FailGroup(_ context.Context, id string, now time.Time) (Group, error) {
 	err := l.enter("FailGroup")
 	defer l.mu.Unlock()
@@ -590,12 +1157,13 @@ func (l *memLedger) FailGroup(_ context.Context, id string, now time.Time) (Grou
 	if !ok {
 		return Group{}, ErrUnknownGroup
 	}
-	if g.Status == GroupOpen && !g.Deadline.After(now) {
-		g.Status = GroupFailed
+	if g.g.Status == GroupOpen && !g.g.Deadline.After(msUTC(now)) {
+		g.g.Status = GroupFailed
 	}
-	return *g, nil
+	return g.g, nil
 }
 
+// GroupMembers mirrors `SELECT … FROM reservations WHERE group_id = ? AND status = 'CONFIRMED'`.
 func (l *memLedger) GroupMembers(_ context.Context, id string) ([]Reservation, error) {
 	err := l.enter("GroupMembers")
 	defer l.mu.Unlock()
@@ -603,30 +1171,38 @@ func (l *memLedger) GroupMembers(_ context.Context, id string) ([]Reservation, e
 		return nil, err
 	}
 	var out []Reservation
-	for rid, r := range l.rows {
-		if r.GroupID == id && r.Status == StatusConfirmed {
-			out = append(out, l.row(rid))
+	for _, row := range l.rows {
+		if row.r.GroupID == id && row.r.Status == StatusConfirmed {
+			out = append(out, row.r)
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
+// GroupSettled mirrors `UPDATE group_buys SET settled_at = … WHERE group_id = ? AND status = 'FAILED' AND settled_at IS NULL`.
 func (l *memLedger) GroupSettled(_ context.Context, id string) error {
 	err := l.enter("GroupSettled")
 	defer l.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	l.settled[id] = true
+	if g, ok := l.groups[id]; ok && g.g.Status == GroupFailed {
+		g.settled = true
+	}
 	return nil
 }
 
+// ---------------------------------------------------------------- others
+
+// memQueue stands in for SQS.
 type memQueue struct {
 	mu   sync.Mutex
 	sent []Reservation
 	err  error
 }
 
+// Enqueue mirrors an SQS SendMessage.
 func (q *memQueue) Enqueue(_ context.Context, r Reservation) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -637,12 +1213,14 @@ func (q *memQueue) Enqueue(_ context.Context, r Reservation) error {
 	return nil
 }
 
+// memNotifier stands in for EventBridge.
 type memNotifier struct {
 	mu     sync.Mutex
 	events []Reservation
 	err    error
 }
 
+// Cancelled mirrors an EventBridge PutEvents.
 func (n *memNotifier) Cancelled(_ context.Context, r Reservation) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -653,6 +1231,52 @@ func (n *memNotifier) Cancelled(_ context.Context, r Reservation) error {
 	return nil
 }
 
-type fixedClock struct{ t time.Time }
+// memMetrics counts what the service counts.
+type memMetrics struct {
+	mu sync.Mutex
+	n  map[string]int
+}
 
-func (c *fixedClock) Now() time.Time { return c.t }
+func (m *memMetrics) Count(name string, n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n == nil {
+		m.n = map[string]int{}
+	}
+	m.n[name] += n
+}
+
+func (m *memMetrics) get(name string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.n[name]
+}
+
+// fixedClock is a clock the test moves; the fake Redis reads it too.
+type fixedClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fixedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fixedClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// all returns every reservation row (tests inspect what was written).
+func (l *memLedger) all() []Reservation {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Reservation, 0, len(l.rows))
+	for _, r := range l.rows {
+		out = append(out, r.r)
+	}
+	return out
+}

@@ -7,50 +7,106 @@ import (
 )
 
 // Holds is the Redis side of the protocol: the stock buyers see, the holds
-// and the group slots. Every method is safe to repeat: a retried call (go-redis
-// retries on timeouts and failovers) returns the first call's effect, never
-// applies twice.
+// and the group slots. Redis is a fast, forgetful cache of MySQL's decisions:
+// every method is safe to repeat (go-redis retries on timeouts and
+// failovers), and none of them gives stock back on its own authority — a
+// give-back is always the effect of a MySQL row (Follow). Scripts read the
+// time from Redis (TIME), so no caller's clock moves a deadline.
 type Holds interface {
 	// Reserve atomically checks and deducts r.Qty units (and, for a group
 	// join, one slot and the one-join-per-user rule), records the hold HELD
-	// with deadline r.ExpiresAt and indexes it by deadline. If a hold with
-	// r.ID exists, it returns that hold with replayed true and takes nothing.
+	// with token r.Token and a deadline ttl after Redis's now, and indexes it
+	// by deadline. The returned hold carries that deadline. If a hold with
+	// r.ID exists it is returned with Replayed and nothing is taken.
 	// Errors: ErrSoldOut, ErrUnknownSKU, ErrLimitExceeded, ErrUnknownGroup,
 	// ErrGroupClosed, ErrGroupFull, ErrAlreadyJoined, ErrIdempotencyMismatch,
 	// ErrUnavailable.
-	Reserve(ctx context.Context, r Reservation, now time.Time) (held Reservation, replayed bool, err error)
-	// Release ends the hold CANCELLED with reason. Stock (and the group slot)
-	// returns from a HELD hold, and also from a CONFIRMED one when refund is
-	// true. A missing hold leaves a tombstone so a replay cannot take stock.
-	// returned reports whether this call gave stock back.
-	Release(ctx context.Context, r Reservation, refund bool) (returned bool, err error)
-	// Confirm marks a HELD hold CONFIRMED; the stock stays deducted.
-	Confirm(ctx context.Context, r Reservation) error
+	Reserve(ctx context.Context, r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error)
+	// Follow makes the hold of row.ID follow MySQL's decided row, once:
+	//   - a HELD hold of another token is a stray (Redis took the id again
+	//     after forgetting the hold MySQL decided): its stock is returned;
+	//   - CONFIRMED: a HELD hold becomes CONFIRMED (its units leave held);
+	//     version is the stock row's version after the commit (0: unknown);
+	//   - CANCELLED: a HELD hold's stock returns; a refunded row's stock
+	//     returns from a CONFIRMED or missing hold only while row.Released
+	//     is false (the release outbox), and at most once per token.
+	// A missing hold becomes a tombstone of the row, so a replay takes
+	// nothing. returned reports whether stock came back.
+	Follow(ctx context.Context, row Reservation, version int64) (returned bool, err error)
 	// Hold returns the hold recorded for id, or ErrNotFound.
 	Hold(ctx context.Context, id string) (Reservation, error)
-	// Expired returns up to limit HELD holds of sku whose deadline is before t.
-	Expired(ctx context.Context, sku string, t time.Time, limit int) ([]Reservation, error)
-	// Stock returns the units buyers can still reserve and the units held
-	// but not yet confirmed. ErrUnknownSKU if Redis has no stock for sku.
-	Stock(ctx context.Context, sku string) (available, held int64, err error)
-	// Warm loads level into Redis if Redis has no stock for the SKU
-	// (available = level.Available − units held); it reports whether it did.
-	Warm(ctx context.Context, level StockLevel) (bool, error)
-	// AdjustStock applies delta units once per level.Version (a replay is a
-	// no-op) and sets the per-user limit; it warms a missing SKU instead.
-	AdjustStock(ctx context.Context, level StockLevel, delta int64) error
+	// Expired returns up to limit HELD holds of sku whose deadline passed
+	// more than grace ago by Redis's clock.
+	Expired(ctx context.Context, sku string, grace time.Duration, limit int) ([]Reservation, error)
+	// Stock returns the SKU's figures in Redis; ErrUnknownSKU if Redis has
+	// no stock for sku.
+	Stock(ctx context.Context, sku string) (RedisStock, error)
+	// Sync makes a SKU Redis knows follow MySQL's admin changes: it moves
+	// by the difference between level.AdminDelta and the figure it has
+	// applied (newer versions only) and takes the per-user limit.
+	// SyncMissing if Redis has no stock for the SKU (see Warm).
+	Sync(ctx context.Context, level StockLevel) (SyncResult, error)
+	// HeldIDs returns the ids of the SKU's HELD holds (at most limit).
+	HeldIDs(ctx context.Context, sku string, limit int) ([]string, error)
+	// Warm loads a SKU Redis has no stock for from one consistent MySQL
+	// read: level, and confirmed, the rows of HELD holds MySQL has already
+	// CONFIRMED (their units are out of level.Available and still in held).
+	// available = level.Available − held + those units. SyncStale if a
+	// confirm newer than the level already reached Redis: read again.
+	Warm(ctx context.Context, level StockLevel, confirmed []Reservation) (SyncResult, error)
 	// Heal moves the SKU's stock by drift if the same drift was measured at
-	// least after ago and Redis still shows seenAvailable and seenHeld (no
-	// reserve or release since the measurement); otherwise it records or
-	// forgets the sighting. healed reports whether the stock moved.
-	Heal(ctx context.Context, sku string, seenAvailable, seenHeld, drift int64, now time.Time, after time.Duration) (healed bool, err error)
+	// least after ago and Redis still shows seen (no reserve or release
+	// since the measurement); otherwise it records or forgets the sighting.
+	// healed reports whether the stock moved.
+	Heal(ctx context.Context, seen RedisStock, drift int64, after time.Duration) (healed bool, err error)
+	// Now returns Redis's clock (or the injected test clock).
+	Now(ctx context.Context) (time.Time, error)
 	// CreateGroup records an OPEN group with all its slots free.
 	CreateGroup(ctx context.Context, g Group) error
 	// Group returns the group's slots and status as Redis has them.
 	Group(ctx context.Context, sku, id string) (Group, error)
-	// CloseGroup marks the group FAILED (no more joins) and returns the ids
-	// of the reservations holding its slots.
-	CloseGroup(ctx context.Context, g Group) ([]string, error)
+	// CloseGroup ends the group in Redis once its deadline passed by Redis's
+	// clock: a group whose slots all filled before is FORMED (final);
+	// otherwise it becomes FAILED (no more joins) and the ids holding its
+	// slots are returned. GroupNotDue if the deadline has not passed;
+	// GroupUnknown if Redis lost the group.
+	CloseGroup(ctx context.Context, g Group) (GroupClosing, error)
+}
+
+// ReserveOutcome says what Reserve did besides holding.
+type ReserveOutcome struct {
+	Replayed bool // the hold existed: nothing taken
+	Formed   bool // this join took the group's last slot: the group is FORMED
+}
+
+// RedisStock is a SKU as Redis has it.
+type RedisStock struct {
+	SKU        string
+	Available  int64 // units buyers can still reserve
+	Held       int64 // units HELD, not yet decided
+	AdminDelta int64 // the admin changes applied (StockLevel.AdminDelta)
+	Version    int64 // the MySQL version of the last level applied
+}
+
+// SyncResult is what Sync did.
+type SyncResult int
+
+// Outcomes of Holds.Sync.
+const (
+	SyncNone     SyncResult = iota // nothing to change
+	SyncWarmed                     // the SKU was missing and is loaded
+	SyncAdjusted                   // admin changes were applied
+	SyncStale                      // the level is older than what Redis saw: read it again
+	SyncMissing                    // Redis has no stock for the SKU: warm it
+)
+
+// GroupClosing is CloseGroup's answer.
+type GroupClosing struct {
+	Status   GroupStatus // FORMED or FAILED; "" with NotDue or Unknown
+	FormedAt time.Time
+	Holders  []string // reservation ids holding slots of a FAILED group
+	NotDue   bool     // Redis's clock says the deadline has not passed
+	Unknown  bool     // Redis has no such group
 }
 
 // ApplyResult is what one persist attempt found in MySQL.
@@ -66,6 +122,7 @@ const (
 	GroupNotOpen                        // the group is FORMED or FAILED in MySQL
 	GroupNoSlot                         // the group is full in MySQL
 	GroupDuplicate                      // the user is already a member in MySQL
+	OverLimit                           // the user's confirmed units would pass the per-user limit
 )
 
 // Locking says how Apply reads the stock row.
@@ -80,48 +137,64 @@ const (
 	Pessimistic Locking = true
 )
 
-// BatchResult is ApplyBatch's outcome for one reservation.
+// BatchResult is the ledger's outcome for one reservation.
 type BatchResult struct {
-	Result ApplyResult
-	Row    Reservation // the existing row for AlreadyConfirmed and AlreadyCancelled
+	Result  ApplyResult
+	Row     Reservation // the existing row for AlreadyConfirmed and AlreadyCancelled
+	Version int64       // the stock row's version after an Applied commit
 }
 
-// Ledger is the MySQL side, the arbiter. A reservation's row decides its fate.
+// Ledger is the MySQL side, the arbiter. A reservation's row decides its
+// fate, and every unit that moves in either store is the effect of one of its
+// transitions: none → CONFIRMED (Apply), none → CANCELLED (Fence),
+// CONFIRMED → CANCELLED (Refund). A CANCELLED transition leaves the row
+// unreleased until Redis has followed it (MarkReleased).
 type Ledger interface {
 	// Apply makes one attempt, in one transaction, to insert r's row
 	// CONFIRMED and take its stock with a version-checked update (and its
-	// group slot). ErrVersionConflict: nothing written, try again in a fresh
-	// transaction. When the row already exists it is returned with
-	// AlreadyConfirmed or AlreadyCancelled.
-	Apply(ctx context.Context, r Reservation, lock Locking, now time.Time) (ApplyResult, Reservation, error)
+	// per-user units and group slot). ErrVersionConflict: nothing written,
+	// try again in a fresh transaction. When the row already exists it is
+	// returned with AlreadyConfirmed or AlreadyCancelled.
+	Apply(ctx context.Context, r Reservation, lock Locking, now time.Time) (BatchResult, error)
 	// ApplyBatch makes one attempt to settle reservations of one SKU without
 	// group joins, in one transaction: a row that already exists is returned
 	// as it stands (AlreadyConfirmed, AlreadyCancelled); of the others, those
-	// that fit the available stock in the order given are inserted CONFIRMED
-	// in one statement and their summed quantity taken with one
-	// version-checked update under the row lock (Applied); the rest are
-	// Insufficient and nothing is written for them. ErrVersionConflict (a
-	// fence raced the insert, or a deadlock): nothing written, try again.
+	// that fit the available stock and their users' limits, in the order
+	// given, are inserted CONFIRMED in one statement and their summed
+	// quantity taken with one version-checked update under the row lock
+	// (Applied); the rest are Insufficient or OverLimit and nothing is
+	// written for them. ErrVersionConflict (a fence raced the insert, or a
+	// deadlock): nothing written, try again.
 	ApplyBatch(ctx context.Context, sku string, rs []Reservation, now time.Time) ([]BatchResult, error)
-	// Fence inserts r's row CANCELLED with reason unless a row exists, and
-	// returns the row as it stands; inserted reports whether this call wrote it.
+	// Fence inserts r's row CANCELLED (unreleased) with reason unless a row
+	// exists, and returns the row as it stands; inserted reports whether this
+	// call wrote it.
 	Fence(ctx context.Context, r Reservation, reason Reason, now time.Time) (row Reservation, inserted bool, err error)
-	// Refund turns a CONFIRMED row CANCELLED and returns its stock (and group
-	// slot) in one transaction; refunded reports whether this call did it.
+	// Refund turns a CONFIRMED row CANCELLED (refunded, unreleased) and
+	// returns its stock, per-user units and — unless the group formed — its
+	// group slot in one transaction; refunded reports whether this call did it.
 	Refund(ctx context.Context, id string, reason Reason, now time.Time) (row Reservation, refunded bool, err error)
 	// Reservation returns the row for id, or ErrNotFound.
 	Reservation(ctx context.Context, id string) (Reservation, error)
+	// MarkReleased records that Redis followed the CANCELLED row of id.
+	MarkReleased(ctx context.Context, id string) error
 	// MarkNotified records that the cancellation event of id went out.
 	MarkNotified(ctx context.Context, id string) error
-	// Unnotified returns CANCELLED rows last changed before t whose event
-	// has not gone out (the outbox the sweeper drains).
-	Unnotified(ctx context.Context, t time.Time, limit int) ([]Reservation, error)
-	// SetStock sets the sellable stock (creating the SKU if new) and the
-	// per-user limit when limit is not nil; it returns the new level and the
-	// change in available units.
-	SetStock(ctx context.Context, sku string, stock int64, limit *int) (StockLevel, int64, error)
+	// Outbox returns CANCELLED rows last changed before t that Redis has not
+	// followed yet or whose event has not gone out (the sweeper drains them).
+	Outbox(ctx context.Context, t time.Time, limit int) ([]Reservation, error)
+	// Unreleased counts the SKU's CANCELLED rows Redis has not followed yet.
+	Unreleased(ctx context.Context, sku string) (int, error)
+	// ChangeStock applies an admin's change in one transaction (creating
+	// the SKU on an absolute change) and returns the new level.
+	// ErrPreconditionRequired, ErrPreconditionFailed, ErrInsufficient,
+	// ErrUnknownSKU (Add on a missing SKU).
+	ChangeStock(ctx context.Context, c StockChange) (StockLevel, error)
 	// Stock returns the SKU's level, or ErrUnknownSKU.
 	Stock(ctx context.Context, sku string) (StockLevel, error)
+	// Snapshot reads, consistently, the SKU's level and the CONFIRMED rows
+	// among ids (the warm-up's read).
+	Snapshot(ctx context.Context, sku string, ids []string) (StockLevel, []Reservation, error)
 	// Stocks returns every SKU's level.
 	Stocks(ctx context.Context) ([]StockLevel, error)
 	// CreateGroup inserts an OPEN group; ErrUnknownSKU if the SKU is unknown.
@@ -131,8 +204,11 @@ type Ledger interface {
 	// DueGroups returns groups OPEN past t, and FAILED groups whose members
 	// have not all been cancelled yet.
 	DueGroups(ctx context.Context, t time.Time, limit int) ([]Group, error)
+	// FormGroup records that the group formed (its last slot was taken in
+	// Redis at formedAt, before its deadline): OPEN → FORMED, final.
+	FormGroup(ctx context.Context, id string, formedAt time.Time) error
 	// FailGroup turns an OPEN group FAILED and returns it as it stands
-	// (FORMED if it filled first).
+	// (FORMED if it formed first).
 	FailGroup(ctx context.Context, id string, now time.Time) (Group, error)
 	// GroupMembers returns the CONFIRMED reservations of a group.
 	GroupMembers(ctx context.Context, id string) ([]Reservation, error)

@@ -49,21 +49,34 @@ const (
 	ReasonGroupFull     Reason = "group_full"         // MySQL found the group full
 	ReasonAlreadyJoined Reason = "already_joined"     // MySQL found the user already in the group
 	ReasonUnknownSKU    Reason = "unknown_sku"        // the SKU does not exist in MySQL
+	ReasonLimit         Reason = "limit_exceeded"     // MySQL found the user at the SKU's per-user limit
 )
 
 // Reservation is one buyer's claim on Qty units of SKU.
 type Reservation struct {
-	ID        string
-	SKU       string
-	Qty       int
-	UserID    string
-	GroupID   string // empty unless a group-buy join
-	Status    Status
-	Reason    Reason    // set when CANCELLED
-	Refunded  bool      // CANCELLED after having been CONFIRMED: stock went back to MySQL
-	Notified  bool      // the cancellation event went out (MySQL's outbox flag)
-	ExpiresAt time.Time // the hold's deadline
-	CreatedAt time.Time
+	ID      string
+	SKU     string
+	Qty     int
+	UserID  string
+	GroupID string // empty unless a group-buy join
+	// Token names one Redis incarnation of the hold: random per hold that
+	// reserve.lua records. MySQL stores the token of the hold it decided, so
+	// a hold Redis took again for the same id after forgetting the first (a
+	// stray) is recognised and returned instead of confirmed.
+	Token    string
+	Status   Status
+	Reason   Reason // set when CANCELLED
+	Refunded bool   // CANCELLED after having been CONFIRMED: stock went back to MySQL
+	// Released is false on a CANCELLED row whose Redis give-back has not been
+	// acknowledged yet (MySQL's release outbox, drained by the sweeper).
+	Released bool
+	// RefundVersion is the stock row's version right after a refund (0
+	// otherwise): Redis warmed from a level at or past it already has the
+	// refunded units, so the release gives nothing back a second time.
+	RefundVersion int64
+	Notified      bool      // the cancellation event went out (MySQL's outbox flag)
+	ExpiresAt     time.Time // the hold's deadline
+	CreatedAt     time.Time
 }
 
 // GroupStatus is the state of a group-buy.
@@ -82,10 +95,11 @@ type Group struct {
 	ID        string
 	SKU       string
 	Capacity  int
-	Remaining int // slots not held in Redis
+	Remaining int // slots anyone can still take (0 once FORMED or FAILED)
 	Members   int // members confirmed in MySQL
 	Status    GroupStatus
 	Deadline  time.Time
+	FormedAt  time.Time // when the last slot was taken in Redis (zero unless FORMED)
 	CreatedAt time.Time
 }
 
@@ -93,8 +107,28 @@ type Group struct {
 type StockLevel struct {
 	SKU          string
 	Available    int64
-	Version      int64
-	PerUserLimit int // 0: no limit
+	Version      int64 // moves with every change of the row: sales, refunds, admin changes
+	PerUserLimit int   // units per user; 0: no limit
+	// AdminDelta is the sum of every admin change ever made (units added
+	// minus units removed). Redis records the figure it has applied, so it
+	// follows admin changes exactly once each, in any order: it moves by the
+	// difference between the newest figure and the one it has.
+	AdminDelta int64
+}
+
+// StockChange is an admin's change of a SKU's sellable stock: an absolute
+// figure (Set, guarded by IfVersion) or a relative one (Add).
+type StockChange struct {
+	SKU string
+	// Set is the new available figure. On an existing SKU it needs
+	// IfVersion: the version the admin read (ErrPreconditionRequired
+	// without it, ErrPreconditionFailed when the row moved since).
+	Set       *int64
+	Add       *int64 // units to add (negative: remove); commutes with sales
+	Limit     *int   // new per-user limit, when not nil
+	IfVersion *int64
+	// Key makes a retried change a no-op (an Idempotency-Key); optional.
+	Key string
 }
 
 // Domain errors. Callers branch on them with errors.Is.
@@ -108,6 +142,13 @@ var (
 	ErrNotFound            = errors.New("reservation not found")
 	ErrLimitExceeded       = errors.New("per-user limit exceeded")
 	ErrIdempotencyMismatch = errors.New("idempotency key reused with a different request")
+	// ErrPreconditionRequired: an absolute stock change of an existing SKU
+	// without the version it was based on.
+	ErrPreconditionRequired = errors.New("precondition required")
+	// ErrPreconditionFailed: the stock row moved since the version given.
+	ErrPreconditionFailed = errors.New("version mismatch")
+	// ErrInsufficient: a stock change would take available below zero.
+	ErrInsufficient = errors.New("insufficient stock")
 	// ErrUnavailable marks a failure of a store or queue: the request may be
 	// retried, and nothing was held.
 	ErrUnavailable = errors.New("dependency unavailable")

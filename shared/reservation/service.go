@@ -5,11 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
+	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 )
@@ -140,12 +138,23 @@ func ReservationID(req ReserveRequest) string {
 // idEncoding is base32 in lower case without padding: 26 characters for 128 bits.
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
+// newToken names one incarnation of a hold (see Reservation.Token).
+func newToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // Reserve holds stock for a buyer and hands the reservation to persist.
 // The result is HELD, or, for a replayed request, the reservation's current
-// state (replayed true). If the hand-off fails the reservation is cancelled
-// through the fenced decision before Reserve returns ErrUnavailable, so the
-// caller holds nothing; if even that cannot be decided (MySQL down) the hold
-// stays for the sweeper.
+// state (replayed true). A keyed request is judged against MySQL first: once
+// MySQL has the row, the same request answers its decided state and takes
+// nothing, and a different one is ErrIdempotencyMismatch, however long Redis
+// has forgotten the hold. If the hand-off of a request without a key fails,
+// the reservation is cancelled through the fenced decision before Reserve
+// returns ErrUnavailable, so the caller holds nothing (if even that cannot be
+// decided, MySQL down, the hold stays for the sweeper); a keyed request's
+// hold stays for its retry.
 func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation, bool, error) {
 	if len(req.IdempotencyKey) > 128 {
 		return Reservation{}, false, invalid("Idempotency-Key", "must be at most 128 characters")
@@ -153,25 +162,41 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	now := s.clock.Now()
 	r := Reservation{
 		ID: ReservationID(req), SKU: req.SKU, Qty: req.Qty, UserID: req.UserID, GroupID: req.GroupID,
-		Status: StatusHeld, ExpiresAt: now.Add(s.cfg.HoldTTL), CreatedAt: now,
+		Token: newToken(), Status: StatusHeld,
 	}
 	if err := r.Validate(s.cfg.MaxQty); err != nil {
 		return Reservation{}, false, err
 	}
+	keyed := req.IdempotencyKey != ""
 	// A sold-out SKU is answered here for a short while. Not for a request
 	// with an idempotency key: it may be the replay of a reservation that exists.
-	if until, ok := s.soldOut.Load(r.SKU); ok && req.IdempotencyKey == "" && now.Before(until.(time.Time)) {
+	if until, ok := s.soldOut.Load(r.SKU); ok && !keyed && now.Before(until.(time.Time)) {
 		s.metrics.Count("sold_out", 1)
 		return Reservation{}, false, ErrSoldOut
 	}
-	held, replayed, err := s.holds.Reserve(ctx, r, now)
+	if keyed {
+		row, err := s.ledger.Reservation(ctx, r.ID)
+		switch {
+		case err == nil:
+			if row.Qty != r.Qty || row.UserID != r.UserID || row.GroupID != r.GroupID {
+				return Reservation{}, false, ErrIdempotencyMismatch
+			}
+			return row, true, nil
+		case !errors.Is(err, ErrNotFound):
+			// MySQL unreachable: Redis still answers a replay it remembers;
+			// a hold Redis takes again for a decided id is a stray, which
+			// persist recognises by its token and returns.
+			s.log.WarnContext(ctx, "reserve: idempotency check in mysql failed", "reservation_id", r.ID, "error", err)
+		}
+	}
+	held, out, err := s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	if errors.Is(err, ErrUnknownSKU) {
 		// Redis may have lost the SKU (failover, flush): warm it from MySQL
 		// once and try again; MySQL says whether the SKU exists at all.
-		if werr := s.warm(ctx, r.SKU); werr != nil {
+		if _, werr := s.warm(ctx, r.SKU); werr != nil {
 			return Reservation{}, false, werr
 		}
-		held, replayed, err = s.holds.Reserve(ctx, r, now)
+		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	if err != nil {
 		if errors.Is(err, ErrSoldOut) {
@@ -180,13 +205,20 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 				s.soldOut.Store(r.SKU, now.Add(s.cfg.SoldOutTTL))
 			}
 		}
-		if errors.Is(err, ErrUnavailable) {
+		if errors.Is(err, ErrUnavailable) && !keyed {
 			s.abandon(ctx, r)
 		}
 		return Reservation{}, false, err
 	}
-	if replayed && held.Status.Final() {
+	if out.Replayed && held.Status.Final() {
 		return held, true, nil
+	}
+	if out.Formed {
+		// The last slot is taken: the group is FORMED, and that is final.
+		// Tell MySQL now; if this fails the sweeper learns it from Redis.
+		if err := s.ledger.FormGroup(ctx, r.GroupID, held.CreatedAt); err != nil {
+			s.log.WarnContext(ctx, "reserve: group formation not recorded in mysql", "group_id", r.GroupID, "error", err)
+		}
 	}
 	if h := s.hooks.AfterHold; h != nil {
 		if err := h(held); err != nil {
@@ -197,11 +229,20 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	// between the deduct and the send. Persist takes each id at most once.
 	// If that re-send fails, the first send (or, failing it, the sweeper)
 	// still decides the hold, so the replay answers HELD and cancels nothing.
+	// A keyed request's failed send is not fenced either: the 503 tells the
+	// client to retry with the same key, and that retry replays and re-sends
+	// this hold (or the sweeper expires it). Fencing would turn the retry into
+	// a CANCELLED answer for good, and could cancel a reservation an earlier
+	// attempt with the key was told 202 for.
 	if err := s.queue.Enqueue(ctx, held); err != nil {
 		s.metrics.Count("publish_failed", 1)
-		if replayed {
+		if out.Replayed {
 			s.log.WarnContext(ctx, "reserve: re-send of a replayed hold failed", "reservation_id", held.ID, "error", err)
 			return held, true, nil
+		}
+		if keyed {
+			s.log.WarnContext(ctx, "reserve: send failed; the hold waits for a retry with the same key", "reservation_id", held.ID, "error", err)
+			return Reservation{}, false, Unavailable("reserve enqueue", err)
 		}
 		final, serr := s.settle(ctx, held, ReasonPublishFailed)
 		if serr != nil {
@@ -215,17 +256,20 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		}
 		return Reservation{}, false, Unavailable("reserve enqueue", err)
 	}
-	if !replayed {
+	if !out.Replayed {
 		s.metrics.Count("reserved", 1)
 	}
-	return held, replayed, nil
+	return held, out.Replayed, nil
 }
 
-// abandon settles a reservation whose Redis call failed with an unknown
-// outcome (a timeout, a reset): the script may have run and left a hold that
-// no message will ever settle. Fence and release it now, within a short
-// bound, so the 503 holds nothing; if Redis or MySQL is still down the
-// sweeper finds the hold at its deadline.
+// abandon settles a reservation without an idempotency key whose Redis call
+// failed with an unknown outcome (a timeout, a reset): the script may have
+// run and left a hold that no message will ever settle. Its id is random, so
+// no earlier attempt can have been accepted under it: fence and release it
+// now, within a short bound, so the 503 holds nothing; if Redis or MySQL is
+// still down the sweeper finds the hold at its deadline. A keyed request is
+// never abandoned: an earlier attempt with the same key may have been told
+// 202, and its hold must stand.
 func (s *Service) abandon(ctx context.Context, r Reservation) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
@@ -234,344 +278,61 @@ func (s *Service) abandon(ctx context.Context, r Reservation) {
 	}
 }
 
-func (s *Service) warm(ctx context.Context, sku string) error {
-	level, err := s.ledger.Stock(ctx, sku)
-	if err != nil {
-		return err
+// maxWarmHolds bounds the HELD holds a warm-up checks against MySQL; past
+// it the warm-up counts them all as undecided (Redis shows fewer units until
+// their confirms arrive: the safe side).
+const maxWarmHolds = 5000
+
+// warm loads a SKU Redis has no stock for from MySQL, counting every unit
+// once: the HELD holds Redis still has are read first, then MySQL's level
+// and which of them it has confirmed in one consistent read, then the
+// script refuses a level older than a confirm it has already seen (it
+// would miss that confirm's deduction): read again.
+func (s *Service) warm(ctx context.Context, sku string) (warmed bool, err error) {
+	for range 3 {
+		ids, err := s.holds.HeldIDs(ctx, sku, maxWarmHolds)
+		if err != nil {
+			return false, err
+		}
+		level, confirmed, err := s.ledger.Snapshot(ctx, sku, ids)
+		if err != nil {
+			return false, err
+		}
+		res, err := s.holds.Warm(ctx, level, confirmed)
+		if err != nil {
+			return false, err
+		}
+		if res == SyncWarmed {
+			s.metrics.Count("warmed", 1)
+			s.log.InfoContext(ctx, "warmed sku from mysql", "sku", sku, "available", level.Available, "holds", len(ids))
+		}
+		if res != SyncStale {
+			return res == SyncWarmed, nil
+		}
 	}
-	warmed, err := s.holds.Warm(ctx, level)
-	if err != nil {
-		return err
-	}
-	if warmed {
-		s.metrics.Count("warmed", 1)
-		s.log.InfoContext(ctx, "warmed sku from mysql", "sku", sku, "available", level.Available)
-	}
-	return nil
+	return false, Unavailable("warm "+sku, errors.New("mysql level keeps moving"))
 }
 
-// Get returns a reservation's current state: HELD from Redis until MySQL
-// has decided it. ErrNotFound if neither store knows the id.
+// Get returns a reservation's current state: MySQL's row once MySQL has
+// decided it, the Redis hold (HELD) until then. ErrNotFound if neither store
+// knows the id. With MySQL unreachable, Redis's view is the answer.
 func (s *Service) Get(ctx context.Context, id string) (Reservation, error) {
 	if !ValidReservationID(id, "") {
 		return Reservation{}, ErrNotFound
 	}
-	h, herr := s.holds.Hold(ctx, id)
-	if herr == nil && h.Status.Final() {
-		return h, nil
-	}
 	row, err := s.ledger.Reservation(ctx, id)
-	switch {
-	case err == nil:
-		if herr == nil {
-			row.ExpiresAt = h.ExpiresAt
-		}
+	if err == nil {
 		return row, nil
-	case !errors.Is(err, ErrNotFound):
-		if herr == nil {
-			return h, nil // MySQL unreachable: Redis still knows it is HELD
-		}
-		return Reservation{}, err
+	}
+	h, herr := s.holds.Hold(ctx, id)
+	switch {
 	case herr == nil:
 		return h, nil
-	case errors.Is(herr, ErrNotFound):
-		return Reservation{}, ErrNotFound
+	case !errors.Is(err, ErrNotFound):
+		return Reservation{}, err
 	default:
 		return Reservation{}, herr
 	}
-}
-
-// Cancel is the buyer's cancel. A HELD reservation is fenced and released;
-// a CONFIRMED one is refunded in MySQL and then in Redis. Idempotent: a
-// repeat returns the final state and returns no stock twice.
-func (s *Service) Cancel(ctx context.Context, id string) (Reservation, error) {
-	if !ValidReservationID(id, "") {
-		return Reservation{}, ErrNotFound
-	}
-	row, err := s.ledger.Reservation(ctx, id)
-	if errors.Is(err, ErrNotFound) {
-		h, herr := s.holds.Hold(ctx, id)
-		if herr != nil {
-			return Reservation{}, herr
-		}
-		row, err = s.settle(ctx, h, ReasonBuyer)
-	}
-	if err != nil {
-		return Reservation{}, err
-	}
-	if row.Status == StatusConfirmed {
-		return s.refund(ctx, id, ReasonBuyer)
-	}
-	return s.finishCancel(ctx, row)
-}
-
-// Persist settles one reservation message in MySQL, exactly once per id.
-// Attempts are optimistic (version-checked update, retried in a fresh
-// transaction on a conflict); the last one locks the stock row first, so
-// contention alone cannot exhaust them. It returns the decided reservation.
-// An error means the message must be redelivered (MySQL unreachable, or
-// even the locking attempt deadlocked); it is never a reason to cancel.
-func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, error) {
-	for attempt := 1; ; attempt++ {
-		lock := Optimistic
-		if attempt == s.cfg.PersistAttempts {
-			lock = Pessimistic
-		}
-		res, row, err := s.ledger.Apply(ctx, r, lock, s.clock.Now())
-		if errors.Is(err, ErrVersionConflict) {
-			s.metrics.Count("persist_retries", 1)
-			if attempt >= s.cfg.PersistAttempts {
-				return r, fmt.Errorf("persist %s after %d attempts: %w", r.ID, attempt, ErrContended)
-			}
-			s.sleep(ctx, backoff(attempt))
-			if ctx.Err() != nil {
-				return r, fmt.Errorf("persist %s: %w", r.ID, ctx.Err())
-			}
-			continue
-		}
-		if err != nil {
-			return r, fmt.Errorf("persist %s: %w", r.ID, err)
-		}
-		return s.decided(ctx, r, res, row)
-	}
-}
-
-// PersistBatch settles a batch of reservation messages: the hot-SKU path.
-// Messages without a group are grouped by SKU and each group is settled with
-// ApplyBatch — one transaction, one version-checked update for the summed
-// quantity under the row lock — retried on a conflict; if the SKU cannot cover the sum, exactly
-// the reservations that fit (in message order) are confirmed and the rest are
-// cancelled through the fence. Group joins, and a batch that keeps
-// conflicting, go through Persist one by one. It returns one error per message: nil once decided, else the
-// message must be redelivered.
-func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
-	errs := make([]error, len(rs))
-	bySKU := map[string][]int{}
-	var order []string
-	for i, r := range rs {
-		if r.GroupID != "" {
-			_, errs[i] = s.Persist(ctx, r)
-			continue
-		}
-		if _, ok := bySKU[r.SKU]; !ok {
-			order = append(order, r.SKU)
-		}
-		bySKU[r.SKU] = append(bySKU[r.SKU], i)
-	}
-	for _, sku := range order {
-		idx := bySKU[sku]
-		batch := make([]Reservation, len(idx))
-		for j, i := range idx {
-			batch[j] = rs[i]
-		}
-		results, err := s.applyBatch(ctx, sku, batch)
-		if errors.Is(err, ErrVersionConflict) {
-			for _, i := range idx { // still contended: one by one, the last attempt locking
-				_, errs[i] = s.Persist(ctx, rs[i])
-			}
-			continue
-		}
-		if err != nil {
-			for _, i := range idx {
-				errs[i] = fmt.Errorf("persist %s: %w", rs[i].ID, err)
-			}
-			continue
-		}
-		for j, i := range idx {
-			_, errs[i] = s.decided(ctx, rs[i], results[j].Result, results[j].Row)
-		}
-	}
-	return errs
-}
-
-// applyBatch runs the batch attempts for one SKU.
-func (s *Service) applyBatch(ctx context.Context, sku string, batch []Reservation) ([]BatchResult, error) {
-	var err error
-	for attempt := 1; attempt < max(2, s.cfg.PersistAttempts); attempt++ {
-		var results []BatchResult
-		results, err = s.ledger.ApplyBatch(ctx, sku, batch, s.clock.Now())
-		if !errors.Is(err, ErrVersionConflict) {
-			return results, err
-		}
-		s.metrics.Count("persist_retries", 1)
-		s.sleep(ctx, backoff(attempt))
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-	}
-	return nil, err
-}
-
-// decided acts on what MySQL decided for one message.
-func (s *Service) decided(ctx context.Context, r Reservation, res ApplyResult, row Reservation) (Reservation, error) {
-	switch res {
-	case Applied, AlreadyConfirmed:
-		if res == Applied {
-			s.metrics.Count("confirmed", 1)
-		}
-		if h := s.hooks.AfterCommit; h != nil {
-			if err := h(r); err != nil {
-				return r, err
-			}
-		}
-		r.Status = StatusConfirmed
-		if err := s.holds.Confirm(ctx, r); err != nil {
-			// The row decided it; the sweeper marks the hold later.
-			s.log.WarnContext(ctx, "persist: hold not marked confirmed", "reservation_id", r.ID, "error", err)
-		}
-		return r, nil
-	case AlreadyCancelled:
-		// Fenced before it arrived: take nothing; make sure the hold is
-		// released (the fencer may have crashed before releasing).
-		return s.finishCancel(ctx, row)
-	default:
-		return s.settle(ctx, r, reasonOf(res))
-	}
-}
-
-func reasonOf(res ApplyResult) Reason {
-	switch res {
-	case NoSuchSKU:
-		return ReasonUnknownSKU
-	case GroupNotOpen:
-		return ReasonGroupClosed
-	case GroupNoSlot:
-		return ReasonGroupFull
-	case GroupDuplicate:
-		return ReasonAlreadyJoined
-	default:
-		return ReasonInsufficient
-	}
-}
-
-// backoff is full jitter over an exponential ceiling: 2ms, 4ms, … capped at 100ms.
-func backoff(attempt int) time.Duration {
-	ceiling := min(time.Duration(1<<attempt)*time.Millisecond, 100*time.Millisecond)
-	return time.Duration(mrand.Int64N(int64(ceiling)) + 1)
-}
-
-// Compensate decides a reservation whose message reached the dead-letter
-// queue. MySQL first: a CONFIRMED row (persist committed after all) only
-// marks the hold confirmed; otherwise the reservation is fenced CANCELLED,
-// its hold released once, and the cancellation published. Idempotent.
-func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, error) {
-	return s.settle(ctx, r, ReasonDeadLetter)
-}
-
-// settle is the fenced decision every cancelling path shares: write the
-// CANCELLED fence unless MySQL already decided, then act on the row.
-func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
-	row, inserted, err := s.ledger.Fence(ctx, r, reason, s.clock.Now())
-	if err != nil {
-		return r, fmt.Errorf("fence %s: %w", r.ID, err)
-	}
-	if row.Status == StatusConfirmed {
-		if err := s.holds.Confirm(ctx, row); err != nil {
-			return row, fmt.Errorf("confirm hold %s: %w", r.ID, err)
-		}
-		return row, nil
-	}
-	if inserted {
-		s.metrics.Count("cancelled_"+string(row.Reason), 1)
-	}
-	return s.finishCancel(ctx, row)
-}
-
-// refund cancels a CONFIRMED reservation: stock back to MySQL, then Redis.
-func (s *Service) refund(ctx context.Context, id string, reason Reason) (Reservation, error) {
-	row, refunded, err := s.ledger.Refund(ctx, id, reason, s.clock.Now())
-	if err != nil {
-		return Reservation{}, fmt.Errorf("refund %s: %w", id, err)
-	}
-	if refunded {
-		s.metrics.Count("cancelled_"+string(reason), 1)
-	}
-	return s.finishCancel(ctx, row)
-}
-
-// finishCancel brings Redis in line with a CANCELLED row and sends its event
-// once (the row's notified flag is the outbox; the sweeper resends what a
-// crash left unsent). Safe to repeat.
-func (s *Service) finishCancel(ctx context.Context, row Reservation) (Reservation, error) {
-	if row.Status != StatusCancelled {
-		return row, nil
-	}
-	returned, err := s.holds.Release(ctx, row, row.Refunded)
-	if err != nil {
-		return row, fmt.Errorf("release %s: %w", row.ID, err)
-	}
-	if returned {
-		s.soldOut.Delete(row.SKU) // stock came back: ask Redis again
-	}
-	if returned {
-		s.metrics.Count("released", 1)
-	}
-	if !row.Notified {
-		if err := s.notify(ctx, row); err != nil {
-			return row, err
-		}
-		row.Notified = true
-	}
-	return row, nil
-}
-
-func (s *Service) notify(ctx context.Context, row Reservation) error {
-	if err := s.notifier.Cancelled(ctx, row); err != nil {
-		return fmt.Errorf("publish cancellation %s: %w", row.ID, err)
-	}
-	if err := s.ledger.MarkNotified(ctx, row.ID); err != nil {
-		return fmt.Errorf("mark notified %s: %w", row.ID, err)
-	}
-	return nil
-}
-
-// CreateGroup opens a group-buy of capacity slots on sku. ttl 0 means the
-// default deadline.
-func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl time.Duration) (Group, error) {
-	switch {
-	case !ValidID(sku):
-		return Group{}, invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
-	case capacity < 2 || capacity > 1000:
-		return Group{}, invalid("capacity", "must be between 2 and 1000")
-	case ttl < 0 || ttl > s.cfg.MaxGroupTTL:
-		return Group{}, invalid("ttl_seconds", "must be between 1 and %d", int(s.cfg.MaxGroupTTL.Seconds()))
-	}
-	if ttl == 0 {
-		ttl = s.cfg.GroupTTL
-	}
-	now := s.clock.Now()
-	g := Group{
-		ID: "g-" + strings.TrimPrefix(ReservationID(ReserveRequest{}), "."), SKU: sku, Capacity: capacity, Remaining: capacity,
-		Status: GroupOpen, Deadline: now.Add(ttl).Truncate(time.Millisecond), CreatedAt: now,
-	}
-	if err := s.ledger.CreateGroup(ctx, g); err != nil {
-		return Group{}, err
-	}
-	if err := s.holds.CreateGroup(ctx, g); err != nil {
-		// MySQL has an OPEN group nobody can join; the sweeper fails it at
-		// its deadline with no members.
-		return Group{}, err
-	}
-	return g, nil
-}
-
-// Group returns a group: status and confirmed members from MySQL, free
-// slots from Redis.
-func (s *Service) Group(ctx context.Context, id string) (Group, error) {
-	if !ValidID(id) {
-		return Group{}, ErrUnknownGroup
-	}
-	g, err := s.ledger.Group(ctx, id)
-	if err != nil {
-		return Group{}, err
-	}
-	g.Remaining = g.Capacity - g.Members
-	if g.Status == GroupOpen {
-		if rg, err := s.holds.Group(ctx, g.SKU, id); err == nil {
-			g.Remaining = rg.Remaining
-		}
-	}
-	return g, nil
 }
 
 // Available returns the units buyers can still reserve (the Redis figure).
@@ -579,70 +340,12 @@ func (s *Service) Available(ctx context.Context, sku string) (int64, error) {
 	if !ValidID(sku) {
 		return 0, ErrUnknownSKU
 	}
-	available, _, err := s.holds.Stock(ctx, sku)
+	rs, err := s.holds.Stock(ctx, sku)
 	if errors.Is(err, ErrUnknownSKU) {
-		if werr := s.warm(ctx, sku); werr != nil {
+		if _, werr := s.warm(ctx, sku); werr != nil {
 			return 0, werr
 		}
-		available, _, err = s.holds.Stock(ctx, sku)
+		rs, err = s.holds.Stock(ctx, sku)
 	}
-	return available, err
-}
-
-// SetStock sets a SKU's sellable stock in MySQL and moves Redis by the same
-// amount, so live holds stay counted exactly once. limit, when not nil, sets
-// the per-user limit in units (1 means one unit per buyer; 0 means none).
-func (s *Service) SetStock(ctx context.Context, sku string, stock int64, limit *int) (StockLevel, error) {
-	switch {
-	case !ValidID(sku):
-		return StockLevel{}, invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
-	case stock < 0 || stock > 1_000_000_000:
-		return StockLevel{}, invalid("stock", "must be between 0 and 1000000000")
-	case limit != nil && (*limit < 0 || *limit > 1_000_000):
-		return StockLevel{}, invalid("per_user_limit", "must be between 0 and 1000000")
-	}
-	level, delta, err := s.ledger.SetStock(ctx, sku, stock, limit)
-	if err != nil {
-		return StockLevel{}, err
-	}
-	s.soldOut.Delete(sku)
-	if err := s.holds.AdjustStock(ctx, level, delta); err != nil {
-		// MySQL changed and Redis did not: the drift shows in the sweeper's
-		// metric and reconciliation heals it.
-		return StockLevel{}, err
-	}
-	return level, nil
-}
-
-// StockReport is a SKU's stock as both stores see it.
-type StockReport struct {
-	SKU            string
-	MySQLAvailable int64
-	RedisAvailable int64
-	Held           int64 // units HELD in Redis, not yet decided
-	Version        int64
-	PerUserLimit   int
-}
-
-// Drift is MySQL's figure minus what Redis accounts for; 0 at quiescence.
-func (r StockReport) Drift() int64 { return r.MySQLAvailable - (r.RedisAvailable + r.Held) }
-
-// InspectStock reads a SKU's stock from both stores, for operators and the
-// load tool's invariant report.
-func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, error) {
-	if !ValidID(sku) {
-		return StockReport{}, ErrUnknownSKU
-	}
-	level, err := s.ledger.Stock(ctx, sku)
-	if err != nil {
-		return StockReport{}, err
-	}
-	available, held, err := s.holds.Stock(ctx, sku)
-	if err != nil {
-		return StockReport{}, err
-	}
-	return StockReport{
-		SKU: sku, MySQLAvailable: level.Available, RedisAvailable: available, Held: held,
-		Version: level.Version, PerUserLimit: level.PerUserLimit,
-	}, nil
+	return rs.Available, err
 }

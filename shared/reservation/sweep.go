@@ -2,36 +2,58 @@ package reservation
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 )
 
 // SweepReport says what one sweep did.
 type SweepReport struct {
 	SKUs         int              `json:"skus"`
 	Warmed       int              `json:"warmed"`
+	Adjusted     int              `json:"adjusted"`      // SKUs whose missed admin changes reached Redis
 	Expired      int              `json:"expired"`       // holds past their deadline that the sweep decided
-	Released     int              `json:"released"`      // of those, cancelled with their stock returned
+	Released     int              `json:"released"`      // holds cancelled with their stock returned, and outbox releases
 	Confirmed    int              `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
 	GroupsFailed int              `json:"groups_failed"` // groups past their deadline, now FAILED and settled
-	Notified     int              `json:"events_resent"` // cancellation events resent from the outbox
+	Notified     int              `json:"events_resent"` // cancellation events sent from the outbox
 	Healed       int              `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
 	Drift        map[string]int64 `json:"drift"`         // per SKU: MySQL available − (Redis available + held)
 	Errors       int              `json:"errors"`
 }
 
 // Sweep is the scheduled pass that bounds how long anything stays undecided:
-// it warms SKUs Redis lost, decides holds past their deadline (plus the skew
-// grace) through the same fenced decision as compensate, fails groups that
-// did not form by their deadline and returns all their stock, resends
-// cancellation events a crash left unsent, and measures Redis–MySQL drift.
-// Every step is idempotent, so two sweeps at once do no harm. An error in
-// one item is logged and counted; the sweep goes on and the next one retries.
+// per SKU it brings Redis in line with MySQL's level (warms a SKU Redis lost,
+// applies admin changes Redis missed), decides holds past their deadline
+// (plus the skew grace, by Redis's clock) through the same fenced decision as
+// compensate; it ends groups past their deadline (FORMED if their last slot
+// went in time, else FAILED with all their stock returned), drains the
+// outboxes (Redis releases and cancellation events a failure left pending)
+// and measures Redis–MySQL drift. Every step is idempotent, so two sweeps at
+// once do no harm. An error in one item is logged and counted; the sweep goes
+// on and the next one retries.
 func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
-	now := s.clock.Now()
-	cutoff := now.Add(-s.cfg.SweepGrace)
+	cutoff := s.clock.Now().Add(-s.cfg.SweepGrace)
 	rep := SweepReport{Drift: map[string]int64{}}
+
+	// The outbox first: a release that reaches Redis now is one the drift
+	// measurement below does not have to wait for.
+	pending, err := s.ledger.Outbox(ctx, cutoff, s.cfg.SweepBatch)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: list outbox", "error", err)
+	}
+	for _, row := range pending {
+		if err := s.followNow(ctx, row, 0); err != nil {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: drain outbox", "reservation_id", row.ID, "error", err)
+			continue
+		}
+		if !row.Released {
+			rep.Released++
+		}
+		if !row.Notified {
+			rep.Notified++
+		}
+	}
 
 	levels, err := s.ledger.Stocks(ctx)
 	if err != nil {
@@ -42,7 +64,7 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
 		}
-		s.sweepSKU(ctx, level, cutoff, &rep)
+		s.sweepSKU(ctx, level.SKU, &rep)
 	}
 
 	groups, err := s.ledger.DueGroups(ctx, cutoff, s.cfg.SweepBatch)
@@ -54,26 +76,12 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		failed, err := s.failGroup(ctx, g)
 		if err != nil {
 			rep.Errors++
-			s.log.ErrorContext(ctx, "sweep: fail group", "group_id", g.ID, "error", err)
+			s.log.ErrorContext(ctx, "sweep: end group", "group_id", g.ID, "error", err)
 			continue
 		}
 		if failed {
 			rep.GroupsFailed++
 		}
-	}
-
-	pending, err := s.ledger.Unnotified(ctx, cutoff, s.cfg.SweepBatch)
-	if err != nil {
-		rep.Errors++
-		s.log.ErrorContext(ctx, "sweep: list unsent events", "error", err)
-	}
-	for _, row := range pending {
-		if err := s.notify(ctx, row); err != nil {
-			rep.Errors++
-			s.log.ErrorContext(ctx, "sweep: resend event", "reservation_id", row.ID, "error", err)
-			continue
-		}
-		rep.Notified++
 	}
 
 	var drift int64
@@ -88,31 +96,32 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 	return rep, nil
 }
 
-func (s *Service) sweepSKU(ctx context.Context, level StockLevel, cutoff time.Time, rep *SweepReport) {
-	available, held, err := s.holds.Stock(ctx, level.SKU)
-	if errors.Is(err, ErrUnknownSKU) {
-		warmed, werr := s.holds.Warm(ctx, level)
-		if werr != nil {
-			rep.Errors++
-			s.log.ErrorContext(ctx, "sweep: warm", "sku", level.SKU, "error", werr)
-			return
+func (s *Service) sweepSKU(ctx context.Context, sku string, rep *SweepReport) {
+	level, err := s.ledger.Stock(ctx, sku)
+	if err == nil {
+		var res SyncResult
+		res, err = s.holds.Sync(ctx, level)
+		switch {
+		case err != nil:
+		case res == SyncAdjusted:
+			rep.Adjusted++
+		case res == SyncMissing:
+			var warmed bool
+			if warmed, err = s.warm(ctx, sku); warmed {
+				rep.Warmed++
+			}
 		}
-		if warmed {
-			rep.Warmed++
-			s.metrics.Count("warmed", 1)
-		}
-		available, held, err = s.holds.Stock(ctx, level.SKU)
 	}
 	if err != nil {
 		rep.Errors++
-		s.log.ErrorContext(ctx, "sweep: read redis stock", "sku", level.SKU, "error", err)
+		s.log.ErrorContext(ctx, "sweep: sync stock", "sku", sku, "error", err)
 		return
 	}
 
-	expired, err := s.holds.Expired(ctx, level.SKU, cutoff, s.cfg.SweepBatch)
+	expired, err := s.holds.Expired(ctx, sku, s.cfg.SweepGrace, s.cfg.SweepBatch)
 	if err != nil {
 		rep.Errors++
-		s.log.ErrorContext(ctx, "sweep: list expired holds", "sku", level.SKU, "error", err)
+		s.log.ErrorContext(ctx, "sweep: list expired holds", "sku", sku, "error", err)
 		return
 	}
 	for _, h := range expired {
@@ -132,97 +141,56 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, cutoff time.Ti
 	if len(expired) > 0 {
 		return // holds are being decided right now: measure next time
 	}
-	drift := level.Available - (available + held)
-	rep.Drift[level.SKU] = drift
-	s.reconcile(ctx, level, available, held, drift, rep)
+	s.reconcile(ctx, sku, rep)
 }
 
 // reconcile heals Redis when a drift is real: the same value across sweeps
-// (ReconcileAfter apart), no live hold, MySQL unchanged since the
-// measurement, and Redis unchanged up to the moment of the fix (heal.lua
-// compares). A transient drift — a persist committed between the two reads —
-// changes value or vanishes and is never "healed". MySQL stays the arbiter:
-// a heal only moves the figure buyers see.
-func (s *Service) reconcile(ctx context.Context, level StockLevel, available, held, drift int64, rep *SweepReport) {
-	if drift != 0 && held != 0 {
-		return // live holds may be mid-decision; only report
+// (ReconcileAfter apart), no live hold, no MySQL-first write still on its way
+// to Redis (an unreleased cancellation, an admin change Redis has not
+// applied), MySQL unchanged across the measurement, and Redis unchanged up
+// to the moment of the fix (heal.lua compares). The order of the reads is
+// what makes it sound: MySQL, then Redis, then the outbox and MySQL again —
+// a write that reached MySQL first is either still pending at the last read
+// or reached Redis after the measurement, which heal.lua sees. A transient
+// drift — a persist committed between the reads — changes value or vanishes
+// and is never "healed". MySQL stays the arbiter: a heal only moves the
+// figure buyers see.
+func (s *Service) reconcile(ctx context.Context, sku string, rep *SweepReport) {
+	level, err := s.ledger.Stock(ctx, sku)
+	if err != nil {
+		rep.Errors++
+		return
 	}
+	rs, err := s.holds.Stock(ctx, sku)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: read redis stock", "sku", sku, "error", err)
+		return
+	}
+	drift := level.Available - (rs.Available + rs.Held)
+	rep.Drift[sku] = drift
 	if drift != 0 {
-		now, err := s.ledger.Stock(ctx, level.SKU)
-		if err != nil || now.Available != level.Available {
+		if rs.Held != 0 || rs.AdminDelta != level.AdminDelta {
+			return // live holds may be mid-decision, or an admin change is on its way
+		}
+		n, err := s.ledger.Unreleased(ctx, sku)
+		if err != nil || n > 0 {
+			return // a release is on its way to Redis
+		}
+		again, err := s.ledger.Stock(ctx, sku)
+		if err != nil || again.Available != level.Available {
 			return // MySQL moved: not a stable measurement
 		}
 	}
-	healed, err := s.holds.Heal(ctx, level.SKU, available, held, drift, s.clock.Now(), s.cfg.ReconcileAfter)
+	healed, err := s.holds.Heal(ctx, rs, drift, s.cfg.ReconcileAfter)
 	if err != nil {
 		rep.Errors++
-		s.log.ErrorContext(ctx, "sweep: heal", "sku", level.SKU, "error", err)
+		s.log.ErrorContext(ctx, "sweep: heal", "sku", sku, "error", err)
 		return
 	}
 	if healed {
 		rep.Healed++
 		s.metrics.Count("drift_healed", 1)
-		s.log.WarnContext(ctx, "healed redis drift", "sku", level.SKU, "drift", drift)
+		s.log.WarnContext(ctx, "healed redis drift", "sku", sku, "drift", drift)
 	}
-}
-
-// failGroup fails a group that did not form by its deadline: MySQL first
-// (the arbiter; a group that formed in time stays FORMED), then Redis (no
-// more joins), then every member from both stores is cancelled with its
-// stock returned. It reports whether the group is FAILED.
-func (s *Service) failGroup(ctx context.Context, g Group) (bool, error) {
-	g, err := s.ledger.FailGroup(ctx, g.ID, s.clock.Now())
-	if err != nil {
-		return false, err
-	}
-	if g.Status != GroupFailed {
-		return false, nil
-	}
-	ids, err := s.holds.CloseGroup(ctx, g)
-	if err != nil {
-		return true, err
-	}
-	rows, err := s.ledger.GroupMembers(ctx, g.ID)
-	if err != nil {
-		return true, err
-	}
-	seen := map[string]bool{}
-	for _, r := range rows {
-		seen[r.ID] = true
-		if _, err := s.refund(ctx, r.ID, ReasonGroupFailed); err != nil {
-			return true, err
-		}
-	}
-	for _, id := range ids {
-		if seen[id] {
-			continue
-		}
-		if err := s.cancelMember(ctx, id); err != nil {
-			return true, err
-		}
-	}
-	if err := s.ledger.GroupSettled(ctx, g.ID); err != nil {
-		return true, err
-	}
-	s.log.InfoContext(ctx, "group failed", "group_id", g.ID, "sku", g.SKU, "members", len(rows), "holds", len(ids))
-	return true, nil
-}
-
-// cancelMember cancels a member of a failed group known to Redis.
-func (s *Service) cancelMember(ctx context.Context, id string) error {
-	h, err := s.holds.Hold(ctx, id)
-	if errors.Is(err, ErrNotFound) {
-		return nil // nothing held in Redis; MySQL has no row either
-	}
-	if err != nil {
-		return err
-	}
-	row, err := s.settle(ctx, h, ReasonGroupFailed)
-	if err != nil {
-		return err
-	}
-	if row.Status == StatusConfirmed {
-		_, err = s.refund(ctx, id, ReasonGroupFailed)
-	}
-	return err
 }

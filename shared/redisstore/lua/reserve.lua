@@ -1,25 +1,27 @@
 -- reserve.lua: check and pre-deduct stock for one reservation, atomically.
--- All keys share the SKU's {hash tag}.
+-- All keys share the SKU's {hash tag}. Prefixed with clock.lua.
 --
 -- KEYS[1] stock    string: units buyers can still reserve
--- KEYS[2] meta     hash: held (units HELD, not yet confirmed), limit (per-user units, 0 = none)
+-- KEYS[2] meta     hash: held (units HELD, not yet decided), limit (per-user units, 0 = none)
 -- KEYS[3] exp      sorted set: reservation id -> hold deadline (unix ms)
 -- KEYS[4] users    hash: user -> units held or confirmed (for the per-user limit)
 -- KEYS[5] hold     hash: the hold of this reservation id
--- KEYS[6] group    hash: capacity, remaining, status, deadline (placeholder when no group)
+-- KEYS[6] group    hash: capacity, remaining, status, deadline, formed_at (placeholder when no group)
 -- KEYS[7] members  hash: user -> reservation id (placeholder when no group)
 -- ARGV[1] sku  ARGV[2] reservation id  ARGV[3] qty  ARGV[4] user  ARGV[5] group id ("" = none)
--- ARGV[6] hold deadline (unix ms)  ARGV[7] now (unix ms)
+-- ARGV[6] hold ttl (ms)  ARGV[7] token (names this incarnation of the hold)
+-- ARGV[8] now (unix ms; "" = Redis's clock, as in production)
 --
 -- Returns a flat array whose first element is the code:
---   {"OK"}                                  hold recorded HELD, stock deducted
+--   {"OK", deadline, created, formed}       hold recorded HELD, stock deducted; formed "1" when this
+--                                           join took the group's last slot (the group is FORMED, final)
 --   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken
 --   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"}
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
 -- Idempotent: a retried call finds the hold and answers REPLAY.
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local deadline, now = tonumber(ARGV[6]), tonumber(ARGV[7])
+local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
 if redis.call('EXISTS', KEYS[5]) == 1 then
   local h = redis.call('HMGET', KEYS[5], 'qty', 'user', 'group')
@@ -40,23 +42,29 @@ if limit > 0 and tonumber(redis.call('HGET', KEYS[4], user) or '0') + qty > limi
   return {'LIMIT'}
 end
 
+local now = clock_ms(ARGV[8])
+local formed = '0'
 if gid ~= '' then
   local g = redis.call('HMGET', KEYS[6], 'status', 'remaining', 'deadline')
   if not g[1] then return {'UNKNOWN_GROUP'} end
   if g[1] == 'FAILED' or now >= tonumber(g[3]) then return {'GROUP_CLOSED'} end
   if redis.call('HEXISTS', KEYS[7], user) == 1 then return {'ALREADY_JOINED'} end
-  if tonumber(g[2]) <= 0 then return {'GROUP_FULL'} end
+  if g[1] ~= 'OPEN' or tonumber(g[2]) <= 0 then return {'GROUP_FULL'} end
   local remaining = redis.call('HINCRBY', KEYS[6], 'remaining', -1)
-  if remaining == 0 then redis.call('HSET', KEYS[6], 'status', 'FORMED') end
+  if remaining == 0 then
+    redis.call('HSET', KEYS[6], 'status', 'FORMED', 'formed_at', now)
+    formed = '1'
+  end
   redis.call('HSET', KEYS[7], user, id)
-  local ttl = redis.call('PTTL', KEYS[6])
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[7], ttl) end
+  local pttl = redis.call('PTTL', KEYS[6])
+  if pttl > 0 then redis.call('PEXPIRE', KEYS[7], pttl) end
 end
 
+local deadline = now + ttl
 redis.call('DECRBY', KEYS[1], qty)
 redis.call('HINCRBY', KEYS[2], 'held', qty)
 redis.call('HINCRBY', KEYS[4], user, qty)
-redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid,
+redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid, 'token', token,
   'state', 'HELD', 'deadline', deadline, 'created', now)
 redis.call('ZADD', KEYS[3], deadline, id)
-return {'OK'}
+return {'OK', tostring(deadline), tostring(now), formed}

@@ -1,23 +1,22 @@
--- stock.lua: load or move a SKU's stock from MySQL without double-counting live holds.
+-- stock.lua: make a SKU Redis knows follow MySQL's admin changes, each exactly once, in any order.
 --
--- KEYS[1] stock  KEYS[2] meta
--- ARGV[1] mode: "warm" (only if Redis has no stock) or "adjust" (apply a delta once per version)
--- ARGV[2] MySQL available  ARGV[3] MySQL version  ARGV[4] per-user limit  ARGV[5] delta (adjust)
+-- KEYS[1] stock  KEYS[2] meta (held, ver, added, limit)
+-- ARGV[1] MySQL version  ARGV[2] per-user limit
+-- ARGV[3] MySQL admin delta (the sum of every admin change ever made)
 --
--- Returns 1 if the stock was set or moved, 0 if nothing changed.
---   missing stock -> stock = MySQL available - units still HELD (both modes)
---   adjust        -> stock += delta, unless meta.ver >= version (a replay or an older change)
--- Every path records meta.ver = version and meta.limit.
-local mode, available, version, limit, delta = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local held = tonumber(redis.call('HGET', KEYS[2], 'held') or '0')
-  redis.call('SET', KEYS[1], available - held)
-  redis.call('HSET', KEYS[2], 'ver', version, 'limit', limit)
-  return 1
-end
-if mode == 'warm' then return 0 end
-local ver = tonumber(redis.call('HGET', KEYS[2], 'ver') or '-1')
-if ver >= version then return 0 end
-redis.call('INCRBY', KEYS[1], delta)
-redis.call('HSET', KEYS[2], 'ver', version, 'limit', limit)
-return 1
+-- Returns
+--   4  missing: Redis has no stock for the SKU (warm.lua loads it); nothing changed
+--   2  adjusted: stock += admin delta - meta.added (the changes not applied yet)
+--   0  nothing moved (an older or equal version, or no admin change since)
+-- meta.ver orders the levels: an older one is ignored, so a delayed update never undoes a newer
+-- one. A SKU written before meta.added existed counts as 0 applied, as MySQL's admin_delta
+-- started at 0 when it was added.
+local version, limit, delta = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if redis.call('EXISTS', KEYS[1]) == 0 then return 4 end
+if version <= tonumber(redis.call('HGET', KEYS[2], 'ver') or '-1') then return 0 end
+local added = tonumber(redis.call('HGET', KEYS[2], 'added') or '0')
+redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit)
+local d = delta - added
+if d == 0 then return 0 end
+redis.call('INCRBY', KEYS[1], d)
+return 2

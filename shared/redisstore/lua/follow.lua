@@ -1,0 +1,93 @@
+-- follow.lua: make a hold follow MySQL's decided row, exactly once. Redis never gives
+-- stock back on its own authority: every give-back here is the effect of one MySQL
+-- transition (a fence or a refund) or the return of a stray that MySQL never took.
+--
+-- KEYS[1] stock  KEYS[2] meta  KEYS[3] exp  KEYS[4] users  KEYS[5] hold
+-- KEYS[6] group  KEYS[7] members   (as in reserve.lua; group keys are placeholders when no group)
+-- ARGV[1] sku  ARGV[2] reservation id  ARGV[3] token of the hold MySQL decided ("" for a row
+--   written before tokens existed: it matches any hold)
+-- ARGV[4] qty  ARGV[5] user  ARGV[6] group id          (the row's)
+-- ARGV[7] status: CONFIRMED or CANCELLED  ARGV[8] refunded "1"/"0"
+-- ARGV[9] released "1"/"0" (0: the row's give-back is not acknowledged in MySQL yet)
+-- ARGV[10] reason  ARGV[11] retention seconds for the finished hold
+-- ARGV[12] the stock row's version after a CONFIRMED commit (0: unknown)
+-- ARGV[13] the stock row's version right after a refund (0: none)
+--
+-- Returns 1 if this call returned stock, 0 otherwise.
+--   a hold of another token  -> a stray (Redis took the id again after forgetting the decided
+--                               hold): returned if HELD, then replaced by the row's tombstone
+--   CONFIRMED: HELD          -> CONFIRMED, its units leave held; meta.cver = version
+--   CANCELLED: HELD          -> CANCELLED, stock, per-user units and (OPEN group) slot returned
+--   CANCELLED refunded, hold CONFIRMED or missing, released "0", not yet applied for this token
+--                            -> stock and per-user units returned (a formed group keeps its slot),
+--                               unless the stock was warmed from a level at or past the refund
+--                               (meta.wver >= ARGV[13]): that level has the units already
+--   anything else            -> nothing moves; a missing hold becomes a tombstone of the row
+-- Idempotent: the hold's state and its rel field (the token whose release was applied)
+-- make a repeat a no-op; MySQL's released flag ends the retries.
+local sku, id, token = ARGV[1], ARGV[2], ARGV[3]
+local qty, user, gid = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local status, refunded, released = ARGV[7], ARGV[8] == '1', ARGV[9] == '1'
+local reason, retention, version = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
+local refund_version = tonumber(ARGV[13])
+
+local function give_back(n, who, group, counted)
+  if not counted and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], n) end
+  if redis.call('HINCRBY', KEYS[4], who, -n) <= 0 then redis.call('HDEL', KEYS[4], who) end
+  if group ~= '' and group == gid and redis.call('HGET', KEYS[7], who) == id
+      and redis.call('HGET', KEYS[6], 'status') == 'OPEN' then
+    redis.call('HDEL', KEYS[7], who)
+    redis.call('HINCRBY', KEYS[6], 'remaining', 1)
+  end
+end
+
+local function unhold(n)
+  redis.call('HINCRBY', KEYS[2], 'held', -n)
+  redis.call('ZREM', KEYS[3], id)
+end
+
+local returned = 0
+local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel')
+local state = h[1]
+if state and token ~= '' and (h[5] or '') ~= token then
+  if state == 'HELD' then
+    local n = tonumber(h[2])
+    unhold(n)
+    give_back(n, h[3], h[4] or '')
+    returned = 1
+  end
+  redis.call('DEL', KEYS[5])
+  state = nil
+end
+
+if not state then
+  redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid, 'token', token,
+    'state', status, 'deadline', 0, 'created', 0)
+end
+
+if status == 'CONFIRMED' then
+  if state == 'HELD' then
+    unhold(tonumber(h[2]))
+    redis.call('HSET', KEYS[5], 'state', 'CONFIRMED')
+    if version > tonumber(redis.call('HGET', KEYS[2], 'cver') or '0') then
+      redis.call('HSET', KEYS[2], 'cver', version)
+    end
+  end
+  if state ~= 'CONFIRMED' then redis.call('EXPIRE', KEYS[5], retention) end
+  return returned
+end
+
+if state and h[6] == token then return returned end
+if state == 'HELD' then
+  local n = tonumber(h[2])
+  unhold(n)
+  give_back(n, h[3], h[4] or '')
+  returned = 1
+elseif refunded and not released and (state == 'CONFIRMED' or not state) then
+  local counted = refund_version > 0 and tonumber(redis.call('HGET', KEYS[2], 'wver') or '0') >= refund_version
+  give_back(qty, user, gid, counted)
+  if not counted then returned = 1 end
+end
+redis.call('HSET', KEYS[5], 'state', 'CANCELLED', 'reason', reason, 'refunded', refunded and '1' or '0', 'rel', token)
+redis.call('EXPIRE', KEYS[5], retention)
+return returned

@@ -1,0 +1,157 @@
+package reservation
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+)
+
+// CreateGroup opens a group-buy of capacity slots on sku. ttl 0 means the
+// default deadline, counted from Redis's clock (the one reserve.lua judges
+// joins by).
+func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl time.Duration) (Group, error) {
+	switch {
+	case !ValidID(sku):
+		return Group{}, invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
+	case capacity < 2 || capacity > 1000:
+		return Group{}, invalid("capacity", "must be between 2 and 1000")
+	case ttl < 0 || ttl > s.cfg.MaxGroupTTL:
+		return Group{}, invalid("ttl_seconds", "must be between 1 and %d", int(s.cfg.MaxGroupTTL.Seconds()))
+	}
+	if ttl == 0 {
+		ttl = s.cfg.GroupTTL
+	}
+	now, err := s.holds.Now(ctx)
+	if err != nil {
+		return Group{}, err
+	}
+	g := Group{
+		ID: "g-" + strings.TrimPrefix(ReservationID(ReserveRequest{}), "."), SKU: sku, Capacity: capacity, Remaining: capacity,
+		Status: GroupOpen, Deadline: now.Add(ttl).Truncate(time.Millisecond), CreatedAt: now,
+	}
+	if err := s.ledger.CreateGroup(ctx, g); err != nil {
+		return Group{}, err
+	}
+	if err := s.holds.CreateGroup(ctx, g); err != nil {
+		// MySQL has an OPEN group nobody can join; the sweeper fails it at
+		// its deadline with no members.
+		return Group{}, err
+	}
+	return g, nil
+}
+
+// Group returns one coherent view of a group. FORMED is final and FAILED
+// terminal (no slot left to take); while MySQL has it OPEN, Redis — where
+// slots are taken — says whether its last slot is gone (FORMED) and how many
+// are free. Members are the confirmed ones (MySQL).
+func (s *Service) Group(ctx context.Context, id string) (Group, error) {
+	if !ValidID(id) {
+		return Group{}, ErrUnknownGroup
+	}
+	g, err := s.ledger.Group(ctx, id)
+	if err != nil {
+		return Group{}, err
+	}
+	g.Remaining = 0
+	if g.Status != GroupOpen {
+		return g, nil
+	}
+	rg, err := s.holds.Group(ctx, g.SKU, id)
+	switch {
+	case err != nil:
+		g.Remaining = g.Capacity - g.Members // Redis unreachable or lost it: MySQL's view
+	case rg.Status == GroupFormed, rg.Status == GroupFailed:
+		g.Status, g.FormedAt = rg.Status, rg.FormedAt
+	default:
+		g.Remaining = rg.Remaining
+	}
+	return g, nil
+}
+
+// failGroup ends a group past its deadline. Redis decides whether it
+// formed — slots are taken there, and a group whose last slot went before the
+// deadline is FORMED for good, however late its members' messages reach
+// MySQL — and MySQL records it. A group that did not form is FAILED in
+// MySQL (the arbiter; a group whose members all persisted first stays
+// FORMED), then every member from both stores is cancelled with its stock
+// returned. It reports whether the group is FAILED.
+func (s *Service) failGroup(ctx context.Context, g Group) (bool, error) {
+	var holders []string
+	if g.Status == GroupOpen {
+		c, err := s.holds.CloseGroup(ctx, g)
+		if err != nil {
+			return false, err
+		}
+		switch {
+		case c.NotDue:
+			return false, nil // Redis's clock is behind the sweeper's: next sweep
+		case c.Status == GroupFormed:
+			formedAt := c.FormedAt
+			if formedAt.IsZero() {
+				formedAt = g.Deadline
+			}
+			return false, s.ledger.FormGroup(ctx, g.ID, formedAt)
+		case c.Unknown:
+			// Redis lost the group: MySQL decides with what it knows.
+			s.log.WarnContext(ctx, "group unknown to redis at its deadline; mysql decides", "group_id", g.ID)
+		}
+		holders = c.Holders
+	} else {
+		c, err := s.holds.CloseGroup(ctx, g) // a FAILED group being settled again
+		if err != nil {
+			return true, err
+		}
+		holders = c.Holders
+	}
+	g, err := s.ledger.FailGroup(ctx, g.ID, s.clock.Now())
+	if err != nil {
+		return false, err
+	}
+	if g.Status != GroupFailed {
+		return false, nil
+	}
+	rows, err := s.ledger.GroupMembers(ctx, g.ID)
+	if err != nil {
+		return true, err
+	}
+	seen := map[string]bool{}
+	for _, r := range rows {
+		seen[r.ID] = true
+		if _, err := s.refund(ctx, r.ID, ReasonGroupFailed); err != nil {
+			return true, err
+		}
+	}
+	for _, id := range holders {
+		if seen[id] {
+			continue
+		}
+		if err := s.cancelMember(ctx, id); err != nil {
+			return true, err
+		}
+	}
+	if err := s.ledger.GroupSettled(ctx, g.ID); err != nil {
+		return true, err
+	}
+	s.log.InfoContext(ctx, "group failed", "group_id", g.ID, "sku", g.SKU, "members", len(rows), "holds", len(holders))
+	return true, nil
+}
+
+// cancelMember cancels a member of a failed group known to Redis.
+func (s *Service) cancelMember(ctx context.Context, id string) error {
+	h, err := s.holds.Hold(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return nil // nothing held in Redis; MySQL has no row either
+	}
+	if err != nil {
+		return err
+	}
+	row, err := s.settle(ctx, h, ReasonGroupFailed)
+	if err != nil {
+		return err
+	}
+	if row.Status == StatusConfirmed {
+		_, err = s.refund(ctx, id, ReasonGroupFailed)
+	}
+	return err
+}

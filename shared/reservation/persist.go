@@ -1,0 +1,157 @@
+package reservation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"time"
+)
+
+// Persist settles one reservation message in MySQL, exactly once per id.
+// Attempts are optimistic (version-checked update, retried in a fresh
+// transaction on a conflict); the last one locks the stock row first, so
+// contention alone cannot exhaust them. It returns the decided reservation.
+// An error means the message must be redelivered (MySQL unreachable, or
+// even the locking attempt deadlocked); it is never a reason to cancel.
+func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, error) {
+	for attempt := 1; ; attempt++ {
+		lock := Optimistic
+		if attempt == s.cfg.PersistAttempts {
+			lock = Pessimistic
+		}
+		res, err := s.ledger.Apply(ctx, r, lock, s.clock.Now())
+		if errors.Is(err, ErrVersionConflict) {
+			s.metrics.Count("persist_retries", 1)
+			if attempt >= s.cfg.PersistAttempts {
+				return r, fmt.Errorf("persist %s after %d attempts: %w", r.ID, attempt, ErrContended)
+			}
+			s.sleep(ctx, backoff(attempt))
+			if ctx.Err() != nil {
+				return r, fmt.Errorf("persist %s: %w", r.ID, ctx.Err())
+			}
+			continue
+		}
+		if err != nil {
+			return r, fmt.Errorf("persist %s: %w", r.ID, err)
+		}
+		return s.decided(ctx, r, res)
+	}
+}
+
+// PersistBatch settles a batch of reservation messages: the hot-SKU path.
+// Messages without a group are grouped by SKU and each group is settled with
+// ApplyBatch — one transaction, one version-checked update for the summed
+// quantity under the row lock — retried on a conflict; exactly the
+// reservations that fit (stock and per-user limits, in message order) are
+// confirmed and the rest are cancelled through the fence. Group joins, and a
+// batch that keeps conflicting, go through Persist one by one. It returns
+// one error per message: nil once decided, else the message must be
+// redelivered.
+func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
+	errs := make([]error, len(rs))
+	bySKU := map[string][]int{}
+	var order []string
+	for i, r := range rs {
+		if r.GroupID != "" {
+			_, errs[i] = s.Persist(ctx, r)
+			continue
+		}
+		if _, ok := bySKU[r.SKU]; !ok {
+			order = append(order, r.SKU)
+		}
+		bySKU[r.SKU] = append(bySKU[r.SKU], i)
+	}
+	for _, sku := range order {
+		idx := bySKU[sku]
+		batch := make([]Reservation, len(idx))
+		for j, i := range idx {
+			batch[j] = rs[i]
+		}
+		results, err := s.applyBatch(ctx, sku, batch)
+		if errors.Is(err, ErrVersionConflict) {
+			for _, i := range idx { // still contended: one by one, the last attempt locking
+				_, errs[i] = s.Persist(ctx, rs[i])
+			}
+			continue
+		}
+		if err != nil {
+			for _, i := range idx {
+				errs[i] = fmt.Errorf("persist %s: %w", rs[i].ID, err)
+			}
+			continue
+		}
+		for j, i := range idx {
+			_, errs[i] = s.decided(ctx, rs[i], results[j])
+		}
+	}
+	return errs
+}
+
+// applyBatch runs the batch attempts for one SKU.
+func (s *Service) applyBatch(ctx context.Context, sku string, batch []Reservation) ([]BatchResult, error) {
+	var err error
+	for attempt := 1; attempt < max(2, s.cfg.PersistAttempts); attempt++ {
+		var results []BatchResult
+		results, err = s.ledger.ApplyBatch(ctx, sku, batch, s.clock.Now())
+		if !errors.Is(err, ErrVersionConflict) {
+			return results, err
+		}
+		s.metrics.Count("persist_retries", 1)
+		s.sleep(ctx, backoff(attempt))
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return nil, err
+}
+
+// decided acts on what MySQL decided for one message. Redis follows the
+// row, whatever it says: a message whose hold is not the one MySQL decided
+// (another token: a stray) has that hold returned, never confirmed.
+func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (Reservation, error) {
+	switch res.Result {
+	case Applied:
+		s.metrics.Count("confirmed", 1)
+		if h := s.hooks.AfterCommit; h != nil {
+			if err := h(r); err != nil {
+				return r, err
+			}
+		}
+		r.Status = StatusConfirmed
+		return s.follow(ctx, r, res.Version), nil
+	case AlreadyConfirmed, AlreadyCancelled:
+		// A redelivery, a fenced reservation, or a stray: take nothing and
+		// bring Redis in line with the row (the fencer may have crashed
+		// before it released).
+		if res.Row.Token != r.Token && r.Token != "" {
+			s.metrics.Count("strays", 1)
+		}
+		return s.follow(ctx, res.Row, 0), nil
+	default:
+		return s.settle(ctx, r, reasonOf(res.Result))
+	}
+}
+
+func reasonOf(res ApplyResult) Reason {
+	switch res {
+	case NoSuchSKU:
+		return ReasonUnknownSKU
+	case GroupNotOpen:
+		return ReasonGroupClosed
+	case GroupNoSlot:
+		return ReasonGroupFull
+	case GroupDuplicate:
+		return ReasonAlreadyJoined
+	case OverLimit:
+		return ReasonLimit
+	default:
+		return ReasonInsufficient
+	}
+}
+
+// backoff is full jitter over an exponential ceiling: 2ms, 4ms, … capped at 100ms.
+func backoff(attempt int) time.Duration {
+	ceiling := min(time.Duration(1<<attempt)*time.Millisecond, 100*time.Millisecond)
+	return time.Duration(mrand.Int64N(int64(ceiling)) + 1)
+}

@@ -1,0 +1,125 @@
+package reservation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Compensate decides a reservation whose message reached the dead-letter
+// queue. MySQL first: a CONFIRMED row (persist committed after all) only
+// marks the hold confirmed; otherwise the reservation is fenced CANCELLED,
+// its hold released once, and the cancellation published. Idempotent, also
+// days later: a decided row moves nothing a second time.
+func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, error) {
+	return s.settle(ctx, r, ReasonDeadLetter)
+}
+
+// Cancel is the buyer's cancel. A HELD reservation is fenced and released;
+// a CONFIRMED one is refunded in MySQL and then in Redis. Idempotent: a
+// repeat finds the decided row and moves nothing, however long afterwards.
+// Once MySQL has decided, the answer is the row; Redis follows through the
+// release outbox if it cannot follow now.
+func (s *Service) Cancel(ctx context.Context, id string) (Reservation, error) {
+	if !ValidReservationID(id, "") {
+		return Reservation{}, ErrNotFound
+	}
+	row, err := s.ledger.Reservation(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		h, herr := s.holds.Hold(ctx, id)
+		if herr != nil {
+			return Reservation{}, herr
+		}
+		if row, err = s.settle(ctx, h, ReasonBuyer); err != nil {
+			return Reservation{}, err
+		}
+		if row.Status != StatusConfirmed {
+			return row, nil
+		}
+		// persist won the race to the row: the buyer's cancel is a refund.
+	}
+	if err != nil {
+		return Reservation{}, err
+	}
+	if row.Status == StatusConfirmed {
+		return s.refund(ctx, id, ReasonBuyer)
+	}
+	return s.follow(ctx, row, 0), nil
+}
+
+// settle is the fenced decision every cancelling path shares: write the
+// CANCELLED fence unless MySQL already decided, then make Redis follow the
+// row. An error means MySQL could not decide; nothing was released.
+func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
+	row, inserted, err := s.ledger.Fence(ctx, r, reason, s.clock.Now())
+	if err != nil {
+		return r, fmt.Errorf("fence %s: %w", r.ID, err)
+	}
+	if inserted {
+		s.metrics.Count("cancelled_"+string(row.Reason), 1)
+	}
+	return s.follow(ctx, row, 0), nil
+}
+
+// refund cancels a CONFIRMED reservation: stock back to MySQL, then Redis.
+func (s *Service) refund(ctx context.Context, id string, reason Reason) (Reservation, error) {
+	row, refunded, err := s.ledger.Refund(ctx, id, reason, s.clock.Now())
+	if err != nil {
+		return Reservation{}, fmt.Errorf("refund %s: %w", id, err)
+	}
+	if refunded {
+		s.metrics.Count("cancelled_"+string(reason), 1)
+	}
+	return s.follow(ctx, row, 0), nil
+}
+
+// follow makes Redis follow a decided row: the hold is confirmed or
+// released (a give-back at most once: the row's released flag, flipped here
+// once Redis acknowledged, is the release outbox), and a cancellation's
+// event goes out once (the notified flag). What fails here is left to the
+// sweeper, which drains both outboxes; MySQL's decision stands either way,
+// so follow reports no error. version is the stock row's version after a
+// confirm's commit (0 when unknown).
+func (s *Service) follow(ctx context.Context, row Reservation, version int64) Reservation {
+	if err := s.followNow(ctx, row, version); err != nil {
+		s.metrics.Count("follow_failed", 1)
+		s.log.WarnContext(ctx, "redis or the event bus did not follow mysql yet; the sweeper retries",
+			"reservation_id", row.ID, "status", row.Status, "error", err)
+	}
+	return row
+}
+
+func (s *Service) followNow(ctx context.Context, row Reservation, version int64) error {
+	var errs []error
+	returned, err := s.holds.Follow(ctx, row, version)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("follow %s: %w", row.ID, err))
+	case row.Status == StatusCancelled && !row.Released:
+		if err := s.ledger.MarkReleased(ctx, row.ID); err != nil {
+			errs = append(errs, fmt.Errorf("mark released %s: %w", row.ID, err))
+		}
+	}
+	if returned {
+		s.soldOut.Delete(row.SKU) // stock came back: ask Redis again
+		s.metrics.Count("released", 1)
+	}
+	// The event does not wait for Redis: the order service hears of MySQL's
+	// decision even while Redis is down.
+	if row.Status == StatusCancelled && !row.Notified {
+		if err := s.notify(ctx, row); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Service) notify(ctx context.Context, row Reservation) error {
+	if err := s.notifier.Cancelled(ctx, row); err != nil {
+		return fmt.Errorf("publish cancellation %s: %w", row.ID, err)
+	}
+	if err := s.ledger.MarkNotified(ctx, row.ID); err != nil {
+		return fmt.Errorf("mark notified %s: %w", row.ID, err)
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package reservation
+
+import (
+	"context"
+	"errors"
+)
+
+// ChangeStock applies an admin's change of a SKU's sellable stock in MySQL,
+// then moves Redis by what MySQL recorded. An absolute figure (c.Set) on an
+// existing SKU needs the version it was based on (c.IfVersion), because
+// sales move the figure all the time: a stale one is ErrPreconditionFailed
+// and changes nothing. A relative change (c.Add) commutes with sales and
+// needs none. Redis follows MySQL's admin changes exactly once each, in any
+// order: if it cannot follow now, the next sweep applies what is missing.
+// c.Limit, when not nil, sets the per-user limit in units (0: none).
+func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, error) {
+	switch {
+	case !ValidID(c.SKU):
+		return StockLevel{}, invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
+	case (c.Set == nil) == (c.Add == nil):
+		return StockLevel{}, invalid("stock", "give exactly one of stock (the new figure) and add (units to add or remove)")
+	case c.Set != nil && (*c.Set < 0 || *c.Set > 1_000_000_000):
+		return StockLevel{}, invalid("stock", "must be between 0 and 1000000000")
+	case c.Add != nil && (*c.Add < -1_000_000_000 || *c.Add > 1_000_000_000):
+		return StockLevel{}, invalid("add", "must be between -1000000000 and 1000000000")
+	case c.Limit != nil && (*c.Limit < 0 || *c.Limit > 1_000_000):
+		return StockLevel{}, invalid("per_user_limit", "must be between 0 and 1000000")
+	case c.IfVersion != nil && *c.IfVersion < 0:
+		return StockLevel{}, invalid("version", "must not be negative")
+	case len(c.Key) > 128:
+		return StockLevel{}, invalid("Idempotency-Key", "must be at most 128 characters")
+	}
+	level, err := s.ledger.ChangeStock(ctx, c)
+	if err != nil {
+		return StockLevel{}, err
+	}
+	s.soldOut.Delete(c.SKU)
+	res, err := s.holds.Sync(ctx, level)
+	if err == nil && res == SyncMissing {
+		_, err = s.warm(ctx, c.SKU)
+	}
+	if err != nil {
+		// MySQL changed and Redis did not yet: the sweeper applies it.
+		s.log.WarnContext(ctx, "stock change not in redis yet; the sweeper applies it", "sku", c.SKU, "error", err)
+	}
+	return level, nil
+}
+
+// StockReport is a SKU's stock as both stores see it.
+type StockReport struct {
+	SKU            string
+	MySQLAvailable int64
+	RedisAvailable int64
+	Held           int64 // units HELD in Redis, not yet decided
+	Version        int64
+	PerUserLimit   int
+}
+
+// Drift is MySQL's figure minus what Redis accounts for; 0 at quiescence.
+func (r StockReport) Drift() int64 { return r.MySQLAvailable - (r.RedisAvailable + r.Held) }
+
+// InspectStock reads a SKU's stock from both stores, for operators and the
+// load tool's invariant report.
+func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, error) {
+	if !ValidID(sku) {
+		return StockReport{}, ErrUnknownSKU
+	}
+	level, err := s.ledger.Stock(ctx, sku)
+	if err != nil {
+		return StockReport{}, err
+	}
+	rs, err := s.holds.Stock(ctx, sku)
+	if errors.Is(err, ErrUnknownSKU) { // Redis lost it: warm it, as a buyer's request would
+		if _, err := s.warm(ctx, sku); err != nil {
+			return StockReport{}, err
+		}
+		rs, err = s.holds.Stock(ctx, sku)
+	}
+	if err != nil {
+		return StockReport{}, err
+	}
+	return StockReport{
+		SKU: sku, MySQLAvailable: level.Available, RedisAvailable: rs.Available, Held: rs.Held,
+		Version: level.Version, PerUserLimit: level.PerUserLimit,
+	}, nil
+}
+
+// SetTo is the absolute change of sku to n units without a precondition:
+// what creates a SKU (on an existing one ChangeStock asks for IfVersion).
+func SetTo(sku string, n int64) StockChange { return StockChange{SKU: sku, Set: &n} }
