@@ -28,11 +28,16 @@ invoke:
 bench:
 	scripts/bench.sh $(ARGS)
 
-## chaos: seeded chaos schedules on the real services for as long as asked
-##   make chaos DURATION=10m        (a failing seed replays with HOLDFAST_CHAOS_SEED=<seed>)
+## chaos: seeded chaos schedules for as long as asked, then the model-based
+## test for MODEL_CHECKS random sequences, on the real services
+##   make chaos DURATION=10m MODEL_CHECKS=5000
+##   (a failing chaos seed replays with HOLDFAST_CHAOS_SEED=<seed>; a failing
+##   model sequence prints its shrunk steps and -rapid.seed / fail file)
 DURATION ?= 5m
+MODEL_CHECKS ?= 2000
 chaos:
-	HOLDFAST_CHAOS_DURATION=$(DURATION) scripts/test.sh -run 'TestChaos$$' -v -timeout 0 ./shared/app
+	HOLDFAST_CHAOS_DURATION=$(DURATION) HOLDFAST_MODEL_CHECKS=$(MODEL_CHECKS) \
+		scripts/test.sh -run 'TestChaos$$|TestModel$$' -v -timeout 0 ./shared/app
 
 ## load: fire a flash sale at `make dev` and print the invariant report
 ##   make load ARGS="-n 5000 -c 128 -stock 300 -groups 3"

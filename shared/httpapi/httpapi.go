@@ -184,6 +184,10 @@ func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPReques
 	return reply(status, reservationBody(r))
 }
 
+// maxTTLSeconds bounds ttl_seconds before it becomes a Duration (a year;
+// the service applies the configured maximum).
+const maxTTLSeconds = 365 * 24 * 3600
+
 type groupRequest struct {
 	SKU        string `json:"sku"`
 	Capacity   *int   `json:"capacity"`
@@ -200,8 +204,8 @@ func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRe
 		return invalid("sku is required")
 	case b.Capacity == nil:
 		return invalid("capacity is required")
-	case b.TTLSeconds != nil && *b.TTLSeconds < 1:
-		return invalid("ttl_seconds must be at least 1")
+	case b.TTLSeconds != nil && (*b.TTLSeconds < 1 || *b.TTLSeconds > maxTTLSeconds):
+		return invalid(fmt.Sprintf("ttl_seconds must be between 1 and %d", maxTTLSeconds))
 	}
 	var ttl time.Duration
 	if b.TTLSeconds != nil {
@@ -334,7 +338,8 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 		return errorReply(http.StatusNotFound, "unknown_group", "no such group for this sku")
 	case errors.Is(err, reservation.ErrNotFound):
 		return errorReply(http.StatusNotFound, "not_found", "no such reservation")
-	case errors.Is(err, reservation.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, reservation.ErrUnavailable), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, reservation.ErrVersionConflict), errors.Is(err, reservation.ErrContended):
 		h.log.WarnContext(ctx, "dependency unavailable", "error", err)
 		resp := errorReply(http.StatusServiceUnavailable, "unavailable", "a dependency is unavailable; retry later, with the same Idempotency-Key if you sent one (it is never taken twice)")
 		resp.Headers["Retry-After"] = "1"

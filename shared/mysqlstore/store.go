@@ -606,7 +606,20 @@ func queryAll[T any](ctx context.Context, q querier, op string, scan func(interf
 // so the precondition, the new figure and admin_delta are one decision.
 // Turning a per-user limit on rebuilds user_units from the confirmed rows
 // under the same lock (no persist can commit in between: each takes it).
-func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error) {
+func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (level reservation.StockLevel, err error) {
+	// Two first changes of one new SKU both take the gap lock of the missing
+	// row and deadlock on the insert: InnoDB rolls one back; run it again.
+	err = retryDeadlocks(ctx, func() error {
+		level, err = s.changeStock(ctx, c)
+		return err
+	})
+	return level, err
+}
+
+// maxStock bounds a SKU's available units (an INT column).
+const maxStock = 1_000_000_000
+
+func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock begin", err)
@@ -620,10 +633,10 @@ func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (res
 	if c.Key != "" && (exists || errors.Is(err, sql.ErrNoRows)) {
 		// A retried change (the same key) is answered before its
 		// precondition: the first one moved the version it was based on.
-		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key) VALUES (?, ?)`, c.SKU, c.Key)
+		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to) VALUES (?, ?, ?, ?, ?)`,
+			c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit))
 		if isDuplicate(err) {
-			_ = tx.Rollback()
-			return s.Stock(ctx, c.SKU)
+			return s.replayChange(ctx, tx, c)
 		}
 		if err != nil {
 			return reservation.StockLevel{}, translate("change stock key", err)
@@ -653,6 +666,10 @@ func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (res
 	}
 	if level.Available+delta < 0 {
 		return reservation.StockLevel{}, fmt.Errorf("change stock %s: %d available, cannot remove %d: %w", c.SKU, level.Available, -delta, reservation.ErrInsufficient)
+	}
+	if level.Available+delta > maxStock {
+		return reservation.StockLevel{}, &reservation.InvalidError{Field: "add",
+			Msg: fmt.Sprintf("%d available: adding %d passes the most a sku can hold (%d)", level.Available, delta, maxStock)}
 	}
 	oldLimit := level.PerUserLimit
 	if c.Limit != nil {
@@ -689,6 +706,30 @@ func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (res
 		return reservation.StockLevel{}, translate("change stock commit", err)
 	}
 	return level, nil
+}
+
+// replayChange answers a change whose key was used before: the same change
+// is the level as it stands (applied once already); another change under
+// the key is refused.
+func (s *Store) replayChange(ctx context.Context, tx *sql.Tx, c reservation.StockChange) (reservation.StockLevel, error) {
+	var set, add, limit sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
+		Scan(&set, &add, &limit)
+	if err != nil {
+		return reservation.StockLevel{}, translate("change stock replay", err)
+	}
+	_ = tx.Rollback()
+	if set != nullInt(c.Set) || add != nullInt(c.Add) || limit != nullInt(c.Limit) {
+		return reservation.StockLevel{}, fmt.Errorf("change stock %s: key %q: %w", c.SKU, c.Key, reservation.ErrIdempotencyMismatch)
+	}
+	return s.Stock(ctx, c.SKU)
+}
+
+func nullInt[T int | int64](p *T) sql.NullInt64 {
+	if p == nil {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: int64(*p), Valid: true}
 }
 
 // Stock implements reservation.Ledger.

@@ -176,6 +176,9 @@ func (s *Store) Follow(ctx context.Context, row reservation.Reservation, version
 	if err != nil {
 		return false, reservation.Unavailable("redis follow", err)
 	}
+	if n == 2 {
+		return false, fmt.Errorf("redis follow %s: a refund needs the stock: %w", row.ID, reservation.ErrUnknownSKU)
+	}
 	return n == 1, nil
 }
 
@@ -304,13 +307,23 @@ func (s *Store) HeldIDs(ctx context.Context, sku string, limit int) ([]string, e
 }
 
 // Warm implements reservation.Holds.
-func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, confirmed []reservation.Reservation) (reservation.SyncResult, error) {
+func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []string, confirmed []reservation.Reservation) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
-	ks := []string{k.stock(), k.meta()}
-	args := []any{level.Available, level.Version, level.PerUserLimit, level.AdminDelta}
+	token := make(map[string]string, len(confirmed))
 	for _, r := range confirmed {
-		ks = append(ks, k.hold(r.ID))
-		args = append(args, r.Token)
+		token[r.ID] = r.Token
+	}
+	ks := make([]string, 0, 2+len(held))
+	ks = append(ks, k.stock(), k.meta())
+	args := make([]any, 0, 4+2*len(held))
+	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta)
+	for _, id := range held {
+		ks = append(ks, k.hold(id))
+		if t, ok := token[id]; ok {
+			args = append(args, "1", t)
+		} else {
+			args = append(args, "0", "")
+		}
 	}
 	n, err := warmScript.Run(ctx, s.rdb, ks, args...).Int()
 	if err != nil {

@@ -75,7 +75,7 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 		if res, err := s.Sync(ctx, reservation.StockLevel{SKU: sku, Version: 1}); err != nil || res != reservation.SyncMissing {
 			t.Fatalf("Sync of a new sku = %v %v, want missing", res, err)
 		}
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: stock, Version: 1, PerUserLimit: limit}, nil); err != nil || res != reservation.SyncWarmed {
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: stock, Version: 1, PerUserLimit: limit}, nil, nil); err != nil || res != reservation.SyncWarmed {
 			t.Fatalf("Warm = %v %v, want warmed", res, err)
 		}
 		return s, sku, c
@@ -135,7 +135,7 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 	t.Run("without a test clock the scripts read Redis's TIME", func(t *testing.T) {
 		s := redisstore.New(client(t), time.Hour)
 		sku := testservices.Name("sku")
-		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 5, Version: 1}, nil); err != nil {
+		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 5, Version: 1}, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		now, err := s.Now(ctx)
@@ -318,10 +318,10 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 		if err := s.ForgetStock(ctx, sku); err != nil {
 			t.Fatal(err)
 		}
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 10, Version: 6}, nil); err != nil || res != reservation.SyncStale {
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 10, Version: 6}, nil, nil); err != nil || res != reservation.SyncStale {
 			t.Errorf("warm from a level before the confirm = %v %v, want stale", res, err)
 		}
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 8, Version: 7}, nil); err != nil || res != reservation.SyncWarmed {
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 8, Version: 7}, nil, nil); err != nil || res != reservation.SyncWarmed {
 			t.Errorf("warm from a fresh level = %v %v, want warmed", res, err)
 		}
 		if a, h := stockOf(t, s, sku); a != 8 || h != 0 {
@@ -332,17 +332,25 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 	t.Run("warm-up counts a hold MySQL confirmed but Redis still holds once", func(t *testing.T) {
 		s, sku, _ := setup(t, 10, 0)
 		a := reserve(t, s, hold(sku, "a", "u", 2))
-		reserve(t, s, hold(sku, "b", "v", 3))
+		b := reserve(t, s, hold(sku, "b", "v", 3))
 		if err := s.ForgetStock(ctx, sku); err != nil {
 			t.Fatal(err)
 		}
 		// MySQL confirmed a (8 left); b is undecided; a's confirm has not reached Redis.
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 8, Version: 2}, []reservation.Reservation{row(a, reservation.StatusConfirmed, false)}); err != nil || res != reservation.SyncWarmed {
+		held := []string{a.ID, b.ID}
+		confirmed := []reservation.Reservation{row(a, reservation.StatusConfirmed, false)}
+		// b moved after MySQL was read (released here): the level is stale.
+		follow(t, s, row(b, reservation.StatusCancelled, false))
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 8, Version: 2}, held, confirmed); err != nil || res != reservation.SyncStale {
+			t.Fatalf("Warm after a listed hold moved = %v %v, want stale", res, err)
+		}
+		held = []string{a.ID}
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 8, Version: 2}, held, confirmed); err != nil || res != reservation.SyncWarmed {
 			t.Fatalf("Warm = %v %v", res, err)
 		}
 		follow(t, s, row(a, reservation.StatusConfirmed, false))
-		if av, h := stockOf(t, s, sku); av != 5 || h != 3 {
-			t.Errorf("after warm and confirm = %d/%d, want 5/3 (8 in MySQL, b's 3 held)", av, h)
+		if av, h := stockOf(t, s, sku); av != 8 || h != 0 {
+			t.Errorf("after warm and confirm = %d/%d, want 8/0 (8 in MySQL; b released)", av, h)
 		}
 	})
 
@@ -355,7 +363,10 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 		}
 		refund := row(a, reservation.StatusCancelled, true)
 		refund.RefundVersion = 3
-		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 10, Version: 3}, nil); err != nil {
+		if _, err := s.Follow(ctx, refund, 0); !errors.Is(err, reservation.ErrUnknownSKU) {
+			t.Fatalf("a refund while Redis has no stock = %v, want ErrUnknownSKU (warm first)", err)
+		}
+		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 10, Version: 3}, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		if follow(t, s, refund) {

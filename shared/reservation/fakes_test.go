@@ -238,14 +238,19 @@ func (m *memHolds) Follow(_ context.Context, row Reservation, version int64) (bo
 		return false, err
 	}
 	m.follows = append(m.follows, row)
-	returned := m.follow(row, version)
+	returned, pending := m.follow(row, version)
 	if lost := m.lost["Follow"]; lost != nil {
 		return false, lost
+	}
+	if pending {
+		return false, ErrUnknownSKU
 	}
 	return returned, nil
 }
 
-func (m *memHolds) follow(row Reservation, version int64) bool {
+// follow reports whether stock came back, and pending when a refund needs
+// the stock and Redis has none (follow.lua's 2).
+func (m *memHolds) follow(row Reservation, version int64) (returned, pending bool) {
 	sku, id, token := row.SKU, row.ID, row.Token
 	qty, user, gid := int64(row.Qty), row.UserID, row.GroupID
 	giveBack := func(n int64, who, group string, counted bool) {
@@ -269,7 +274,6 @@ func (m *memHolds) follow(row Reservation, version int64) bool {
 		delete(m.exp[sku], id)
 	}
 
-	returned := false
 	var old memHold // HMGET's answer: the hold before this call
 	var state Status
 	if h, ok := m.holds[id]; ok {
@@ -284,6 +288,10 @@ func (m *memHolds) follow(row Reservation, version int64) bool {
 		delete(m.holds, id)
 		state = ""
 	}
+	if _, stocked := m.stock[sku]; row.Status == StatusCancelled && row.Refunded && !row.Released &&
+		(state == StatusConfirmed || state == "") && !(state != "" && old.hasRel && old.rel == token) && !stocked {
+		return returned, true
+	}
 	if state == "" { // the row's tombstone
 		m.holds[id] = &memHold{sku: sku, qty: qty, user: user, group: gid, token: token, state: row.Status}
 	}
@@ -297,11 +305,11 @@ func (m *memHolds) follow(row Reservation, version int64) bool {
 				meta["cver"] = version
 			}
 		}
-		return returned
+		return returned, false
 	}
 
 	if state != "" && old.hasRel && old.rel == token {
-		return returned
+		return returned, false
 	}
 	switch {
 	case state == StatusHeld:
@@ -315,7 +323,7 @@ func (m *memHolds) follow(row Reservation, version int64) bool {
 		returned = !counted
 	}
 	h.state, h.reason, h.refunded, h.rel, h.hasRel = StatusCancelled, row.Reason, row.Refunded, token, true
-	return returned
+	return returned, false
 }
 
 // Hold mirrors redisstore's Hold (HGETALL of the hold the id names).
@@ -435,7 +443,7 @@ func (m *memHolds) HeldIDs(_ context.Context, sku string, limit int) ([]string, 
 }
 
 // Warm mirrors warm.lua.
-func (m *memHolds) Warm(_ context.Context, level StockLevel, confirmed []Reservation) (SyncResult, error) {
+func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confirmed []Reservation) (SyncResult, error) {
 	err := m.enter("Warm")
 	defer m.mu.Unlock()
 	if err != nil {
@@ -449,9 +457,22 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, confirmed []Reserva
 		return SyncStale, nil
 	}
 	held := meta["held"]
+	token := map[string]string{}
 	for _, r := range confirmed {
-		if h, ok := m.holds[r.ID]; ok && h.state == StatusHeld && (r.Token == "" || h.token == r.Token) {
+		token[r.ID] = r.Token
+	}
+	for _, id := range ids {
+		var state Status
+		var h *memHold
+		if h = m.holds[id]; h != nil {
+			state = h.state
+		}
+		t, ok := token[id]
+		switch {
+		case ok && state == StatusHeld && (t == "" || h.token == t):
 			held -= h.qty
+		case ok && state != StatusConfirmed, !ok && state != StatusHeld:
+			return SyncStale, nil // a listed hold moved since MySQL was read
 		}
 	}
 	m.stock[level.SKU] = level.Available - held

@@ -31,7 +31,9 @@ type Holds interface {
 	//     returns from a CONFIRMED or missing hold only while row.Released
 	//     is false (the release outbox), and at most once per token.
 	// A missing hold becomes a tombstone of the row, so a replay takes
-	// nothing. returned reports whether stock came back.
+	// nothing. returned reports whether stock came back. ErrUnknownSKU: a
+	// refund's stock must come back but Redis has no stock for the SKU;
+	// nothing changed: warm it and follow again.
 	Follow(ctx context.Context, row Reservation, version int64) (returned bool, err error)
 	// Hold returns the hold recorded for id, or ErrNotFound.
 	Hold(ctx context.Context, id string) (Reservation, error)
@@ -49,11 +51,12 @@ type Holds interface {
 	// HeldIDs returns the ids of the SKU's HELD holds (at most limit).
 	HeldIDs(ctx context.Context, sku string, limit int) ([]string, error)
 	// Warm loads a SKU Redis has no stock for from one consistent MySQL
-	// read: level, and confirmed, the rows of HELD holds MySQL has already
-	// CONFIRMED (their units are out of level.Available and still in held).
-	// available = level.Available − held + those units. SyncStale if a
-	// confirm newer than the level already reached Redis: read again.
-	Warm(ctx context.Context, level StockLevel, confirmed []Reservation) (SyncResult, error)
+	// read taken after held (HeldIDs) was listed: level, and confirmed, the
+	// rows among held MySQL has already CONFIRMED (their units are out of
+	// level.Available and still in held). available = level.Available −
+	// held + those units. SyncStale if any listed hold moved since, or a
+	// confirm newer than the level reached Redis: read again.
+	Warm(ctx context.Context, level StockLevel, held []string, confirmed []Reservation) (SyncResult, error)
 	// Heal moves the SKU's stock by drift if the same drift was measured at
 	// least after ago and Redis still shows seen (no reserve or release
 	// since the measurement); otherwise it records or forgets the sighting.

@@ -298,7 +298,7 @@ func (s *Service) warm(ctx context.Context, sku string) (warmed bool, err error)
 		if err != nil {
 			return false, err
 		}
-		res, err := s.holds.Warm(ctx, level, confirmed)
+		res, err := s.holds.Warm(ctx, level, ids, confirmed)
 		if err != nil {
 			return false, err
 		}

@@ -92,6 +92,13 @@ func (s *Service) follow(ctx context.Context, row Reservation, version int64) Re
 func (s *Service) followNow(ctx context.Context, row Reservation, version int64) error {
 	var errs []error
 	returned, err := s.holds.Follow(ctx, row, version)
+	if errors.Is(err, ErrUnknownSKU) {
+		// A refund while Redis has no stock for the SKU: warm it (from a
+		// level that may already count the refund: wver says so), then follow.
+		if _, err = s.warm(ctx, row.SKU); err == nil {
+			returned, err = s.holds.Follow(ctx, row, version)
+		}
+	}
 	switch {
 	case err != nil:
 		errs = append(errs, fmt.Errorf("follow %s: %w", row.ID, err))

@@ -64,7 +64,7 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
 		}
-		s.sweepSKU(ctx, level.SKU, &rep)
+		s.sweepSKU(ctx, level, &rep)
 	}
 
 	groups, err := s.ledger.DueGroups(ctx, cutoff, s.cfg.SweepBatch)
@@ -96,20 +96,20 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 	return rep, nil
 }
 
-func (s *Service) sweepSKU(ctx context.Context, sku string, rep *SweepReport) {
-	level, err := s.ledger.Stock(ctx, sku)
-	if err == nil {
-		var res SyncResult
-		res, err = s.holds.Sync(ctx, level)
-		switch {
-		case err != nil:
-		case res == SyncAdjusted:
-			rep.Adjusted++
-		case res == SyncMissing:
-			var warmed bool
-			if warmed, err = s.warm(ctx, sku); warmed {
-				rep.Warmed++
-			}
+// sweepSKU works on one SKU with the level the sweep listed: Sync applies
+// only levels newer than Redis has, and reconcile needs MySQL read before
+// Redis, which a level listed earlier is.
+func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepReport) {
+	sku := level.SKU
+	res, err := s.holds.Sync(ctx, level)
+	switch {
+	case err != nil:
+	case res == SyncAdjusted:
+		rep.Adjusted++
+	case res == SyncMissing:
+		var warmed bool
+		if warmed, err = s.warm(ctx, sku); warmed {
+			rep.Warmed++
 		}
 	}
 	if err != nil {
@@ -141,7 +141,7 @@ func (s *Service) sweepSKU(ctx context.Context, sku string, rep *SweepReport) {
 	if len(expired) > 0 {
 		return // holds are being decided right now: measure next time
 	}
-	s.reconcile(ctx, sku, rep)
+	s.reconcile(ctx, level, rep)
 }
 
 // reconcile heals Redis when a drift is real: the same value across sweeps
@@ -155,12 +155,8 @@ func (s *Service) sweepSKU(ctx context.Context, sku string, rep *SweepReport) {
 // drift — a persist committed between the reads — changes value or vanishes
 // and is never "healed". MySQL stays the arbiter: a heal only moves the
 // figure buyers see.
-func (s *Service) reconcile(ctx context.Context, sku string, rep *SweepReport) {
-	level, err := s.ledger.Stock(ctx, sku)
-	if err != nil {
-		rep.Errors++
-		return
-	}
+func (s *Service) reconcile(ctx context.Context, level StockLevel, rep *SweepReport) {
+	sku := level.SKU
 	rs, err := s.holds.Stock(ctx, sku)
 	if err != nil {
 		rep.Errors++

@@ -13,7 +13,8 @@
 -- ARGV[12] the stock row's version after a CONFIRMED commit (0: unknown)
 -- ARGV[13] the stock row's version right after a refund (0: none)
 --
--- Returns 1 if this call returned stock, 0 otherwise.
+-- Returns 1 if this call returned stock, 0 otherwise, 2 if it cannot follow yet: a refund whose
+-- stock must come back while Redis has no stock for the SKU (warm it first; nothing changed).
 --   a hold of another token  -> a stray (Redis took the id again after forgetting the decided
 --                               hold): returned if HELD, then replaced by the row's tombstone
 --   CONFIRMED: HELD          -> CONFIRMED, its units leave held; meta.cver = version
@@ -58,6 +59,11 @@ if state and token ~= '' and (h[5] or '') ~= token then
   end
   redis.call('DEL', KEYS[5])
   state = nil
+end
+
+if status == 'CANCELLED' and refunded and not released and (state == 'CONFIRMED' or not state)
+    and not (state and h[6] == token) and redis.call('EXISTS', KEYS[1]) == 0 then
+  return 2
 end
 
 if not state then
