@@ -133,6 +133,16 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	if rep := call("sweeper", "sweeper-schedule.json"); rep["errors"] != float64(0) || rep["skus"] != float64(1) {
 		t.Errorf("sweep = %v", rep)
 	}
+
+	// An existing SKU: an absolute figure needs its version; a keyed add is applied once.
+	if body := api("admin-stock-put.json", 428); body["error"] != "precondition_required" {
+		t.Errorf("absolute PUT on an existing sku = %v, want 428 precondition_required", body)
+	}
+	for range 2 {
+		if body := api("admin-stock-add.json", 200); body["stock"] != float64(110) {
+			t.Errorf("keyed add = %v, want stock 110 (once)", body)
+		}
+	}
 }
 
 func depth(t *testing.T, c *sqs.Client, url string) int {
