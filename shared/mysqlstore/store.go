@@ -836,12 +836,18 @@ func (s *Store) DueGroups(ctx context.Context, t time.Time, limit int) ([]reserv
 }
 
 // FormGroup implements reservation.Ledger.
-func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) error {
-	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys SET status = 'FORMED', formed_at = ?, updated_at = ?
-		WHERE group_id = ? AND status = 'OPEN'`, utc(formedAt), utc(formedAt), id); err != nil {
-		return translate("form group", err)
+func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) (bool, error) {
+	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys g SET status = 'FORMED', formed_at = ?, updated_at = ?
+		WHERE group_id = ? AND status = 'OPEN' AND NOT EXISTS (SELECT 1 FROM reservations r
+			WHERE r.group_id = g.group_id AND r.status = 'CANCELLED' AND r.released = 0)`,
+		utc(formedAt), utc(formedAt), id); err != nil {
+		return false, translate("form group", err)
 	}
-	return nil
+	var status string
+	if err := s.db.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ?`, id).Scan(&status); err != nil {
+		return false, translate("form group read", err)
+	}
+	return status == string(reservation.GroupFormed), nil
 }
 
 // FailGroup implements reservation.Ledger.

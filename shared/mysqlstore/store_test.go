@@ -514,8 +514,8 @@ func TestReleaseOutboxAndFormedGroups(t *testing.T) {
 		t.Fatalf("join = %v", got)
 	}
 	// Redis took the last slot before the deadline: FORMED, and a late member still joins.
-	if err := s.FormGroup(ctx, "g", now.Add(time.Minute)); err != nil {
-		t.Fatal(err)
+	if formed, err := s.FormGroup(ctx, "g", now.Add(time.Minute)); err != nil || !formed {
+		t.Fatalf("FormGroup = %v %v", formed, err)
 	}
 	if gr, _ := s.FailGroup(ctx, "g", now.Add(2*time.Hour)); gr.Status != reservation.GroupFormed {
 		t.Errorf("FailGroup of a formed group = %v", gr.Status)
@@ -533,5 +533,33 @@ func TestReleaseOutboxAndFormedGroups(t *testing.T) {
 	}
 	if got := join("m3", "u3"); got != reservation.Applied {
 		t.Errorf("no slot is given twice, but a late holder of a formed group still joins: %v", got)
+	}
+}
+
+// A group is not recorded FORMED while a member's cancellation is still on
+// its way to Redis: Redis's slot count is behind MySQL's then.
+func TestFormGroupWaitsForUnreleasedMembers(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 10)); err != nil {
+		t.Fatal(err)
+	}
+	g := reservation.Group{ID: "g", SKU: "s", Capacity: 2, Status: reservation.GroupOpen, Deadline: now.Add(time.Hour), CreatedAt: now}
+	if err := s.CreateGroup(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	r := res("m1", "s", 1)
+	r.GroupID = "g"
+	if _, _, err := s.Fence(ctx, r, reservation.ReasonBuyer, now); err != nil {
+		t.Fatal(err)
+	}
+	if formed, err := s.FormGroup(ctx, "g", now); err != nil || formed {
+		t.Fatalf("FormGroup with an unreleased member = %v %v, want not formed", formed, err)
+	}
+	if err := s.MarkReleased(ctx, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if formed, err := s.FormGroup(ctx, "g", now); err != nil || !formed {
+		t.Fatalf("FormGroup once released = %v %v, want formed", formed, err)
 	}
 }

@@ -33,6 +33,8 @@ var (
 	groupCreateLua string
 	//go:embed lua/group_close.lua
 	groupCloseLua string
+	//go:embed lua/group_form.lua
+	groupFormLua string
 	//go:embed lua/heal.lua
 	healLua string
 )
@@ -59,6 +61,7 @@ var (
 	warmScript        = redis.NewScript(warmLua)
 	groupCreateScript = redis.NewScript(groupCreateLua)
 	groupCloseScript  = redis.NewScript(clockLua + groupCloseLua)
+	groupFormScript   = redis.NewScript(groupFormLua)
 	healScript        = redis.NewScript(clockLua + healLua)
 )
 
@@ -143,7 +146,7 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 		deadline, _ := strconv.ParseInt(out[1], 10, 64)
 		created, _ := strconv.ParseInt(out[2], 10, 64)
 		r.ExpiresAt, r.CreatedAt, r.Status = time.UnixMilli(deadline).UTC(), time.UnixMilli(created).UTC(), reservation.StatusHeld
-		return r, reservation.ReserveOutcome{Formed: out[3] == "1"}, nil
+		return r, reservation.ReserveOutcome{Full: out[3] == "1"}, nil
 	case "REPLAY":
 		h, err := holdFromPairs(r.ID, out[1:])
 		return h, reservation.ReserveOutcome{Replayed: true}, err
@@ -392,6 +395,15 @@ func (s *Store) Group(ctx context.Context, sku, id string) (reservation.Group, e
 	return g, nil
 }
 
+// FormGroup implements reservation.Holds.
+func (s *Store) FormGroup(ctx context.Context, g reservation.Group, formedAt time.Time) (bool, error) {
+	n, err := groupFormScript.Run(ctx, s.rdb, []string{keysOf(g.SKU).group(g.ID)}, ms(formedAt)).Int()
+	if err != nil {
+		return false, reservation.Unavailable("redis form group", err)
+	}
+	return n == 1, nil
+}
+
 // CloseGroup implements reservation.Holds.
 func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservation.GroupClosing, error) {
 	k := keysOf(g.SKU)
@@ -412,6 +424,14 @@ func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservatio
 		if len(out) > 1 {
 			if f, _ := strconv.ParseInt(out[1], 10, 64); f > 0 {
 				c.FormedAt = time.UnixMilli(f).UTC()
+			}
+		}
+		return c, nil
+	case "FULL":
+		c := reservation.GroupClosing{Full: true}
+		if len(out) > 1 {
+			if f, _ := strconv.ParseInt(out[1], 10, 64); f > 0 {
+				c.FullAt = time.UnixMilli(f).UTC()
 			}
 		}
 		return c, nil

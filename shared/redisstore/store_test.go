@@ -389,17 +389,28 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 			return s.Reserve(ctx, r, ttl)
 		}
 		a, out, err := join("a", "u1")
-		if err != nil || out.Formed {
+		if err != nil || out.Full {
 			t.Fatalf("first join = %v %+v", err, out)
 		}
 		if _, _, err := join("b", "u1"); !errors.Is(err, reservation.ErrAlreadyJoined) {
 			t.Errorf("same user twice = %v, want ErrAlreadyJoined", err)
 		}
-		if _, out, err := join("c", "u2"); err != nil || !out.Formed {
-			t.Fatalf("last slot = %v %+v, want formed", err, out)
+		if _, out, err := join("c", "u2"); err != nil || !out.Full {
+			t.Fatalf("last slot = %v %+v, want full", err, out)
 		}
 		if _, _, err := join("d", "u3"); !errors.Is(err, reservation.ErrGroupFull) {
 			t.Errorf("third join = %v, want ErrGroupFull", err)
+		}
+		if gr, err := s.Group(ctx, sku, "g1"); err != nil || gr.Remaining != 0 || gr.Status != reservation.GroupOpen {
+			t.Errorf("Group = %+v %v, want OPEN with 0 remaining until MySQL records it FORMED", gr, err)
+		}
+		c.now = t0.Add(2 * time.Hour)
+		if cl, err := s.CloseGroup(ctx, g); err != nil || !cl.Full || !cl.FullAt.Equal(t0) {
+			t.Errorf("CloseGroup of a full group = %+v %v, want full (MySQL decides)", cl, err)
+		}
+		c.now = t0
+		if ok, err := s.FormGroup(ctx, g, t0); err != nil || !ok {
+			t.Fatalf("FormGroup = %v %v", ok, err)
 		}
 		if gr, err := s.Group(ctx, sku, "g1"); err != nil || gr.Remaining != 0 || gr.Status != reservation.GroupFormed || !gr.FormedAt.Equal(t0) {
 			t.Errorf("Group = %+v %v, want FORMED at t0 with 0 remaining", gr, err)

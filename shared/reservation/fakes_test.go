@@ -60,6 +60,7 @@ type memGroup struct {
 	capacity, remaining int
 	status              GroupStatus
 	deadline, formedAt  int64 // unix ms; formedAt 0 until FORMED
+	fullAt              int64 // unix ms when the last slot was taken; 0 until then
 }
 
 // memHolds models one Redis: per SKU the stock string, the meta hash (held,
@@ -203,8 +204,8 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		}
 		g.remaining--
 		if g.remaining == 0 {
-			g.status, g.formedAt = GroupFormed, now
-			out.Formed = true
+			g.fullAt = now
+			out.Full = true
 		}
 		if m.members[key] == nil {
 			m.members[key] = map[string]string{}
@@ -298,6 +299,13 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 	h := m.holds[id]
 
 	if row.Status == StatusConfirmed {
+		if _, stocked := m.stock[sku]; state == "" && version > 0 && stocked && version > m.metaOf(sku)["wver"] {
+			m.stock[sku] -= qty // Redis lost the hold: take the units the commit took
+			if m.users[sku] == nil {
+				m.users[sku] = map[string]int64{}
+			}
+			m.users[sku][user] += qty
+		}
 		if state == StatusHeld {
 			unhold(old.qty)
 			h.state = StatusConfirmed
@@ -471,6 +479,7 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 		switch {
 		case ok && state == StatusHeld && (t == "" || h.token == t):
 			held -= h.qty
+		case ok && state == StatusHeld: // a stray: counted as held, like an undecided hold
 		case ok && state != StatusConfirmed, !ok && state != StatusHeld:
 			return SyncStale, nil // a listed hold moved since MySQL was read
 		}
@@ -556,6 +565,23 @@ func (m *memHolds) Group(_ context.Context, sku, id string) (Group, error) {
 	return out, nil
 }
 
+// FormGroup mirrors group_form.lua.
+func (m *memHolds) FormGroup(_ context.Context, g Group, formedAt time.Time) (bool, error) {
+	err := m.enter("FormGroup")
+	defer m.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	mg, ok := m.groups[groupKey(g.SKU, g.ID)]
+	if !ok || mg.status == GroupFailed {
+		return false, nil
+	}
+	if mg.status == GroupOpen {
+		mg.status, mg.formedAt, mg.remaining = GroupFormed, formedAt.UnixMilli(), 0
+	}
+	return true, nil
+}
+
 // CloseGroup mirrors group_close.lua.
 func (m *memHolds) CloseGroup(_ context.Context, g Group) (GroupClosing, error) {
 	err := m.enter("CloseGroup")
@@ -578,6 +604,13 @@ func (m *memHolds) CloseGroup(_ context.Context, g Group) (GroupClosing, error) 
 	if mg.status == GroupOpen {
 		if m.nowMS() < mg.deadline {
 			return GroupClosing{NotDue: true}, nil
+		}
+		if mg.remaining <= 0 {
+			c := GroupClosing{Full: true}
+			if mg.fullAt > 0 {
+				c.FullAt = time.UnixMilli(mg.fullAt).UTC()
+			}
+			return c, nil
 		}
 		mg.status = GroupFailed
 	}
@@ -1154,17 +1187,28 @@ func (l *memLedger) DueGroups(_ context.Context, t time.Time, limit int) ([]Grou
 	return out, nil
 }
 
-// FormGroup mirrors `UPDATE group_buys SET status = 'FORMED', formed_at = ? WHERE group_id = ? AND status = 'OPEN'`.
-func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) error {
+// FormGroup mirrors `UPDATE group_buys SET status = 'FORMED', formed_at = ? WHERE group_id = ?
+// AND status = 'OPEN' AND NOT EXISTS (an unreleased CANCELLED member row)`, then reads the status.
+func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) (bool, error) {
 	err := l.enter("FormGroup")
 	defer l.mu.Unlock()
 	if err != nil {
-		return err
+		return false, err
 	}
-	if g, ok := l.groups[id]; ok && g.g.Status == GroupOpen {
+	g, ok := l.groups[id]
+	if !ok {
+		return false, nil
+	}
+	pending := false
+	for _, row := range l.rows {
+		if row.r.GroupID == id && row.r.Status == StatusCancelled && !row.r.Released {
+			pending = true
+		}
+	}
+	if g.g.Status == GroupOpen && !pending {
 		g.g.Status, g.g.FormedAt = GroupFormed, msUTC(formedAt)
 	}
-	return nil
+	return g.g.Status == GroupFormed, nil
 }
 
 // FailGroup mirrors `UPDATE group_buys SET status = 'FAILED' WHERE group_id = ? AND status = 'OPEN' AND deadline <= ?`, then Group.

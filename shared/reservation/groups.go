@@ -63,6 +63,8 @@ func (s *Service) Group(ctx context.Context, id string) (Group, error) {
 		g.Remaining = g.Capacity - g.Members // Redis unreachable or lost it: MySQL's view
 	case rg.Status == GroupFormed, rg.Status == GroupFailed:
 		g.Status, g.FormedAt = rg.Status, rg.FormedAt
+	case rg.Remaining <= 0:
+		g.Status = GroupFull // every slot taken, not recorded FORMED yet
 	default:
 		g.Remaining = rg.Remaining
 	}
@@ -91,7 +93,21 @@ func (s *Service) failGroup(ctx context.Context, g Group) (bool, error) {
 			if formedAt.IsZero() {
 				formedAt = g.Deadline
 			}
-			return false, s.ledger.FormGroup(ctx, g.ID, formedAt)
+			_, err := s.ledger.FormGroup(ctx, g.ID, formedAt)
+			return false, err
+		case c.Full:
+			// Every slot was taken before the deadline: it formed, unless a
+			// member's cancellation is still on its way to Redis — then the
+			// next sweep, after the outbox drained, finds a free slot.
+			at := c.FullAt
+			if at.IsZero() {
+				at = g.Deadline
+			}
+			formed, err := s.ledger.FormGroup(ctx, g.ID, at)
+			if err == nil && formed {
+				_, err = s.holds.FormGroup(ctx, g, at)
+			}
+			return false, err
 		case c.Unknown:
 			// Redis lost the group: MySQL decides with what it knows.
 			s.log.WarnContext(ctx, "group unknown to redis at its deadline; mysql decides", "group_id", g.ID)

@@ -69,17 +69,21 @@ type Holds interface {
 	// Group returns the group's slots and status as Redis has them.
 	Group(ctx context.Context, sku, id string) (Group, error)
 	// CloseGroup ends the group in Redis once its deadline passed by Redis's
-	// clock: a group whose slots all filled before is FORMED (final);
-	// otherwise it becomes FAILED (no more joins) and the ids holding its
-	// slots are returned. GroupNotDue if the deadline has not passed;
-	// GroupUnknown if Redis lost the group.
+	// clock: a FORMED group stays FORMED; one whose slots are all taken is
+	// reported Full (unchanged: MySQL decides whether it formed); otherwise
+	// it becomes FAILED (no more joins) and the ids holding its slots are
+	// returned. NotDue if the deadline has not passed; Unknown if Redis lost
+	// the group.
 	CloseGroup(ctx context.Context, g Group) (GroupClosing, error)
+	// FormGroup marks the group FORMED (final; no slot left to take) once
+	// MySQL has recorded it; false if Redis has no such group or it FAILED.
+	FormGroup(ctx context.Context, g Group, formedAt time.Time) (bool, error)
 }
 
 // ReserveOutcome says what Reserve did besides holding.
 type ReserveOutcome struct {
 	Replayed bool // the hold existed: nothing taken
-	Formed   bool // this join took the group's last slot: the group is FORMED
+	Full     bool // this join took the group's last slot: once accepted, the group may form
 }
 
 // RedisStock is a SKU as Redis has it.
@@ -109,7 +113,9 @@ type GroupClosing struct {
 	FormedAt time.Time
 	Holders  []string // reservation ids holding slots of a FAILED group
 	NotDue   bool     // Redis's clock says the deadline has not passed
-	Unknown  bool     // Redis has no such group
+	Full     bool     // OPEN past the deadline with every slot taken: MySQL decides
+	FullAt   time.Time
+	Unknown  bool // Redis has no such group
 }
 
 // ApplyResult is what one persist attempt found in MySQL.
@@ -208,8 +214,11 @@ type Ledger interface {
 	// have not all been cancelled yet.
 	DueGroups(ctx context.Context, t time.Time, limit int) ([]Group, error)
 	// FormGroup records that the group formed (its last slot was taken in
-	// Redis at formedAt, before its deadline): OPEN → FORMED, final.
-	FormGroup(ctx context.Context, id string, formedAt time.Time) error
+	// Redis at formedAt, before its deadline): OPEN → FORMED, final — unless
+	// a member's cancellation is still on its way to Redis (an unreleased
+	// row: Redis's slot count is behind MySQL). formed reports whether the
+	// group is FORMED now.
+	FormGroup(ctx context.Context, id string, formedAt time.Time) (formed bool, err error)
 	// FailGroup turns an OPEN group FAILED and returns it as it stands
 	// (FORMED if it formed first).
 	FailGroup(ctx context.Context, id string, now time.Time) (Group, error)

@@ -88,6 +88,10 @@ const (
 	GroupOpen   GroupStatus = "OPEN"
 	GroupFormed GroupStatus = "FORMED"
 	GroupFailed GroupStatus = "FAILED"
+	// GroupFull is shown, never stored: every slot is taken and MySQL has
+	// not recorded the group FORMED yet (a join in flight, or a member's
+	// cancellation on its way to Redis). It becomes FORMED, or OPEN again.
+	GroupFull GroupStatus = "FULL"
 )
 
 // Group is a group-buy on one SKU with a fixed number of slots.

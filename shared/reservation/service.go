@@ -213,13 +213,6 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if out.Replayed && held.Status.Final() {
 		return held, true, nil
 	}
-	if out.Formed {
-		// The last slot is taken: the group is FORMED, and that is final.
-		// Tell MySQL now; if this fails the sweeper learns it from Redis.
-		if err := s.ledger.FormGroup(ctx, r.GroupID, held.CreatedAt); err != nil {
-			s.log.WarnContext(ctx, "reserve: group formation not recorded in mysql", "group_id", r.GroupID, "error", err)
-		}
-	}
 	if h := s.hooks.AfterHold; h != nil {
 		if err := h(held); err != nil {
 			return Reservation{}, false, err
@@ -259,7 +252,31 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if !out.Replayed {
 		s.metrics.Count("reserved", 1)
 	}
+	if held.GroupID != "" && (out.Full || out.Replayed) {
+		// An accepted join that took the last slot forms the group: MySQL
+		// records it (unless a member's cancellation is still on its way to
+		// Redis), then Redis. If this fails the sweeper decides at the deadline.
+		s.formGroup(ctx, Group{ID: held.GroupID, SKU: held.SKU}, held.CreatedAt, out.Full)
+	}
 	return held, out.Replayed, nil
+}
+
+// formGroup records a full group FORMED in MySQL, then in Redis. full says
+// the caller knows every slot is taken; otherwise Redis is asked.
+func (s *Service) formGroup(ctx context.Context, g Group, at time.Time, full bool) {
+	if !full {
+		rg, err := s.holds.Group(ctx, g.SKU, g.ID)
+		if err != nil || rg.Status != GroupOpen || rg.Remaining > 0 {
+			return
+		}
+	}
+	formed, err := s.ledger.FormGroup(ctx, g.ID, at)
+	if err == nil && formed {
+		_, err = s.holds.FormGroup(ctx, g, at)
+	}
+	if err != nil {
+		s.log.WarnContext(ctx, "group formation not recorded yet; the sweeper decides at the deadline", "group_id", g.ID, "error", err)
+	}
 }
 
 // abandon settles a reservation without an idempotency key whose Redis call

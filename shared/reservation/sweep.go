@@ -112,10 +112,13 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 			rep.Warmed++
 		}
 	}
-	if err != nil {
+	synced := err == nil
+	if !synced {
+		// Expired holds are still decided: their release needs no stock
+		// figure, and one of them may be what keeps the warm-up from
+		// settling (a stray). Only the measurement waits.
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: sync stock", "sku", sku, "error", err)
-		return
 	}
 
 	expired, err := s.holds.Expired(ctx, sku, s.cfg.SweepGrace, s.cfg.SweepBatch)
@@ -138,8 +141,8 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 			rep.Released++
 		}
 	}
-	if len(expired) > 0 {
-		return // holds are being decided right now: measure next time
+	if len(expired) > 0 || !synced {
+		return // holds are being decided right now, or Redis lacks the level: measure next time
 	}
 	s.reconcile(ctx, level, rep)
 }

@@ -18,6 +18,8 @@
 --   a hold of another token  -> a stray (Redis took the id again after forgetting the decided
 --                               hold): returned if HELD, then replaced by the row's tombstone
 --   CONFIRMED: HELD          -> CONFIRMED, its units leave held; meta.cver = version
+--   CONFIRMED, hold missing (Redis lost it), a commit newer than the level the stock was warmed
+--   from (version > meta.wver)  -> the units are taken from stock now (Redis never took them)
 --   CANCELLED: HELD          -> CANCELLED, stock, per-user units and (OPEN group) slot returned
 --   CANCELLED refunded, hold CONFIRMED or missing, released "0", not yet applied for this token
 --                            -> stock and per-user units returned (a formed group keeps its slot),
@@ -72,6 +74,11 @@ if not state then
 end
 
 if status == 'CONFIRMED' then
+  if not state and version > 0 and redis.call('EXISTS', KEYS[1]) == 1
+      and version > tonumber(redis.call('HGET', KEYS[2], 'wver') or '0') then
+    redis.call('DECRBY', KEYS[1], qty)
+    redis.call('HINCRBY', KEYS[4], user, qty)
+  end
   if state == 'HELD' then
     unhold(tonumber(h[2]))
     redis.call('HSET', KEYS[5], 'state', 'CONFIRMED')

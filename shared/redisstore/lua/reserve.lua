@@ -13,8 +13,10 @@
 -- ARGV[8] now (unix ms; "" = Redis's clock, as in production)
 --
 -- Returns a flat array whose first element is the code:
---   {"OK", deadline, created, formed}       hold recorded HELD, stock deducted; formed "1" when this
---                                           join took the group's last slot (the group is FORMED, final)
+--   {"OK", deadline, created, full}         hold recorded HELD, stock deducted; full "1" when this join
+--                                           took the group's last slot (the group stays OPEN until MySQL
+--                                           records it FORMED and group_form.lua marks it: a join that is
+--                                           never accepted must not form it)
 --   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken
 --   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"}
@@ -43,7 +45,7 @@ if limit > 0 and tonumber(redis.call('HGET', KEYS[4], user) or '0') + qty > limi
 end
 
 local now = clock_ms(ARGV[8])
-local formed = '0'
+local full = '0'
 if gid ~= '' then
   local g = redis.call('HMGET', KEYS[6], 'status', 'remaining', 'deadline')
   if not g[1] then return {'UNKNOWN_GROUP'} end
@@ -52,8 +54,8 @@ if gid ~= '' then
   if g[1] ~= 'OPEN' or tonumber(g[2]) <= 0 then return {'GROUP_FULL'} end
   local remaining = redis.call('HINCRBY', KEYS[6], 'remaining', -1)
   if remaining == 0 then
-    redis.call('HSET', KEYS[6], 'status', 'FORMED', 'formed_at', now)
-    formed = '1'
+    redis.call('HSET', KEYS[6], 'full_at', now)
+    full = '1'
   end
   redis.call('HSET', KEYS[7], user, id)
   local pttl = redis.call('PTTL', KEYS[6])
@@ -67,4 +69,4 @@ redis.call('HINCRBY', KEYS[4], user, qty)
 redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid, 'token', token,
   'state', 'HELD', 'deadline', deadline, 'created', now)
 redis.call('ZADD', KEYS[3], deadline, id)
-return {'OK', tostring(deadline), tostring(now), formed}
+return {'OK', tostring(deadline), tostring(now), full}

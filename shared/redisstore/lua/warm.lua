@@ -12,8 +12,9 @@
 --      released, a confirmed one refunded), or a confirm of a newer version (meta.cver) already
 --      left held: the level would miss or repeat it; nothing changed, read again
 --   1  warmed: stock = available - held + the qty of the listed holds MySQL confirmed that are
---      still HELD (their confirm not in Redis yet); meta.wver = version, so a refund MySQL made at
---      or before it is not given back again (follow.lua)
+--      still HELD with MySQL's token (their confirm not in Redis yet; a HELD hold of another token
+--      is a stray and stays counted as held); meta.wver = version, so a refund MySQL made at or
+--      before it is not given back again, and a confirm after it is taken (follow.lua)
 -- While the stock key is missing no reserve can take a hold (reserve.lua answers UNKNOWN_SKU), so
 -- the listed holds are all the HELD ones.
 local available, version, limit, delta = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
@@ -26,6 +27,8 @@ for i = 3, #KEYS do
   if confirmed then
     if h[1] == 'HELD' and (token == '' or h[3] == token) then
       held = held - tonumber(h[2])
+    elseif h[1] == 'HELD' then
+      -- a stray (another token): MySQL never took its units; counted as held, like an undecided one
     elseif h[1] ~= 'CONFIRMED' then
       return 3
     end
