@@ -3,9 +3,10 @@
 GO        ?= go
 DEV_DIR   ?= .holdfast/dev
 
-.PHONY: dev test unit bench chaos invoke load migrate build deploy clean
+.PHONY: dev test unit bench chaos invoke load token migrate build deploy clean
 
-## dev: start Redis, MariaDB and the SQS server, then holdfast on 127.0.0.1:3000
+## dev: start Redis, MariaDB and the SQS server, then holdfast on 127.0.0.1:3000;
+## buyer routes want a JWT from the dev issuer (make token), admin routes none
 dev:
 	scripts/dev.sh
 
@@ -39,10 +40,20 @@ chaos:
 	HOLDFAST_CHAOS_DURATION=$(DURATION) HOLDFAST_MODEL_CHECKS=$(MODEL_CHECKS) \
 		scripts/test.sh -run 'TestChaos$$|TestModel$$' -v -timeout 0 ./shared/app
 
-## load: fire a flash sale at `make dev` and print the invariant report
+## load: fire a flash sale at `make dev` and print the invariant report; each
+## buyer sends its own token, minted with the key `make dev` verifies with
 ##   make load ARGS="-n 5000 -c 128 -stock 300 -groups 3"
+##   (a deployed stage: ARGS="-url https://... -sigv4 -token-cmd 'CMD {user}'")
 load:
-	$(GO) run ./cmd/load $(ARGS)
+	$(GO) run ./cmd/load -jwt-dir $(DEV_DIR)/jwt $(ARGS)
+
+## token: a buyer JWT from the dev issuer (key in $(DEV_DIR)/jwt, made on first
+## use), valid for TTL, alone on stdout:
+##   curl -H "Authorization: Bearer $(make -s token SUB=ann)" localhost:3000/skus/demo-phone
+TTL ?= 1h
+token:
+	@test -n "$(SUB)" || { echo "usage: make token SUB=<user> [TTL=1h]" >&2; exit 2; }
+	@$(GO) run ./cmd/token -sub '$(SUB)' -ttl $(TTL) -dir $(DEV_DIR)/jwt
 
 ## migrate: apply the MySQL migrations to HOLDFAST_DB_DSN
 migrate:

@@ -2,7 +2,8 @@
 # dev.sh — what `make dev` runs: start Redis, MariaDB and the SQS server on
 # loopback with data under .holdfast/dev, then holdfast on 127.0.0.1:3000.
 # Ctrl-C stops everything it started. MySQL data is reused between runs
-# (Redis is warmed from it); RESET=1 starts from empty.
+# (Redis is warmed from it); RESET=1 starts from empty. Buyer routes check
+# JWTs from the dev issuer whose key is in $dir/jwt (make token mints them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -24,4 +25,4 @@ set -a
 . "$dir/env"
 set +a
 go build -o bin/holdfast-dev ./cmd/dev
-bin/holdfast-dev "$@"
+bin/holdfast-dev -jwt-dir "$dir/jwt" "$@"

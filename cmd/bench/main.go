@@ -28,6 +28,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	_ "github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/internal/devauth"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
 	"github.com/holdfast/holdfast/shared/devstack"
@@ -216,8 +217,8 @@ func (b *bench) reserve(ctx context.Context) error {
 	}
 	script := redis.NewScript(redisstore.ReserveLua)
 	if err := run("raw EVALSHA floor", setStock, func(sku string, w, i int) error {
-		r := reservation.Reservation{ID: fmt.Sprintf("f%d-%d", w, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d", w), Token: "floor"}
-		out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), redisstore.ReserveArgs(r, time.Minute)...).StringSlice()
+		r := reservation.Reservation{ID: fmt.Sprintf("f%d-%d", w, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i), Token: "floor"}
+		out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), redisstore.ReserveArgs(r, time.Minute, b.cfg.UserRate, b.cfg.UserBurst)...).StringSlice()
 		if err != nil || out[0] != "OK" {
 			return fmt.Errorf("floor: %v %v", out, err)
 		}
@@ -226,7 +227,7 @@ func (b *bench) reserve(ctx context.Context) error {
 		return err
 	}
 	noSend := reservation.NewService(b.cfg.Protocol, reservation.Deps{
-		Holds: redisstore.New(rdb, b.cfg.HoldRetention), Ledger: mysqlstore.New(db), Queue: nopQueue{}, Notifier: nopNotifier{},
+		Holds: redisstore.New(rdb, b.cfg.HoldRetention, redisstore.WithUserRate(b.cfg.UserRate, b.cfg.UserBurst)), Ledger: mysqlstore.New(db), Queue: nopQueue{}, Notifier: nopNotifier{},
 	})
 	if err := run("holdfast, no send", setStock, func(sku string, w, i int) error {
 		_, _, err := noSend.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
@@ -373,7 +374,7 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers int, prefix st
 	}
 	rec := &counter{}
 	svc := reservation.NewService(b.cfg.Protocol, reservation.Deps{
-		Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention), Ledger: mysqlstore.New(db), Notifier: nopNotifier{}, Metrics: rec,
+		Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention, redisstore.WithUserRate(b.cfg.UserRate, b.cfg.UserBurst)), Ledger: mysqlstore.New(db), Notifier: nopNotifier{}, Metrics: rec,
 	})
 	b.log("persist: holdfast, %d messages, %d consumers …", n, consumers)
 	var next, failed atomic.Int64
@@ -431,7 +432,7 @@ func (b *bench) soldOut(ctx context.Context) error {
 		cfg := b.cfg.Protocol
 		cfg.SoldOutTTL = ttl
 		svc := reservation.NewService(cfg, reservation.Deps{
-			Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention), Ledger: mysqlstore.New(b.app.DB), Queue: nopQueue{}, Notifier: nopNotifier{},
+			Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention, redisstore.WithUserRate(b.cfg.UserRate, b.cfg.UserBurst)), Ledger: mysqlstore.New(b.app.DB), Queue: nopQueue{}, Notifier: nopNotifier{},
 		})
 		sku := fmt.Sprintf("bench-soldout-%d", time.Now().UnixNano())
 		if _, err := svc.ChangeStock(ctx, reservation.SetTo(sku, 0)); err != nil {
@@ -462,15 +463,26 @@ func (b *bench) endToEnd(ctx context.Context) error {
 	cfg := b.cfg
 	cfg.Protocol.SoldOutTTL = reservation.DefaultConfig().SoldOutTTL
 	dlq := b.getenv("HOLDFAST_DLQ_URL")
+	// Buyers carry their own dev JWTs, minted before the timed phase, as make load does.
+	jwtDir, err := os.MkdirTemp("", "holdfast-bench-jwt-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(jwtDir)
+	issuer, err := devauth.Open(jwtDir)
+	if err != nil {
+		return err
+	}
 	stack, err := devstack.Start(ctx, cfg, devstack.Options{Addr: "127.0.0.1:0", Template: "template.yaml", DLQURL: dlq,
-		Log: slog.New(slog.DiscardHandler)})
+		Log: slog.New(slog.DiscardHandler), Verifier: issuer.Verifier()})
 	if err != nil {
 		return err
 	}
 	defer stack.Stop()
 	b.log("end to end: 20,000 buyers for 5,000 units through the dev stack …")
 	rep, err := loadgen.Run(ctx, loadgen.Config{BaseURL: stack.URL, N: 20000, Concurrency: 64,
-		SKU: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano()), Stock: 5000, Settle: 5 * time.Minute})
+		SKU: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano()), Stock: 5000, Settle: 5 * time.Minute,
+		TokenFor: func(user string) (string, error) { return issuer.Mint(user, time.Hour) }})
 	if err != nil {
 		return err
 	}

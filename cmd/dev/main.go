@@ -2,6 +2,10 @@
 // package devstack): the API on 127.0.0.1:3000, persist and compensate fed
 // from the queues, the sweeper on its schedule — every setting taken from
 // template.yaml. scripts/dev.sh starts the services and exports HOLDFAST_*.
+//
+// Buyer routes want a JWT as API Gateway's authorizer does; dev checks them
+// against the dev issuer's key in -jwt-dir (created on first use), the key
+// `make token SUB=ann` mints with. Admin routes are open on loopback.
 package main
 
 import (
@@ -14,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/holdfast/holdfast/internal/devauth"
 	"github.com/holdfast/holdfast/shared/config"
 	"github.com/holdfast/holdfast/shared/devstack"
 )
@@ -32,6 +37,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	addr := fs.String("addr", "127.0.0.1:3000", "HTTP listen address (sam local start-api's default)")
 	tpl := fs.String("template", "template.yaml", "SAM template to take the settings from")
 	sweep := fs.Duration("sweep-every", 0, "sweeper period (default: the template's schedule)")
+	jwtDir := fs.String("jwt-dir", devauth.DefaultDir, "dev JWT issuer key directory (make token mints with it)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -47,13 +53,23 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 			return a
 		},
 	}))
+	issuer, err := devauth.Open(*jwtDir)
+	if err != nil {
+		return err
+	}
 	s, err := devstack.Start(ctx, cfg, devstack.Options{
 		Addr: *addr, Template: *tpl, DLQURL: getenv("HOLDFAST_DLQ_URL"), CreateQueues: true,
 		Seed: map[string]int64{"demo-phone": 100, "demo-tee": 1000}, Log: log, SweepEvery: *sweep,
+		Verifier: issuer.Verifier(),
 	})
 	if err != nil {
 		return err
 	}
+	mint := "make -s token SUB=ann"
+	if *jwtDir != devauth.DefaultDir {
+		mint = "go run ./cmd/token -sub ann -dir " + *jwtDir
+	}
+	fmt.Printf("buyer routes need a JWT from the dev issuer: curl -H \"Authorization: Bearer $(%s)\" %s/skus/demo-phone\n", mint, s.URL)
 	<-ctx.Done()
 	start := time.Now()
 	s.Stop()

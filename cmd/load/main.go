@@ -1,10 +1,20 @@
 // Command load fires a flash sale at holdfast and prints the invariant
-// report (see package loadgen). By default it targets `make dev`:
+// report (see package loadgen). Every simulated buyer sends its own bearer
+// token, its user id as the JWT's sub. By default it targets `make dev` and
+// mints the tokens with the dev issuer's key (internal/devauth, in
+// .holdfast/dev/jwt; -jwt-dir to change), the key `make dev` verifies with:
 //
 //	go run ./cmd/load -n 2000 -c 64 -stock 150 -groups 2 -chart load.png
 //
-// Against a deployed stage: -url https://…/dev -token <buyer JWT> -sigv4
-// (admin routes are IAM-signed with the default AWS credentials).
+// Against a deployed stage, tokens come from your identity provider through
+// a command run once per buyer — with the user id as its last argument, or in
+// place of {user} — whose trimmed stdout is the token; admin routes are
+// IAM-signed with the default AWS credentials:
+//
+//	go run ./cmd/load -url https://…/dev -sigv4 -token-cmd './get-token {user}'
+//
+// -token <JWT> sends one token for every buyer instead (the API then takes
+// the user from the request body, as before per-user tokens).
 package main
 
 import (
@@ -16,12 +26,16 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/holdfast/holdfast/internal/devauth"
 	"github.com/holdfast/holdfast/shared/loadgen"
 )
 
@@ -49,11 +63,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (bool, er
 	fs.IntVar(&cfg.Groups, "groups", 0, "group-buy rounds (2 × capacity joiners each, some users twice)")
 	fs.IntVar(&cfg.GroupCapacity, "group-capacity", 3, "slots per group")
 	fs.DurationVar(&cfg.Settle, "settle", 3*time.Minute, "longest wait for every reservation to be decided")
-	fs.StringVar(&cfg.Token, "token", "", "bearer token for buyer routes (a deployed stage)")
+	fs.StringVar(&cfg.Token, "token", "", "one bearer token for every buyer (instead of one per buyer)")
+	tokenCmd := fs.String("token-cmd", "", "command printing a buyer's token; the user id is its last argument, or replaces {user}")
+	jwtDir := fs.String("jwt-dir", devauth.DefaultDir, "dev issuer key directory to mint buyer tokens from (make dev's)")
 	sigv4 := fs.Bool("sigv4", false, "sign admin requests with SigV4 (a deployed stage's IAM routes)")
 	chart := fs.String("chart", "load.png", "chart file (.png or .svg); empty for none")
 	if err := fs.Parse(args); err != nil {
 		return false, err
+	}
+	if cfg.Token == "" {
+		tokenFor, err := tokenSource(ctx, *jwtDir, *tokenCmd, stderr)
+		if err != nil {
+			return false, err
+		}
+		cfg.TokenFor = tokenFor
+	} else if *tokenCmd != "" {
+		return false, fmt.Errorf("give -token or -token-cmd, not both")
 	}
 	if *sigv4 {
 		sign, err := signer(ctx)
@@ -74,6 +99,51 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (bool, er
 		fmt.Fprintf(stdout, "  chart    %s\n", *chart)
 	}
 	return rep.Passed(), nil
+}
+
+// tokenTTL is how long a minted buyer token lives: longer than any run.
+const tokenTTL = time.Hour
+
+// tokenSource returns how buyers get their tokens: from tokenCmd when given,
+// else minted by the dev issuer whose key is in jwtDir (created if missing).
+// loadgen asks once per user.
+func tokenSource(ctx context.Context, jwtDir, tokenCmd string, stderr io.Writer) (func(user string) (string, error), error) {
+	if tokenCmd != "" {
+		return func(user string) (string, error) { return runTokenCmd(ctx, tokenCmd, user, stderr) }, nil
+	}
+	// Opened on the first token, so a run that stops at its flags leaves no key behind.
+	issuer := sync.OnceValues(func() (*devauth.Issuer, error) { return devauth.Open(jwtDir) })
+	return func(user string) (string, error) {
+		iss, err := issuer()
+		if err != nil {
+			return "", err
+		}
+		return iss.Mint(user, tokenTTL)
+	}, nil
+}
+
+// runTokenCmd runs command (by sh) for user — shell-quoted, in place of
+// {user} (which must not sit inside quotes), else as the last argument — and
+// returns its trimmed stdout.
+func runTokenCmd(ctx context.Context, command, user string, stderr io.Writer) (string, error) {
+	quoted := "'" + strings.ReplaceAll(user, "'", `'\''`) + "'"
+	line := command + " " + quoted
+	if strings.Contains(command, "{user}") {
+		line = strings.ReplaceAll(command, "{user}", quoted)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sh", "-c", line)
+	cmd.Stderr = stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("token command for %s: %w", user, err)
+	}
+	tok := strings.TrimSpace(string(out))
+	if tok == "" {
+		return "", fmt.Errorf("token command for %s printed nothing", user)
+	}
+	return tok, nil
 }
 
 // signer signs requests for API Gateway's IAM authorizer.

@@ -35,6 +35,6 @@ func run(ctx context.Context, getenv func(string) string) error {
 		return err
 	}
 	defer a.Close()
-	lambda.StartWithOptions(metrics.Flushing(a.Metrics, httpapi.New(a.Service, a.Log).Handle), lambda.WithContext(ctx))
+	lambda.StartWithOptions(metrics.Flushing(a.Metrics, httpapi.New(a.Service, a.Log, httpapi.WithUserClaim(cfg.UserClaim)).Handle), lambda.WithContext(ctx))
 	return nil
 }

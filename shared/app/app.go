@@ -120,7 +120,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		return nil, cfg.NeedsEvents()
 	}
 
-	var holdOpts []redisstore.Option
+	holdOpts := []redisstore.Option{redisstore.WithUserRate(cfg.UserRate, cfg.UserBurst)}
 	if opt.ScriptClock != nil {
 		holdOpts = append(holdOpts, redisstore.WithClock(opt.ScriptClock))
 	}

@@ -410,7 +410,7 @@ func TestFault14CancelRacesPersist(t *testing.T) {
 		for range 2 { // the buyer presses cancel twice
 			go func() {
 				defer wg.Done()
-				if out, err := s.app.Service.Cancel(context.Background(), m.ID); err != nil || out.Status != reservation.StatusCancelled {
+				if out, err := s.app.Service.Cancel(context.Background(), m.ID, m.UserID); err != nil || out.Status != reservation.StatusCancelled {
 					t.Errorf("cancel = %v %v", out.Status, err)
 				}
 			}()

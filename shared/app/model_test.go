@@ -385,10 +385,7 @@ func (m *modelMachine) do(method, path string, body any, headers map[string]stri
 		}
 		raw = string(b)
 	}
-	resp, err := m.s.api.Handle(context.Background(), events.APIGatewayV2HTTPRequest{
-		Version: "2.0", RouteKey: "$default", RawPath: path, Body: raw, Headers: headers,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
-	})
+	resp, err := m.s.api.Handle(context.Background(), apiRequest(m.s.caller(method, path, raw), method, path, raw, headers))
 	if err != nil {
 		return modelReply{}, fmt.Errorf("%s %s: handler error %w", method, path, err)
 	}

@@ -274,14 +274,11 @@ func (p *promise) putStock(sku, body string, version int64) (int, map[string]any
 	return p.call("PUT", "/admin/skus/"+sku+"/stock", body, h)
 }
 
-// callOn sends one API Gateway request to a handler and also returns the
-// response headers.
-func callOn(t *testing.T, h *httpapi.Handler, method, path, body string, headers map[string]string) (int, map[string]any, map[string]string) {
+// callOn sends one API Gateway request to a handler, as the buyer it
+// concerns (ownerOf), and also returns the response headers.
+func (p *promise) callOn(t *testing.T, h *httpapi.Handler, method, path, body string, headers map[string]string) (int, map[string]any, map[string]string) {
 	t.Helper()
-	resp, err := h.Handle(context.Background(), events.APIGatewayV2HTTPRequest{
-		Version: "2.0", RouteKey: "$default", RawPath: path, Body: body, Headers: headers,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
-	})
+	resp, err := h.Handle(context.Background(), apiRequest(p.caller(method, path, body), method, path, body, headers))
 	if err != nil {
 		t.Fatalf("%s %s: handler error %v", method, path, err)
 	}
@@ -619,7 +616,7 @@ func TestPromise07StockChanges(t *testing.T) {
 		p := newPromise(t)
 		sku := testservices.Name("stale")
 		p.createSKU(sku, 10, 0)
-		code, body, headers := callOn(t, p.api, "GET", "/admin/skus/"+sku+"/stock", "", nil)
+		code, body, headers := p.callOn(t, p.api, "GET", "/admin/skus/"+sku+"/stock", "", nil)
 		old, _ := body["version"].(float64)
 		if code != http.StatusOK {
 			t.Fatalf("GET stock = %d %v", code, body)
@@ -715,7 +712,7 @@ func TestPromise09ScriptsTakeTimeFromRedis(t *testing.T) {
 			p.createSKU(sku, 10, 0)
 			api := p.lambdaWithClock(&testClock{now: time.Now().Add(skew)})
 
-			code, b, _ := callOn(t, api, "POST", "/reservations", fmt.Sprintf(`{"sku":%q,"qty":1,"user_id":"ann"}`, sku), nil)
+			code, b, _ := p.callOn(t, api, "POST", "/reservations", fmt.Sprintf(`{"sku":%q,"qty":1,"user_id":"ann"}`, sku), nil)
 			want := time.Now().Add(60 * time.Second).UTC().Round(0) // HOLDFAST_HOLD_TTL of the stack
 			if code != http.StatusAccepted {
 				t.Fatalf("reserve through the skewed function = %d %v, want 202", code, b)
@@ -732,7 +729,7 @@ func TestPromise09ScriptsTakeTimeFromRedis(t *testing.T) {
 				t.Errorf("202 expires_at = %v, want ≈ %v", b["expires_at"], want)
 			}
 
-			code, g, _ := callOn(t, api, "POST", "/groups", fmt.Sprintf(`{"sku":%q,"capacity":2,"ttl_seconds":600}`, sku), nil)
+			code, g, _ := p.callOn(t, api, "POST", "/groups", fmt.Sprintf(`{"sku":%q,"capacity":2,"ttl_seconds":600}`, sku), nil)
 			want = time.Now().Add(600 * time.Second).UTC().Round(0)
 			if code != http.StatusCreated {
 				t.Fatalf("create group through the skewed function = %d %v, want 201", code, g)

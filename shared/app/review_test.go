@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-lambda-go/events"
 	"github.com/holdfast/holdfast/shared/invariant"
 	"github.com/holdfast/holdfast/shared/mysqlstore"
 	"github.com/holdfast/holdfast/shared/redisstore"
@@ -24,10 +23,7 @@ import (
 
 // handle sends one request straight to the handler; safe from goroutines.
 func (s *stack) handle(method, path, body string, headers map[string]string) (int, string) {
-	resp, err := s.api.Handle(context.Background(), events.APIGatewayV2HTTPRequest{
-		Version: "2.0", RouteKey: "$default", RawPath: path, Body: body, Headers: headers,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
-	})
+	resp, err := s.api.Handle(context.Background(), apiRequest(s.caller(method, path, body), method, path, body, headers))
 	if err != nil {
 		return -1, err.Error()
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -194,6 +195,9 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 		"HOLDFAST_HOLD_TTL":         "60s",
 		"HOLDFAST_SWEEP_GRACE":      "2s",
 		"HOLDFAST_LOG_LEVEL":        "warn",
+		// Time only moves when a test moves it, so per-user attempt buckets
+		// would never refill: off here, on in the tests of the limit.
+		"HOLDFAST_USER_RATE": "0",
 	}
 	o := app.Options{Function: "test", Out: io.Discard, Clock: s.clock, ScriptClock: s.clock}
 	for _, opt := range opts {
@@ -223,13 +227,18 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 	return s
 }
 
-// call sends one API Gateway HTTP API v2 request through the reserve handler.
+// call sends one API Gateway HTTP API v2 request through the reserve handler,
+// as the buyer it concerns (see caller): the claims API Gateway's JWT
+// authorizer would pass.
 func (s *stack) call(method, path, body string, headers map[string]string) (int, map[string]any) {
 	s.t.Helper()
-	resp, err := s.api.Handle(context.Background(), events.APIGatewayV2HTTPRequest{
-		Version: "2.0", RouteKey: "$default", RawPath: path, Body: body, Headers: headers,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
-	})
+	return s.callAs(s.caller(method, path, body), method, path, body, headers)
+}
+
+// callAs sends one request as user ("" for none: no verified token).
+func (s *stack) callAs(user, method, path, body string, headers map[string]string) (int, map[string]any) {
+	s.t.Helper()
+	resp, err := s.api.Handle(context.Background(), apiRequest(user, method, path, body, headers))
 	if err != nil {
 		s.t.Fatalf("%s %s: handler error %v", method, path, err)
 	}
@@ -238,6 +247,52 @@ func (s *stack) call(method, path, body string, headers map[string]string) (int,
 		s.t.Fatalf("%s %s: body %q is not JSON: %v", method, path, resp.Body, err)
 	}
 	return resp.StatusCode, m
+}
+
+// apiRequest is the v2 event API Gateway passes for a request, with the
+// claims of user's verified token (none when user is "").
+func apiRequest(user, method, path, body string, headers map[string]string) events.APIGatewayV2HTTPRequest {
+	ev := events.APIGatewayV2HTTPRequest{
+		Version: "2.0", RouteKey: "$default", RawPath: path, Body: body, Headers: headers,
+		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
+	}
+	if user != "" {
+		ev.RequestContext.Authorizer = &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
+			JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{Claims: map[string]string{"sub": user}},
+		}
+	}
+	return ev
+}
+
+// caller is the buyer a test request concerns: the body's user_id for a
+// reserve, the owner of the reservation for GET/DELETE (read from the
+// stores), a fixed tester otherwise. Tests that check who may do what call
+// callAs.
+func (s *stack) caller(method, path, body string) string {
+	return ownerOf(s.db, s.rdb, method, path, body)
+}
+
+func ownerOf(db *sql.DB, rdb *redis.Client, method, path, body string) string {
+	if method == "POST" && path == "/reservations" {
+		var b struct {
+			UserID string `json:"user_id"`
+		}
+		if json.Unmarshal([]byte(body), &b) == nil && b.UserID != "" {
+			return b.UserID
+		}
+	}
+	if id, ok := strings.CutPrefix(path, "/reservations/"); ok {
+		var user string
+		if db.QueryRow(`SELECT user_id FROM reservations WHERE reservation_id = ?`, id).Scan(&user) == nil {
+			return user
+		}
+		if sku, ok := reservation.SKUOf(id); ok {
+			if u, err := rdb.HGet(context.Background(), "hf:{"+sku+"}:r:"+id, "user").Result(); err == nil {
+				return u
+			}
+		}
+	}
+	return "tester"
 }
 
 // setStock sets a SKU's stock through the admin API, with the version

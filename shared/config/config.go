@@ -37,9 +37,14 @@ type Config struct {
 	// server). Local only; empty in AWS.
 	AWSEndpoint string
 
-	HoldRetention time.Duration // how long finished holds stay in Redis for replays and polls
-	Protocol      reservation.Config
-	LogLevel      string
+	// UserClaim is the JWT claim (as API Gateway passes it) naming the buyer.
+	UserClaim string
+	// UserRate and UserBurst bound each user's reserve attempts per SKU
+	// (per second, and the burst) where the SKU sets none; 0 turns it off.
+	UserRate, UserBurst int
+	HoldRetention       time.Duration // how long finished holds stay in Redis for replays and polls
+	Protocol            reservation.Config
+	LogLevel            string
 }
 
 // Load reads the configuration through getenv (os.Getenv in production).
@@ -60,6 +65,9 @@ func Load(getenv func(string) string) (Config, error) {
 		EventBusName:   p.str("HOLDFAST_EVENT_BUS", ""),
 		EventsQueueURL: p.str("HOLDFAST_EVENTS_QUEUE_URL", ""),
 		AWSEndpoint:    p.str("HOLDFAST_AWS_ENDPOINT", ""),
+		UserClaim:      p.str("HOLDFAST_USER_CLAIM", "sub"),
+		UserRate:       p.integer("HOLDFAST_USER_RATE", 5),
+		UserBurst:      p.integer("HOLDFAST_USER_BURST", 10),
 		HoldRetention:  p.duration("HOLDFAST_HOLD_RETENTION", 24*time.Hour),
 		LogLevel:       p.str("HOLDFAST_LOG_LEVEL", "info"),
 	}

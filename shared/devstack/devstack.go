@@ -1,6 +1,7 @@
 // Package devstack runs the four holdfast handlers on one machine the way
 // Lambda runs them: an HTTP server that turns requests into API Gateway HTTP
-// API v2 events for the reserve handler, pollers that feed persist and
+// API v2 events for the reserve handler (answering 404 and 401 itself, as API
+// Gateway's routes and JWT authorizer do), pollers that feed persist and
 // compensate like Lambda's SQS event source (batch size, batching window,
 // visibility timeout, partial batch responses, bounded concurrency), and the
 // sweeper on its schedule. Every setting comes from template.yaml, the place
@@ -44,6 +45,9 @@ type Options struct {
 	CreateQueues bool   // create the queues from the template (the dev stack); tests bring their own
 	Seed         map[string]int64
 	Log          *slog.Logger // one readable line per request and per batch
+	// Verifier checks the buyer routes' tokens in place of the template's JWT
+	// authorizer (internal/devauth's; required when a route has one).
+	Verifier Verifier
 	// Overrides for tests: a short visibility timeout and sweep period so a
 	// retried record or an expired hold does not take minutes.
 	Visibility time.Duration
@@ -85,6 +89,10 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 	if !ok1 || !ok2 || mainQ.LogicalID == "" || dlq.LogicalID == "" {
 		return nil, errors.New("devstack: template.yaml lacks the persist or compensate SQS events")
 	}
+	routes, err := apiRoutes(tpl, o.Verifier)
+	if err != nil {
+		return nil, err
+	}
 	sweepEvery := o.SweepEvery
 	if sweepEvery == 0 {
 		if sweepEvery, err = samtemplate.Rate(fns["SweeperFunction"].Schedule); err != nil {
@@ -121,7 +129,7 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Stack{App: a, cancel: cancel}
 	quiet := slog.New(slog.DiscardHandler)
-	api := httpapi.New(a.Service, o.Log)
+	api := httpapi.New(a.Service, o.Log, httpapi.WithUserClaim(cfg.UserClaim))
 	s.Persist = consumer.NewBatch("persist", a.Service.PersistBatch, a.Metrics, quiet)
 	compensate := consumer.New("compensate", a.Service.Compensate, a.Metrics, quiet)
 	s.Sweeper = schedule.New(a.Service, quiet)
@@ -163,7 +171,7 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 		return nil, err
 	}
 	s.URL = "http://" + ln.Addr().String()
-	s.srv = &http.Server{Handler: Gateway(api, o.Log), ReadHeaderTimeout: 5 * time.Second}
+	s.srv = &http.Server{Handler: Gateway(api.Handle, routes, o.Verifier, o.Log), ReadHeaderTimeout: 5 * time.Second}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -172,6 +180,28 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 	o.Log.Info("holdfast is up", "api", s.URL, "persist_concurrency", persistEv.MaximumConcurrency,
 		"batch_size", persistEv.BatchSize, "visibility_s", vis(mainQ), "sweep_every", sweepEvery)
 	return s, nil
+}
+
+// apiRoutes returns the reserve function's HTTP API routes, checking the
+// gateway can authorize each as API Gateway would.
+func apiRoutes(tpl *samtemplate.Template, v Verifier) ([]samtemplate.Route, error) {
+	var routes []samtemplate.Route
+	for _, r := range tpl.Routes() {
+		if r.Function != "ReserveFunction" {
+			continue
+		}
+		switch {
+		case r.AuthType == "JWT" && v == nil:
+			return nil, fmt.Errorf("devstack: route %s needs the JWT authorizer %s: Options.Verifier is required (internal/devauth)", r.Key(), r.Authorizer)
+		case r.AuthType != "JWT" && r.AuthType != "AWS_IAM" && r.AuthType != "NONE":
+			return nil, fmt.Errorf("devstack: route %s: the dev gateway has no %s authorizer", r.Key(), r.AuthType)
+		}
+		routes = append(routes, r)
+	}
+	if len(routes) == 0 {
+		return nil, errors.New("devstack: template.yaml gives ReserveFunction no HttpApi route")
+	}
+	return routes, nil
 }
 
 func (s *Stack) poll(ctx context.Context, log *slog.Logger, name string, client *sqs.Client, url string,
@@ -247,11 +277,70 @@ func createQueues(ctx context.Context, c *sqs.Client, cfg config.Config, dlqURL 
 	return nil
 }
 
+// Verifier checks a bearer token as API Gateway's JWT authorizer does and
+// returns its claims (internal/devauth's Verifier in `make dev`).
+type Verifier interface {
+	Verify(token string) (map[string]string, error)
+}
+
+// APIHandler is a Lambda handler of API Gateway HTTP API events
+// (httpapi.Handler.Handle).
+type APIHandler func(ctx context.Context, req events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error)
+
 // Gateway turns HTTP requests into API Gateway HTTP API v2 events, as
-// `sam local start-api` does, and logs one line per request.
-func Gateway(api *httpapi.Handler, log *slog.Logger) http.Handler {
+// `sam local start-api` does, logs one line per request, and answers what
+// API Gateway answers itself, without invoking h:
+//
+//   - a request that matches none of routes (template.yaml's): 404
+//     {"message":"Not Found"};
+//   - a route behind a JWT authorizer without a token in its identity header
+//     ("Bearer <jwt>", or the bare token, both of which API Gateway takes),
+//     or with one v rejects (signature, kid, iss, aud, exp, nbf): 401
+//     {"message":"Unauthorized"}. A nil v rejects every token.
+//
+// Otherwise the event carries RouteKey ("GET /reservations/{id}"),
+// PathParameters and, behind a JWT authorizer, the token's claims at
+// RequestContext.Authorizer.JWT.Claims (Scopes nil). AWS_IAM routes (/admin)
+// pass unchecked: SigV4 guards them in AWS, and the dev stack listens on
+// loopback only.
+func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Logger) http.Handler {
+	table := make([]gatewayRoute, len(routes))
+	for i, r := range routes {
+		table[i] = gatewayRoute{Route: r, seg: strings.Split(strings.Trim(r.Path, "/"), "/")}
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		logged := func(status int, args ...any) {
+			log.Info(r.Method+" "+r.URL.Path, append([]any{"status", status, "latency", time.Since(start).Round(time.Microsecond)}, args...)...)
+		}
+		route, params, ok := match(table, r.Method, r.URL.Path)
+		if !ok {
+			gatewayReply(w, http.StatusNotFound, "Not Found", nil)
+			logged(http.StatusNotFound, "route", "none")
+			return
+		}
+		var authorizer *events.APIGatewayV2HTTPRequestContextAuthorizerDescription
+		switch route.AuthType {
+		case "NONE", "AWS_IAM":
+		case "JWT":
+			claims, err := authorize(v, r.Header.Get(route.IdentityHeader))
+			if err != nil {
+				challenge := `Bearer error="invalid_token"`
+				if errors.Is(err, errNoToken) {
+					challenge = "Bearer"
+				}
+				gatewayReply(w, http.StatusUnauthorized, "Unauthorized", map[string]string{"WWW-Authenticate": challenge})
+				logged(http.StatusUnauthorized, "auth", err)
+				return
+			}
+			authorizer = &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
+				JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{Claims: claims},
+			}
+		default:
+			gatewayReply(w, http.StatusInternalServerError, "Internal Server Error", nil)
+			logged(http.StatusInternalServerError, "auth", "the dev gateway has no "+route.AuthType+" authorizer")
+			return
+		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, httpapi.MaxBody+1))
 		if err != nil {
 			http.Error(w, `{"error":"invalid_request","message":"unreadable body"}`, http.StatusBadRequest)
@@ -262,16 +351,17 @@ func Gateway(api *httpapi.Handler, log *slog.Logger) http.Handler {
 			headers[strings.ToLower(k)] = strings.Join(v, ",")
 		}
 		ev := events.APIGatewayV2HTTPRequest{
-			Version: "2.0", RouteKey: "$default", RawPath: r.URL.Path, RawQueryString: r.URL.RawQuery,
-			Headers: headers, Body: string(body),
+			Version: "2.0", RouteKey: route.Key(), RawPath: r.URL.Path, RawQueryString: r.URL.RawQuery,
+			Headers: headers, PathParameters: params, Body: string(body),
 			RequestContext: events.APIGatewayV2HTTPRequestContext{
-				Stage: "$default", RequestID: fmt.Sprintf("dev-%d", start.UnixNano()), TimeEpoch: start.UnixMilli(),
+				RouteKey: route.Key(), Stage: "$default", RequestID: fmt.Sprintf("dev-%d", start.UnixNano()), TimeEpoch: start.UnixMilli(),
+				Authorizer: authorizer,
 				HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{
 					Method: r.Method, Path: r.URL.Path, Protocol: r.Proto, SourceIP: r.RemoteAddr, UserAgent: r.UserAgent(),
 				},
 			},
 		}
-		resp, err := api.Handle(r.Context(), ev)
+		resp, err := h(r.Context(), ev)
 		if err != nil {
 			resp = events.APIGatewayV2HTTPResponse{StatusCode: http.StatusBadGateway, Body: `{"error":"internal","message":"handler error"}`}
 		}
@@ -280,6 +370,95 @@ func Gateway(api *httpapi.Handler, log *slog.Logger) http.Handler {
 		}
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.WriteString(w, resp.Body)
-		log.Info(r.Method+" "+r.URL.Path, "status", resp.StatusCode, "latency", time.Since(start).Round(time.Microsecond))
+		logged(resp.StatusCode)
 	})
+}
+
+type gatewayRoute struct {
+	samtemplate.Route
+	seg []string // path segments; "{name}" matches one, "{name+}" the rest
+}
+
+// match finds the route of a request as API Gateway does (the most literal
+// segments win) and its path parameters (nil without any).
+func match(table []gatewayRoute, method, path string) (samtemplate.Route, map[string]string, bool) {
+	seg := strings.Split(strings.Trim(path, "/"), "/")
+	best, bestLiterals := -1, -1
+	var bestParams map[string]string
+	for i, r := range table {
+		if r.Method != method && r.Method != "ANY" {
+			continue
+		}
+		params, literals, ok := r.matches(seg)
+		if ok && literals > bestLiterals {
+			best, bestLiterals, bestParams = i, literals, params
+		}
+	}
+	if best < 0 {
+		return samtemplate.Route{}, nil, false
+	}
+	return table[best].Route, bestParams, true
+}
+
+func (r gatewayRoute) matches(seg []string) (map[string]string, int, bool) {
+	var params map[string]string
+	literals := 0
+	for i, p := range r.seg {
+		name, isParam := strings.CutPrefix(p, "{")
+		name, _ = strings.CutSuffix(name, "}")
+		if greedy, ok := strings.CutSuffix(name, "+"); isParam && ok && i < len(seg) {
+			if params == nil {
+				params = map[string]string{}
+			}
+			params[greedy] = strings.Join(seg[i:], "/")
+			return params, literals, true
+		}
+		if i >= len(seg) {
+			return nil, 0, false
+		}
+		switch {
+		case !isParam:
+			if p != seg[i] {
+				return nil, 0, false
+			}
+			literals++
+		case seg[i] == "":
+			return nil, 0, false
+		default:
+			if params == nil {
+				params = map[string]string{}
+			}
+			params[name] = seg[i]
+		}
+	}
+	return params, literals, len(seg) == len(r.seg)
+}
+
+var errNoToken = errors.New("no token")
+
+// authorize takes the token from an identity header value as API Gateway
+// does ("Bearer <jwt>" or the bare token) and verifies it.
+func authorize(v Verifier, header string) (map[string]string, error) {
+	tok := strings.TrimSpace(header)
+	if len(tok) >= len("Bearer ") && strings.EqualFold(tok[:len("Bearer ")], "Bearer ") {
+		tok = strings.TrimSpace(tok[len("Bearer "):])
+	}
+	if tok == "" {
+		return nil, errNoToken
+	}
+	if v == nil {
+		return nil, errors.New("no verifier")
+	}
+	return v.Verify(tok)
+}
+
+// gatewayReply is an answer of API Gateway itself: {"message": "..."}.
+func gatewayReply(w http.ResponseWriter, status int, message string, headers map[string]string) {
+	for k, v := range headers {
+		w.Header().Set(k, v)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]string{"message": message})
+	_, _ = w.Write(b)
 }

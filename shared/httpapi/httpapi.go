@@ -7,6 +7,8 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base32"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -28,8 +30,8 @@ const MaxBody = 4 << 10
 // Service is what the API needs of the protocol.
 type Service interface {
 	Reserve(ctx context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error)
-	Get(ctx context.Context, id string) (reservation.Reservation, error)
-	Cancel(ctx context.Context, id string) (reservation.Reservation, error)
+	Get(ctx context.Context, id, user string) (reservation.Reservation, error)
+	Cancel(ctx context.Context, id, user string) (reservation.Reservation, error)
 	CreateGroup(ctx context.Context, sku string, capacity int, ttl time.Duration) (reservation.Group, error)
 	Group(ctx context.Context, id string) (reservation.Group, error)
 	Available(ctx context.Context, sku string) (int64, error)
@@ -39,12 +41,53 @@ type Service interface {
 
 // Handler is the API Gateway handler of functions/reserve.
 type Handler struct {
-	svc Service
-	log *slog.Logger
+	svc   Service
+	log   *slog.Logger
+	claim string // the JWT claim that names the buyer
+}
+
+// Option adjusts a Handler.
+type Option func(*Handler)
+
+// WithUserClaim names the JWT claim the buyer's id is read from ("sub" by
+// default).
+func WithUserClaim(name string) Option {
+	return func(h *Handler) {
+		if name != "" {
+			h.claim = name
+		}
+	}
 }
 
 // New returns a Handler.
-func New(svc Service, log *slog.Logger) *Handler { return &Handler{svc: svc, log: log} }
+func New(svc Service, log *slog.Logger, opts ...Option) *Handler {
+	h := &Handler{svc: svc, log: log, claim: "sub"}
+	for _, o := range opts {
+		o(h)
+	}
+	return h
+}
+
+// caller is the buyer the verified token names: the claims API Gateway's
+// JWT authorizer passes (requestContext.authorizer.jwt.claims). A claim that
+// is not a valid id as such (an "auth0|…" subject, say) is mapped to one
+// by a hash, the same every time. No identity: 401.
+func (h *Handler) caller(req events.APIGatewayV2HTTPRequest) (string, response, bool) {
+	var v string
+	if a := req.RequestContext.Authorizer; a != nil && a.JWT != nil {
+		v = a.JWT.Claims[h.claim]
+	}
+	if v == "" {
+		resp := errorReply(http.StatusUnauthorized, "unauthenticated", "a verified token naming the buyer is required")
+		resp.Headers["WWW-Authenticate"] = "Bearer"
+		return "", resp, false
+	}
+	if reservation.ValidID(v) {
+		return v, response{}, true
+	}
+	sum := sha256.Sum256([]byte(v))
+	return "u-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:16])), response{}, true
+}
 
 type response = events.APIGatewayV2HTTPResponse
 
@@ -56,15 +99,23 @@ type route struct {
 
 var routes = []route{
 	{http.MethodPost, []string{"reservations"}, (*Handler).reserve},
-	{http.MethodGet, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
-		r, err := h.svc.Get(ctx, seg[1])
+	{http.MethodGet, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response {
+		user, resp, ok := h.caller(req)
+		if !ok {
+			return resp
+		}
+		r, err := h.svc.Get(ctx, seg[1], user)
 		if err != nil {
 			return h.fail(ctx, err)
 		}
 		return reply(http.StatusOK, reservationBody(r))
 	}},
-	{http.MethodDelete, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
-		r, err := h.svc.Cancel(ctx, seg[1])
+	{http.MethodDelete, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response {
+		user, resp, ok := h.caller(req)
+		if !ok {
+			return resp
+		}
+		r, err := h.svc.Cancel(ctx, seg[1], user)
 		if err != nil {
 			return h.fail(ctx, err)
 		}
@@ -140,6 +191,11 @@ func (h *Handler) Handle(ctx context.Context, req events.APIGatewayV2HTTPRequest
 			continue
 		}
 		if r.method == method {
+			if r.pattern[0] != "admin" { // buyer routes: API Gateway's JWT authorizer (admin: IAM)
+				if _, resp, ok := h.caller(req); !ok {
+					return resp, nil
+				}
+			}
 			return r.serve(h, ctx, req, seg), nil
 		}
 		pathKnown = true
@@ -158,6 +214,10 @@ type reserveBody struct {
 }
 
 func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string) response {
+	user, resp, ok := h.caller(req)
+	if !ok {
+		return resp
+	}
 	var b reserveBody
 	if resp, ok := decode(req, &b); !ok {
 		return resp
@@ -167,11 +227,13 @@ func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPReques
 		return invalid("sku is required")
 	case b.Qty == nil:
 		return invalid("qty is required")
-	case b.UserID == "":
-		return invalid("user_id is required")
+	case b.UserID != "" && b.UserID != user:
+		// The buyer is who the token says; a body naming someone else is
+		// refused, never trusted.
+		return errorReply(http.StatusBadRequest, "user_mismatch", "user_id in the body is not the user the token names (leave it out)")
 	}
 	r, replayed, err := h.svc.Reserve(ctx, reservation.ReserveRequest{
-		SKU: b.SKU, Qty: *b.Qty, UserID: b.UserID, GroupID: b.GroupID,
+		SKU: b.SKU, Qty: *b.Qty, UserID: user, GroupID: b.GroupID,
 		IdempotencyKey: header(req, "Idempotency-Key"),
 	})
 	if err != nil {
@@ -222,6 +284,8 @@ type stockRequest struct {
 	Stock        *int64 `json:"stock"`
 	Add          *int64 `json:"add"`
 	PerUserLimit *int   `json:"per_user_limit"`
+	RatePerSec   *int   `json:"rate_per_second"`
+	Burst        *int   `json:"burst"`
 	Version      *int64 `json:"version"`
 }
 
@@ -236,7 +300,7 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	if (b.Stock == nil) == (b.Add == nil) {
 		return invalid("give exactly one of stock (the new figure) and add (units to add or remove)")
 	}
-	c := reservation.StockChange{SKU: seg[2], Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, IfVersion: b.Version,
+	c := reservation.StockChange{SKU: seg[2], Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, Rate: b.RatePerSec, Burst: b.Burst, IfVersion: b.Version,
 		Key: header(req, "Idempotency-Key")}
 	if m := header(req, "If-Match"); m != "" {
 		v, err := strconv.ParseInt(strings.TrimPrefix(strings.Trim(m, `"`), "W/"), 10, 64)
@@ -254,6 +318,7 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	}
 	resp := reply(http.StatusOK, map[string]any{
 		"sku": level.SKU, "stock": level.Available, "per_user_limit": level.PerUserLimit, "version": level.Version,
+		"rate_per_second": level.UserRate, "burst": level.UserBurst,
 	})
 	resp.Headers["ETag"] = etag(level.Version)
 	return resp
@@ -321,6 +386,15 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 		return errorReply(http.StatusConflict, "group_closed", "the group is no longer open")
 	case errors.Is(err, reservation.ErrLimitExceeded):
 		return errorReply(http.StatusConflict, "limit_exceeded", "this user reached the per-user limit for the sku")
+	case errors.Is(err, reservation.ErrRateLimited):
+		wait := time.Second
+		var rl *reservation.RateLimitedError
+		if errors.As(err, &rl) && rl.RetryAfter > wait {
+			wait = rl.RetryAfter
+		}
+		resp := errorReply(http.StatusTooManyRequests, "rate_limited", "too many attempts by this buyer on this sku; nothing was held")
+		resp.Headers["Retry-After"] = strconv.Itoa(int((wait + time.Second - 1) / time.Second))
+		return resp
 	case errors.Is(err, reservation.ErrIdempotencyMismatch):
 		return errorReply(http.StatusUnprocessableEntity, "idempotency_mismatch",
 			"the Idempotency-Key was already used with a different request")

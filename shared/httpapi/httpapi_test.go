@@ -22,6 +22,7 @@ type stub struct {
 	err    error
 	last   reservation.ReserveRequest
 	change reservation.StockChange
+	user   string // the caller Get or Cancel was asked for
 }
 
 func (s *stub) Reserve(_ context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error) {
@@ -29,12 +30,14 @@ func (s *stub) Reserve(_ context.Context, req reservation.ReserveRequest) (reser
 	s.last = req
 	return reservation.Reservation{ID: "r-1", SKU: req.SKU, Qty: req.Qty, Status: reservation.StatusHeld, ExpiresAt: time.Unix(1, 0)}, false, s.err
 }
-func (s *stub) Get(context.Context, string) (reservation.Reservation, error) {
+func (s *stub) Get(_ context.Context, _, user string) (reservation.Reservation, error) {
 	s.calls++
+	s.user = user
 	return reservation.Reservation{ID: "r-1", Status: reservation.StatusConfirmed}, s.err
 }
-func (s *stub) Cancel(context.Context, string) (reservation.Reservation, error) {
+func (s *stub) Cancel(_ context.Context, _, user string) (reservation.Reservation, error) {
 	s.calls++
+	s.user = user
 	return reservation.Reservation{ID: "r-1", Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer}, s.err
 }
 func (s *stub) CreateGroup(_ context.Context, sku string, capacity int, _ time.Duration) (reservation.Group, error) {
@@ -60,7 +63,17 @@ func (s *stub) InspectStock(_ context.Context, sku string) (reservation.StockRep
 	return reservation.StockReport{SKU: sku, MySQLAvailable: 10, RedisAvailable: 7, Held: 2}, s.err
 }
 
+// request is a v2 event as API Gateway passes it for buyer "u" (its JWT
+// authorizer's claims); anonymous drops them.
 func request(method, path, body string, headers map[string]string) events.APIGatewayV2HTTPRequest {
+	req := anonymous(method, path, body, headers)
+	req.RequestContext.Authorizer = &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
+		JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{Claims: map[string]string{"sub": "u"}},
+	}
+	return req
+}
+
+func anonymous(method, path, body string, headers map[string]string) events.APIGatewayV2HTTPRequest {
 	return events.APIGatewayV2HTTPRequest{
 		RawPath: path, Body: body, Headers: headers,
 		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
@@ -96,7 +109,7 @@ func TestBadInputIsA4xxThatNamesTheProblemAndReachesNothing(t *testing.T) {
 		{"qty a fraction", "POST", "/reservations", `{"sku":"s","qty":1.5,"user_id":"u"}`, 400, `"qty"`},
 		{"missing sku", "POST", "/reservations", `{"qty":1,"user_id":"u"}`, 400, "sku is required"},
 		{"missing qty", "POST", "/reservations", `{"sku":"s","user_id":"u"}`, 400, "qty is required"},
-		{"missing user", "POST", "/reservations", `{"sku":"s","qty":1}`, 400, "user_id is required"},
+		{"another user in the body", "POST", "/reservations", `{"sku":"s","qty":1,"user_id":"mallory"}`, 400, "not the user the token names"},
 		{"unknown field", "POST", "/reservations", `{"sku":"s","qty":1,"user_id":"u","quantity":2}`, 400, "quantity"},
 		{"two objects", "POST", "/reservations", `{"sku":"s","qty":1,"user_id":"u"}{}`, 400, "after the JSON"},
 		{"oversize", "POST", "/reservations", `{"sku":"` + strings.Repeat("x", 5000) + `","qty":1,"user_id":"u"}`, 413, "larger than"},
@@ -263,5 +276,46 @@ func TestStockChangePreconditions(t *testing.T) {
 		if code, body := do(t, svc, request("PUT", "/admin/skus/s/stock", c.body, c.headers)); code != c.status || body["error"] != c.code {
 			t.Errorf("%s = %d %v, want %d %s", c.name, code, body, c.status, c.code)
 		}
+	}
+}
+
+// The buyer is who the verified token says: every buyer route without
+// claims is 401 and reaches nothing; the body's user_id may only repeat the
+// token's; GET and DELETE ask for the caller's own reservation; admin routes
+// (IAM in AWS) need no buyer token.
+func TestIdentityComesFromTheToken(t *testing.T) {
+	for _, r := range []struct{ method, path, body string }{
+		{"POST", "/reservations", `{"sku":"s","qty":1}`},
+		{"GET", "/reservations/r-1", ""},
+		{"DELETE", "/reservations/r-1", ""},
+		{"POST", "/groups", `{"sku":"s","capacity":2}`},
+		{"GET", "/groups/g-1", ""},
+		{"GET", "/skus/s", ""},
+	} {
+		svc := &stub{}
+		if code, body := do(t, svc, anonymous(r.method, r.path, r.body, nil)); code != 401 || body["error"] != "unauthenticated" || svc.calls != 0 {
+			t.Errorf("%s %s without a token = %d %v (%d calls), want 401 and no call", r.method, r.path, code, body, svc.calls)
+		}
+	}
+	svc := &stub{}
+	if code, _ := do(t, svc, request("POST", "/reservations", `{"sku":"s","qty":1}`, nil)); code != 202 || svc.last.UserID != "u" {
+		t.Errorf("reserve = %d as %q, want 202 as the token's user u", code, svc.last.UserID)
+	}
+	if code, _ := do(t, svc, request("POST", "/reservations", `{"sku":"s","qty":1,"user_id":"u"}`, nil)); code != 202 {
+		t.Errorf("reserve repeating the token's user = %d, want 202", code)
+	}
+	for _, m := range []string{"GET", "DELETE"} {
+		svc := &stub{}
+		if code, _ := do(t, svc, request(m, "/reservations/r-1", "", nil)); code != 200 || svc.user != "u" {
+			t.Errorf("%s = %d as %q, want the token's user", m, code, svc.user)
+		}
+	}
+	odd := request("POST", "/reservations", `{"sku":"s","qty":1}`, nil)
+	odd.RequestContext.Authorizer.JWT.Claims["sub"] = "auth0|6412ab"
+	if code, _ := do(t, svc, odd); code != 202 || !reservation.ValidID(svc.last.UserID) || svc.last.UserID == "auth0|6412ab" {
+		t.Errorf("a subject that is not an id = %d as %q, want a stable derived id", code, svc.last.UserID)
+	}
+	if code, _ := do(t, &stub{}, anonymous("GET", "/admin/skus/s/stock", "", nil)); code != 200 {
+		t.Errorf("admin route without a buyer token = %d, want 200 (IAM guards it in AWS)", code)
 	}
 }

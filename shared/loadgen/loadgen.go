@@ -31,7 +31,15 @@ type Config struct {
 	Groups        int // group-buy rounds (0: none)
 	GroupCapacity int
 	Settle        time.Duration // how long to wait for every reservation to be decided
-	Token         string        // bearer token for buyer routes (a deployed stage's JWT authorizer)
+	// TokenFor returns the bearer token of one buyer (its JWT's sub is the
+	// user); each buyer's requests carry their own. It is called once per
+	// user, before the timed phase for the simulated buyers, and the token is
+	// kept for the run. With it, reservations name no user_id: the user comes
+	// from the token.
+	TokenFor func(user string) (string, error)
+	// Token, without TokenFor, is one bearer token for every buyer request,
+	// which then names its user in user_id.
+	Token string
 	// Sign, when set, signs admin requests (SigV4 for a deployed stage's IAM routes).
 	Sign     func(*http.Request) error
 	Progress io.Writer // progress bar; nil for none
@@ -132,6 +140,16 @@ func (r *Report) Passed() bool {
 type runner struct {
 	cfg    Config
 	client *http.Client
+
+	mu     sync.Mutex
+	tokens map[string]*userToken
+}
+
+// userToken is one user's token, obtained once.
+type userToken struct {
+	once sync.Once
+	tok  string
+	err  error
 }
 
 // Run performs a whole run: set up the stock, fire, settle, check.
@@ -145,7 +163,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Settle == 0 {
 		cfg.Settle = 2 * time.Minute
 	}
-	r := &runner{cfg: cfg, client: cfg.Client}
+	r := &runner{cfg: cfg, client: cfg.Client, tokens: map[string]*userToken{}}
 	if r.client == nil {
 		r.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency}}
 	}
@@ -161,6 +179,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
+	if err := r.mintTokens(ctx); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	outs := r.fire(ctx, start)
 	var joins []outcome
@@ -206,7 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 		for i := range rep.Groups {
-			g, err := r.group(ctx, rep.Groups[i].ID)
+			g, err := r.group(ctx, i, rep.Groups[i].ID)
 			if err != nil {
 				return nil, err
 			}
@@ -217,11 +238,95 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-func (r *runner) do(ctx context.Context, method, path string, body any, admin bool) (int, map[string]any, error) {
-	return r.doWith(ctx, method, path, body, admin, nil)
+// buyer names the simulated buyer i of the hot SKU; groupUser the j-th
+// joiner of group round g (j = 0 opens the group).
+func buyer(i int) string        { return fmt.Sprintf("buyer-%d", i) }
+func groupUser(g, j int) string { return fmt.Sprintf("g%d-user-%d", g, j) }
+
+// token returns user's bearer token: TokenFor's, obtained once per user, or
+// the one static Token.
+func (r *runner) token(user string) (string, error) {
+	if r.cfg.TokenFor == nil {
+		return r.cfg.Token, nil
+	}
+	r.mu.Lock()
+	t, ok := r.tokens[user]
+	if !ok {
+		t = &userToken{}
+		r.tokens[user] = t
+	}
+	r.mu.Unlock()
+	t.once.Do(func() {
+		t.tok, t.err = r.cfg.TokenFor(user)
+		if t.err == nil && t.tok == "" {
+			t.err = errors.New("empty token")
+		}
+		if t.err != nil {
+			t.err = fmt.Errorf("loadgen: token for %s: %w", user, t.err)
+		}
+	})
+	return t.tok, t.err
 }
 
-func (r *runner) doWith(ctx context.Context, method, path string, body any, admin bool, headers map[string]string) (int, map[string]any, error) {
+// mintTokens gets every simulated user's token before the clock starts, so
+// minting (or a token command) is not measured as the API's latency.
+func (r *runner) mintTokens(ctx context.Context) error {
+	if r.cfg.TokenFor == nil {
+		return nil
+	}
+	users := make([]string, 0, r.cfg.N+r.cfg.Groups*(r.cfg.GroupCapacity+1))
+	for i := range r.cfg.N {
+		users = append(users, buyer(i))
+	}
+	for g := range r.cfg.Groups {
+		for j := range r.cfg.GroupCapacity + 1 {
+			users = append(users, groupUser(g, j))
+		}
+	}
+	start := time.Now()
+	var next, done atomic.Int64
+	var failed atomic.Pointer[error]
+	stop := make(chan struct{})
+	if r.cfg.Progress != nil {
+		go progress(r.cfg.Progress, "tokens ", &done, len(users), start, stop)
+	}
+	var wg sync.WaitGroup
+	for range r.cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(users) || ctx.Err() != nil || failed.Load() != nil {
+					return
+				}
+				if _, err := r.token(users[i]); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	if r.cfg.Progress != nil {
+		progressLine(r.cfg.Progress, "tokens ", int(done.Load()), len(users), start)
+		fmt.Fprintln(r.cfg.Progress)
+	}
+	if err := failed.Load(); err != nil {
+		return *err
+	}
+	return ctx.Err()
+}
+
+// do sends a buyer request as user (with user's token), or an admin request
+// (signed by Sign) when user is "".
+func (r *runner) do(ctx context.Context, method, path string, body any, user string) (int, map[string]any, error) {
+	return r.doWith(ctx, method, path, body, user, nil)
+}
+
+func (r *runner) doWith(ctx context.Context, method, path string, body any, user string, headers map[string]string) (int, map[string]any, error) {
 	var rd io.Reader
 	var raw []byte
 	if body != nil {
@@ -236,12 +341,20 @@ func (r *runner) doWith(ctx context.Context, method, path string, body any, admi
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
-	if admin && r.cfg.Sign != nil {
-		if err := r.cfg.Sign(req); err != nil {
+	if user == "" {
+		if r.cfg.Sign != nil {
+			if err := r.cfg.Sign(req); err != nil {
+				return 0, nil, err
+			}
+		}
+	} else {
+		tok, err := r.token(user)
+		if err != nil {
 			return 0, nil, err
 		}
-	} else if r.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+r.cfg.Token)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
@@ -264,7 +377,7 @@ func (r *runner) setStock(ctx context.Context, sku string, n int) error {
 	if v, err := r.stock(ctx, sku); err == nil {
 		headers = map[string]string{"If-Match": fmt.Sprintf("%q", fmt.Sprint(v.Version))}
 	}
-	code, body, err := r.doWith(ctx, http.MethodPut, "/admin/skus/"+sku+"/stock", map[string]any{"stock": n}, true, headers)
+	code, body, err := r.doWith(ctx, http.MethodPut, "/admin/skus/"+sku+"/stock", map[string]any{"stock": n}, "", headers)
 	if err != nil || code != http.StatusOK {
 		return fmt.Errorf("set stock of %s: %d %v %v", sku, code, body, err)
 	}
@@ -298,8 +411,9 @@ type groupView struct {
 	Members int    `json:"members"`
 }
 
-func (r *runner) group(ctx context.Context, id string) (groupView, error) {
-	code, body, err := r.do(ctx, http.MethodGet, "/groups/"+id, nil, false)
+// group reads group round g (id) as the user who opened it.
+func (r *runner) group(ctx context.Context, g int, id string) (groupView, error) {
+	code, body, err := r.do(ctx, http.MethodGet, "/groups/"+id, nil, groupUser(g, 0))
 	if err != nil || code != http.StatusOK {
 		return groupView{}, fmt.Errorf("group %s: %d %v", id, code, err)
 	}
@@ -309,12 +423,15 @@ func (r *runner) group(ctx context.Context, id string) (groupView, error) {
 }
 
 func (r *runner) reserve(ctx context.Context, sku, user, group string) outcome {
-	body := map[string]any{"sku": sku, "qty": 1, "user_id": user}
+	body := map[string]any{"sku": sku, "qty": 1}
+	if r.cfg.TokenFor == nil {
+		body["user_id"] = user // today's API without per-user tokens
+	}
 	if group != "" {
 		body["group_id"] = group
 	}
 	o := outcome{start: time.Now(), user: user, group: group}
-	code, resp, err := r.do(ctx, http.MethodPost, "/reservations", body, false)
+	code, resp, err := r.do(ctx, http.MethodPost, "/reservations", body, user)
 	o.latency = time.Since(o.start)
 	o.status = code
 	if err != nil {
@@ -347,7 +464,7 @@ func (r *runner) fire(ctx context.Context, start time.Time) []outcome {
 				if i >= r.cfg.N || ctx.Err() != nil {
 					return
 				}
-				outs[i] = r.reserve(ctx, r.cfg.SKU, fmt.Sprintf("buyer-%d", i), "")
+				outs[i] = r.reserve(ctx, r.cfg.SKU, buyer(i), "")
 				done.Add(1)
 			}
 		}()
@@ -367,7 +484,7 @@ func (r *runner) groupRounds(ctx context.Context, sku string) ([]outcome, []Grou
 	var all []outcome
 	var groups []GroupResult
 	for g := range r.cfg.Groups {
-		code, body, err := r.do(ctx, http.MethodPost, "/groups", map[string]any{"sku": sku, "capacity": r.cfg.GroupCapacity, "ttl_seconds": 3600}, false)
+		code, body, err := r.do(ctx, http.MethodPost, "/groups", map[string]any{"sku": sku, "capacity": r.cfg.GroupCapacity, "ttl_seconds": 3600}, groupUser(g, 0))
 		if err != nil || code != http.StatusCreated {
 			return nil, nil, fmt.Errorf("create group: %d %v %v", code, body, err)
 		}
@@ -378,7 +495,7 @@ func (r *runner) groupRounds(ctx context.Context, sku string) ([]outcome, []Grou
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				joins[j] = r.reserve(ctx, sku, fmt.Sprintf("g%d-user-%d", g, j%(r.cfg.GroupCapacity+1)), id)
+				joins[j] = r.reserve(ctx, sku, groupUser(g, j%(r.cfg.GroupCapacity+1)), id)
 			}()
 		}
 		wg.Wait()
@@ -424,7 +541,7 @@ func (r *runner) settle(ctx context.Context, outs []outcome, rep *Report) ([]tim
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				code, body, err := r.do(ctx, http.MethodGet, "/reservations/"+p.o.id, nil, false)
+				code, body, err := r.do(ctx, http.MethodGet, "/reservations/"+p.o.id, nil, p.o.user)
 				seen := time.Now()
 				status, _ := body["status"].(string)
 				mu.Lock()

@@ -627,8 +627,8 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	level := reservation.StockLevel{SKU: c.SKU}
-	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta)
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
 	exists := err == nil
 	if c.Key != "" && (exists || errors.Is(err, sql.ErrNoRows)) {
 		// A retried change (the same key) is answered before its
@@ -675,15 +675,23 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 	if c.Limit != nil {
 		level.PerUserLimit = *c.Limit
 	}
+	if c.Rate != nil {
+		level.UserRate = *c.Rate
+	}
+	if c.Burst != nil {
+		level.UserBurst = *c.Burst
+	}
 	level.Available += delta
 	level.AdminDelta += delta
 	level.Version++
 	if exists {
-		_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ? WHERE sku = ?`,
-			level.Available, level.Version, level.PerUserLimit, level.AdminDelta, c.SKU)
+		_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ?,
+			user_rate = ?, user_burst = ? WHERE sku = ?`,
+			level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, c.SKU)
 	} else {
-		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta) VALUES (?, ?, ?, ?, ?)`,
-			c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta)
+		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst)
 		if isDuplicate(err) {
 			return reservation.StockLevel{}, fmt.Errorf("change stock %s: created concurrently: %w", c.SKU, reservation.ErrPreconditionFailed)
 		}
@@ -735,8 +743,8 @@ func nullInt[T int | int64](p *T) sql.NullInt64 {
 // Stock implements reservation.Ledger.
 func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, error) {
 	level := reservation.StockLevel{SKU: sku}
-	err := s.db.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta FROM product_stock WHERE sku = ?`, sku).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta)
+	err := s.db.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ?`, sku).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
 	if errors.Is(err, sql.ErrNoRows) {
 		return level, reservation.ErrUnknownSKU
 	}
@@ -754,8 +762,8 @@ func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reserv
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only
 	level := reservation.StockLevel{SKU: sku}
-	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta FROM product_stock WHERE sku = ?`, sku).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta)
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ?`, sku).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
 	if errors.Is(err, sql.ErrNoRows) {
 		return level, nil, reservation.ErrUnknownSKU
 	}
@@ -784,9 +792,9 @@ func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reserv
 func (s *Store) Stocks(ctx context.Context) ([]reservation.StockLevel, error) {
 	return queryAll(ctx, s.db, "list stock", func(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
 		var l reservation.StockLevel
-		err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta)
+		err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst)
 		return l, err
-	}, `SELECT sku, available, version, per_user_limit, admin_delta FROM product_stock ORDER BY sku`)
+	}, `SELECT sku, available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock ORDER BY sku`)
 }
 
 // CreateGroup implements reservation.Ledger.

@@ -45,12 +45,16 @@ var (
 var ReserveLua = clockLua + reserveLua
 
 // ReserveKeys returns the KEYS of reserve.lua for a reservation.
-func ReserveKeys(r reservation.Reservation) []string { return keysOf(r.SKU).holdKeys(r) }
+func ReserveKeys(r reservation.Reservation) []string {
+	k := keysOf(r.SKU)
+	return append(k.holdKeys(r), k.bucket(r.UserID))
+}
 
 // ReserveArgs returns the ARGV of reserve.lua for a reservation, reading the
-// time from Redis as production does.
-func ReserveArgs(r reservation.Reservation, ttl time.Duration) []any {
-	return []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, ""}
+// time from Redis as production does, with rate and burst as the per-user
+// attempt defaults.
+func ReserveArgs(r reservation.Reservation, ttl time.Duration, rate, burst int) []any {
+	return []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, "", rate, burst}
 }
 
 var (
@@ -76,6 +80,9 @@ type Store struct {
 	// clock, when set, replaces Redis's clock in the scripts: tests move
 	// time with it. Production leaves it nil, so scripts read TIME.
 	clock reservation.Clock
+	// rate and burst are the per-user attempt limits of a SKU that sets
+	// none (0: none).
+	rate, burst int
 }
 
 // Option adjusts a Store.
@@ -84,6 +91,12 @@ type Option func(*Store)
 // WithClock makes the scripts take the time from c instead of Redis's own
 // clock. For tests that move time; production never sets it.
 func WithClock(c reservation.Clock) Option { return func(s *Store) { s.clock = c } }
+
+// WithUserRate sets the per-user reserve attempts per second and burst for
+// SKUs that set none of their own.
+func WithUserRate(rate, burst int) Option {
+	return func(s *Store) { s.rate, s.burst = rate, burst }
+}
 
 // New returns a Store. retention is how long finished holds stay readable
 // for replays and status polls (24h if zero).
@@ -118,6 +131,7 @@ func (k keys) users() string             { return k.tag + ":users" }
 func (k keys) hold(id string) string     { return k.tag + ":r:" + id }
 func (k keys) group(gid string) string   { return k.tag + ":g:" + gid }
 func (k keys) members(gid string) string { return k.tag + ":gm:" + gid }
+func (k keys) bucket(user string) string { return k.tag + ":rl:" + user }
 func (k keys) holdKeys(r reservation.Reservation) []string {
 	// The group keys are placeholders (never written) when there is no group.
 	return []string{k.stock(), k.meta(), k.exp(), k.users(), k.hold(r.ID), k.group(r.GroupID), k.members(r.GroupID)}
@@ -128,9 +142,8 @@ func ms(t time.Time) int64 { return t.UnixMilli() }
 // Reserve implements reservation.Holds.
 func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time.Duration) (reservation.Reservation, reservation.ReserveOutcome, error) {
 	var none reservation.ReserveOutcome
-	k := keysOf(r.SKU)
-	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now()}
-	res := reserveScript.Run(ctx, s.rdb, k.holdKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
+	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst}
+	res := reserveScript.Run(ctx, s.rdb, ReserveKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
 	if err := res.Err(); err != nil {
 		return reservation.Reservation{}, none, reservation.Unavailable("redis reserve", err)
 	}
@@ -152,6 +165,12 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 		return h, reservation.ReserveOutcome{Replayed: true}, err
 	case "MISMATCH":
 		return reservation.Reservation{}, none, reservation.ErrIdempotencyMismatch
+	case "RATE_LIMITED":
+		ms := int64(1000)
+		if len(out) > 1 {
+			ms, _ = strconv.ParseInt(out[1], 10, 64)
+		}
+		return reservation.Reservation{}, none, &reservation.RateLimitedError{RetryAfter: time.Duration(ms) * time.Millisecond}
 	case "UNKNOWN_SKU":
 		return reservation.Reservation{}, none, reservation.ErrUnknownSKU
 	case "SOLD_OUT":
@@ -287,7 +306,8 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 // Sync implements reservation.Holds.
 func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
-	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()}, level.Version, level.PerUserLimit, level.AdminDelta).Int()
+	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()}, level.Version, level.PerUserLimit, level.AdminDelta,
+		level.UserRate, level.UserBurst).Int()
 	if err != nil {
 		return reservation.SyncNone, reservation.Unavailable("redis sync stock", err)
 	}
@@ -318,8 +338,8 @@ func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []s
 	}
 	ks := make([]string, 0, 2+len(held))
 	ks = append(ks, k.stock(), k.meta())
-	args := make([]any, 0, 4+2*len(held))
-	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta)
+	args := make([]any, 0, 6+2*len(held))
+	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst)
 	for _, id := range held {
 		ks = append(ks, k.hold(id))
 		if t, ok := token[id]; ok {

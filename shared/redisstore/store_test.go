@@ -515,6 +515,49 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 		}
 	})
 
+	t.Run("a user past the attempt rate is refused and holds nothing; others are not", func(t *testing.T) {
+		c := &clock{now: t0}
+		s := redisstore.New(client(t), time.Hour, redisstore.WithClock(c), redisstore.WithUserRate(2, 3))
+		sku := testservices.Name("sku")
+		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 100, Version: 1}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		try := func(id, user string) error {
+			_, _, err := s.Reserve(ctx, hold(sku, id, user, 1), ttl)
+			return err
+		}
+		for i := range 3 {
+			if err := try(fmt.Sprintf("b%d", i), "bot"); err != nil {
+				t.Fatalf("attempt %d within the burst = %v", i, err)
+			}
+		}
+		err := try("b3", "bot")
+		var rl *reservation.RateLimitedError
+		if !errors.As(err, &rl) || !errors.Is(err, reservation.ErrRateLimited) || rl.RetryAfter != 500*time.Millisecond {
+			t.Fatalf("past the burst = %v, want rate limited for 500ms", err)
+		}
+		if a, h := stockOf(t, s, sku); a != 97 || h != 3 {
+			t.Errorf("stock = %d/%d, want 97/3 (the refused attempt holds nothing)", a, h)
+		}
+		if err := try("a0", "ann"); err != nil {
+			t.Errorf("another buyer = %v, want a hold", err)
+		}
+		c.now = t0.Add(500 * time.Millisecond)
+		if err := try("b4", "bot"); err != nil {
+			t.Errorf("after the refill = %v", err)
+		}
+		// A SKU's own rate (set with the stock) wins over the default.
+		if _, err := s.Sync(ctx, reservation.StockLevel{SKU: sku, Version: 2, UserRate: 1000, UserBurst: 1000}); err != nil {
+			t.Fatal(err)
+		}
+		c.now = t0.Add(1500 * time.Millisecond) // the bucket refills at the new rate
+		for i := range 20 {
+			if err := try(fmt.Sprintf("c%d", i), "bot"); err != nil {
+				t.Fatalf("with the sku's own rate, attempt %d = %v", i, err)
+			}
+		}
+	})
+
 	t.Run("concurrent reserves never oversell", func(t *testing.T) {
 		s, sku, _ := setup(t, 50, 0)
 		var ok, sold atomic.Int64

@@ -113,6 +113,9 @@ type StockLevel struct {
 	Available    int64
 	Version      int64 // moves with every change of the row: sales, refunds, admin changes
 	PerUserLimit int   // units per user; 0: no limit
+	// UserRate and UserBurst bound each user's reserve attempts on the SKU
+	// (per second, and the burst); 0 takes the service's defaults.
+	UserRate, UserBurst int
 	// AdminDelta is the sum of every admin change ever made (units added
 	// minus units removed). Redis records the figure it has applied, so it
 	// follows admin changes exactly once each, in any order: it moves by the
@@ -130,6 +133,8 @@ type StockChange struct {
 	Set       *int64
 	Add       *int64 // units to add (negative: remove); commutes with sales
 	Limit     *int   // new per-user limit, when not nil
+	Rate      *int   // new per-user attempts per second, when not nil (0: the default)
+	Burst     *int   // new per-user burst, when not nil (0: the default)
 	IfVersion *int64
 	// Key makes a retried change a no-op (an Idempotency-Key); optional.
 	Key string
@@ -145,6 +150,7 @@ var (
 	ErrUnknownGroup        = errors.New("unknown group")
 	ErrNotFound            = errors.New("reservation not found")
 	ErrLimitExceeded       = errors.New("per-user limit exceeded")
+	ErrRateLimited         = errors.New("too many attempts")
 	ErrIdempotencyMismatch = errors.New("idempotency key reused with a different request")
 	// ErrPreconditionRequired: an absolute stock change of an existing SKU
 	// without the version it was based on.
@@ -163,6 +169,16 @@ var (
 	// is redelivered, never cancelled for it.
 	ErrContended = errors.New("stock row contended")
 )
+
+// RateLimitedError is ErrRateLimited with how long to wait.
+type RateLimitedError struct{ RetryAfter time.Duration }
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("%v: retry after %v", ErrRateLimited, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrRateLimited) hold.
+func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
 
 // InvalidError is bad input: it names the field and the problem.
 type InvalidError struct {

@@ -330,26 +330,36 @@ func (s *Service) warm(ctx context.Context, sku string) (warmed bool, err error)
 	return false, Unavailable("warm "+sku, errors.New("mysql level keeps moving"))
 }
 
-// Get returns a reservation's current state: MySQL's row once MySQL has
-// decided it, the Redis hold (HELD) until then. ErrNotFound if neither store
-// knows the id. With MySQL unreachable, Redis's view is the answer.
-func (s *Service) Get(ctx context.Context, id string) (Reservation, error) {
+// Get returns a reservation of user's: MySQL's row once MySQL has decided
+// it, the Redis hold (HELD) until then. ErrNotFound if neither store knows
+// the id, or it is another user's (the same answer, so ids cannot be
+// probed). With MySQL unreachable, Redis's view is the answer.
+func (s *Service) Get(ctx context.Context, id, user string) (Reservation, error) {
 	if !ValidReservationID(id, "") {
 		return Reservation{}, ErrNotFound
 	}
 	row, err := s.ledger.Reservation(ctx, id)
 	if err == nil {
-		return row, nil
+		return owned(row, user)
 	}
 	h, herr := s.holds.Hold(ctx, id)
 	switch {
 	case herr == nil:
-		return h, nil
+		return owned(h, user)
 	case !errors.Is(err, ErrNotFound):
 		return Reservation{}, err
 	default:
 		return Reservation{}, herr
 	}
+}
+
+// owned returns r if user owns it, else ErrNotFound (never "forbidden":
+// another buyer's id must look like an unknown one).
+func owned(r Reservation, user string) (Reservation, error) {
+	if r.UserID != user {
+		return Reservation{}, ErrNotFound
+	}
+	return r, nil
 }
 
 // Available returns the units buyers can still reserve (the Redis figure).

@@ -425,38 +425,38 @@ func TestGetAnswersFromMySQLsRowOnceDecided(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 5)
 	r := f.reserve(t, "s", "u", 2)
-	if got, err := f.svc.Get(bg, r.ID); err != nil || got.Status != StatusHeld || got.Token != r.Token {
+	if got, err := f.svc.Get(bg, r.ID, f.ownerOf(r.ID)); err != nil || got.Status != StatusHeld || got.Token != r.Token {
 		t.Fatalf("Get before a decision = %+v %v, want Redis's HELD hold", got, err)
 	}
 	f.persist(t, r)
 	f.holds.forget(r.ID)
-	if got, err := f.svc.Get(bg, r.ID); err != nil || got.Status != StatusConfirmed {
+	if got, err := f.svc.Get(bg, r.ID, f.ownerOf(r.ID)); err != nil || got.Status != StatusConfirmed {
 		t.Errorf("Get of a decided row Redis forgot = %+v %v, want CONFIRMED", got, err)
 	}
-	if _, err := f.svc.Cancel(bg, r.ID); err != nil {
+	if _, err := f.svc.Cancel(bg, r.ID, f.ownerOf(r.ID)); err != nil {
 		t.Fatal(err)
 	}
 	f.holds.mu.Lock()
 	f.holds.holds[r.ID].state = StatusConfirmed // Redis's view is stale: MySQL's row wins
 	f.holds.mu.Unlock()
-	if got, err := f.svc.Get(bg, r.ID); err != nil || got.Status != StatusCancelled || !got.Refunded {
+	if got, err := f.svc.Get(bg, r.ID, f.ownerOf(r.ID)); err != nil || got.Status != StatusCancelled || !got.Refunded {
 		t.Errorf("Get of a refunded row = %+v %v, want CANCELLED refunded", got, err)
 	}
 	// MySQL unreachable: Redis's view answers; neither: the MySQL error.
 	h := f.reserve(t, "s", "v", 1)
 	f.ledger.fail["Reservation"] = errInjected
-	if got, err := f.svc.Get(bg, h.ID); err != nil || got.Status != StatusHeld {
+	if got, err := f.svc.Get(bg, h.ID, f.ownerOf(h.ID)); err != nil || got.Status != StatusHeld {
 		t.Errorf("Get with MySQL down = %+v %v, want the HELD hold", got, err)
 	}
 	unknown := ReservationID(ReserveRequest{SKU: "s", UserID: "x"})
-	if _, err := f.svc.Get(bg, unknown); !errors.Is(err, ErrUnavailable) {
+	if _, err := f.svc.Get(bg, unknown, f.ownerOf(unknown)); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Get(unknown) with MySQL down = %v, want ErrUnavailable", err)
 	}
 	delete(f.ledger.fail, "Reservation")
-	if _, err := f.svc.Get(bg, unknown); !errors.Is(err, ErrNotFound) {
+	if _, err := f.svc.Get(bg, unknown, f.ownerOf(unknown)); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get(unknown) = %v, want ErrNotFound", err)
 	}
-	if _, err := f.svc.Get(bg, "not-an-id"); !errors.Is(err, ErrNotFound) {
+	if _, err := f.svc.Get(bg, "not-an-id", f.ownerOf("not-an-id")); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get(bad id) = %v, want ErrNotFound", err)
 	}
 }
@@ -730,7 +730,7 @@ func TestCancelHeldAndConfirmed(t *testing.T) {
 	f.persist(t, confirmed)
 	for range 2 {
 		for _, id := range []string{held.ID, confirmed.ID} {
-			out, err := f.svc.Cancel(bg, id)
+			out, err := f.svc.Cancel(bg, id, f.ownerOf(id))
 			if err != nil || out.Status != StatusCancelled || out.Reason != ReasonBuyer {
 				t.Fatalf("Cancel(%s) = %v %q %v", id, out.Status, out.Reason, err)
 			}
@@ -745,10 +745,10 @@ func TestCancelHeldAndConfirmed(t *testing.T) {
 	if f.events() != 2 {
 		t.Errorf("events = %d, want 2", f.events())
 	}
-	if _, err := f.svc.Cancel(bg, "r-unknown"); !errors.Is(err, ErrNotFound) {
+	if _, err := f.svc.Cancel(bg, "r-unknown", f.ownerOf("r-unknown")); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Cancel(bad id) = %v, want ErrNotFound", err)
 	}
-	if _, err := f.svc.Cancel(bg, ReservationID(ReserveRequest{SKU: "s", UserID: "x"})); !errors.Is(err, ErrNotFound) {
+	if _, err := f.svc.Cancel(bg, ReservationID(ReserveRequest{SKU: "s", UserID: "x"}), f.ownerOf(ReservationID(ReserveRequest{SKU: "s", UserID: "x"}))); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Cancel(unknown) = %v, want ErrNotFound", err)
 	}
 }
@@ -760,7 +760,7 @@ func TestCancelRacingPersistBecomesARefund(t *testing.T) {
 	f.stock(t, "s", 5)
 	r := f.reserve(t, "s", "u", 2)
 	f.ledger.beforeFence = func(Reservation) { f.persist(t, r) }
-	out, err := f.svc.Cancel(bg, r.ID)
+	out, err := f.svc.Cancel(bg, r.ID, f.ownerOf(r.ID))
 	if err != nil || out.Status != StatusCancelled || !out.Refunded || out.Reason != ReasonBuyer {
 		t.Fatalf("Cancel = %+v %v, want CANCELLED refunded buyer_cancelled", out, err)
 	}
@@ -779,7 +779,7 @@ func TestSecondCancelAfterTheHoldIsGoneMovesNoStock(t *testing.T) {
 	confirmed := f.reserve(t, "s", "v", 3)
 	f.persist(t, confirmed)
 	for _, id := range []string{held.ID, confirmed.ID} {
-		if _, err := f.svc.Cancel(bg, id); err != nil {
+		if _, err := f.svc.Cancel(bg, id, f.ownerOf(id)); err != nil {
 			t.Fatal(err)
 		}
 		f.holds.forget(id)
@@ -789,7 +789,7 @@ func TestSecondCancelAfterTheHoldIsGoneMovesNoStock(t *testing.T) {
 	}
 	for range 2 {
 		for _, id := range []string{held.ID, confirmed.ID} {
-			out, err := f.svc.Cancel(bg, id)
+			out, err := f.svc.Cancel(bg, id, f.ownerOf(id))
 			if err != nil || out.Status != StatusCancelled {
 				t.Fatalf("repeat Cancel(%s) = %v %v", id, out.Status, err)
 			}
@@ -809,7 +809,7 @@ func TestRefundOwedToRedisIsGivenBackOnce(t *testing.T) {
 	r := f.reserve(t, "s", "u", 2)
 	f.persist(t, r)
 	f.holds.fail["Follow"] = errInjected
-	out, err := f.svc.Cancel(bg, r.ID)
+	out, err := f.svc.Cancel(bg, r.ID, f.ownerOf(r.ID))
 	if err != nil || out.Status != StatusCancelled || f.row(r.ID).Released || f.redis("s") != 3 || f.mysql("s") != 5 {
 		t.Fatalf("Cancel with Redis down = %v %v, row %+v redis %d mysql %d; want CANCELLED, unreleased, 3 5",
 			out.Status, err, f.row(r.ID), f.redis("s"), f.mysql("s"))
@@ -817,7 +817,7 @@ func TestRefundOwedToRedisIsGivenBackOnce(t *testing.T) {
 	delete(f.holds.fail, "Follow")
 	f.holds.forget(r.ID)
 	for range 3 {
-		if _, err := f.svc.Cancel(bg, r.ID); err != nil {
+		if _, err := f.svc.Cancel(bg, r.ID, f.ownerOf(r.ID)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -871,7 +871,7 @@ func TestSweeperDrainsTheReleaseOutboxOnce(t *testing.T) {
 	f.persist(t, confirmed)
 	f.holds.fail["Follow"] = errInjected
 	for _, id := range []string{held.ID, confirmed.ID} {
-		if out, err := f.svc.Cancel(bg, id); err != nil || out.Status != StatusCancelled {
+		if out, err := f.svc.Cancel(bg, id, f.ownerOf(id)); err != nil || out.Status != StatusCancelled {
 			t.Fatalf("Cancel(%s) = %v %v, want CANCELLED (MySQL decided)", id, out.Status, err)
 		}
 	}
@@ -975,7 +975,7 @@ func TestReconcileWaitsForTheReleaseOutbox(t *testing.T) {
 	r := f.reserve(t, "s", "u", 2)
 	f.persist(t, r)
 	f.holds.fail["Follow"] = errInjected
-	if _, err := f.svc.Cancel(bg, r.ID); err != nil {
+	if _, err := f.svc.Cancel(bg, r.ID, f.ownerOf(r.ID)); err != nil {
 		t.Fatal(err)
 	}
 	for range 4 { // MySQL 5, Redis 3: a drift of 2 that persists
@@ -1065,7 +1065,7 @@ func TestFormedGroupIsFinal(t *testing.T) {
 	if lg := f.ledger.groups[g.ID].g; lg.Status != GroupFormed || !lg.FormedAt.Equal(b.CreatedAt) {
 		t.Fatalf("MySQL group = %+v, want FORMED at the last join", lg)
 	}
-	if _, err := f.svc.Cancel(bg, a.ID); err != nil { // a HELD member leaves
+	if _, err := f.svc.Cancel(bg, a.ID, f.ownerOf(a.ID)); err != nil { // a HELD member leaves
 		t.Fatal(err)
 	}
 	if rg, _ := f.holds.group("s", g.ID); rg.status != GroupFormed || rg.remaining != 0 {
@@ -1077,7 +1077,7 @@ func TestFormedGroupIsFinal(t *testing.T) {
 	if out := f.persist(t, b); out.Status != StatusConfirmed { // members < capacity in MySQL
 		t.Fatalf("late member = %v, want CONFIRMED", out.Status)
 	}
-	if _, err := f.svc.Cancel(bg, b.ID); err != nil { // refund
+	if _, err := f.svc.Cancel(bg, b.ID, f.ownerOf(b.ID)); err != nil { // refund
 		t.Fatal(err)
 	}
 	lg := f.ledger.groups[g.ID].g
@@ -1247,7 +1247,7 @@ func TestSoldOutFlagAnswersLocallyAndClearsOnRestockOrCancel(t *testing.T) {
 	if _, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: "c", IdempotencyKey: "k"}); !errors.Is(err, ErrSoldOut) || f.holds.calls["Reserve"] != calls+1 {
 		t.Errorf("a keyed request must ask Redis (it may be a replay): %v, calls %d", err, f.holds.calls["Reserve"])
 	}
-	if _, err := f.svc.Cancel(bg, r.ID); err != nil {
+	if _, err := f.svc.Cancel(bg, r.ID, f.ownerOf(r.ID)); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: "d"}); err != nil {
@@ -1298,5 +1298,45 @@ func TestReservationIDNamesItsSKU(t *testing.T) {
 	}
 	if ValidReservationID(id, "other") {
 		t.Errorf("an id of one SKU passed for another")
+	}
+}
+
+// ownerOf is the user who owns id in either store ("" if neither knows it).
+func (f *fixture) ownerOf(id string) string {
+	f.ledger.mu.Lock()
+	row, ok := f.ledger.rows[id]
+	f.ledger.mu.Unlock()
+	if ok {
+		return row.r.UserID
+	}
+	f.holds.mu.Lock()
+	defer f.holds.mu.Unlock()
+	if h, ok := f.holds.holds[id]; ok {
+		return h.user
+	}
+	return ""
+}
+
+// Only the owner reads or cancels a reservation; anyone else gets the same
+// ErrNotFound as for an unknown id, and nothing moves.
+func TestOnlyTheOwnerReadsOrCancels(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 5)
+	held := f.reserve(t, "s", "ann", 2)
+	confirmed := f.reserve(t, "s", "ann", 1)
+	f.persist(t, confirmed)
+	for _, id := range []string{held.ID, confirmed.ID} {
+		if _, err := f.svc.Get(bg, id, "bob"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("bob's Get(%s) = %v, want ErrNotFound", id, err)
+		}
+		if _, err := f.svc.Cancel(bg, id, "bob"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("bob's Cancel(%s) = %v, want ErrNotFound", id, err)
+		}
+	}
+	if f.redis("s") != 2 || f.mysql("s") != 4 || len(f.ledger.all()) != 1 {
+		t.Errorf("another buyer's cancel moved something: redis %d mysql %d rows %d", f.redis("s"), f.mysql("s"), len(f.ledger.all()))
+	}
+	if out, err := f.svc.Cancel(bg, held.ID, "ann"); err != nil || out.Status != StatusCancelled {
+		t.Errorf("ann's own cancel = %v %v", out.Status, err)
 	}
 }

@@ -15,20 +15,29 @@ func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, e
 	return s.settle(ctx, r, ReasonDeadLetter)
 }
 
-// Cancel is the buyer's cancel. A HELD reservation is fenced and released;
-// a CONFIRMED one is refunded in MySQL and then in Redis. Idempotent: a
-// repeat finds the decided row and moves nothing, however long afterwards.
-// Once MySQL has decided, the answer is the row; Redis follows through the
-// release outbox if it cannot follow now.
-func (s *Service) Cancel(ctx context.Context, id string) (Reservation, error) {
+// Cancel is user's cancel of one of their reservations (another user's is
+// ErrNotFound, like an unknown id). A HELD reservation is fenced and
+// released; a CONFIRMED one is refunded in MySQL and then in Redis.
+// Idempotent: a repeat finds the decided row and moves nothing, however long
+// afterwards. Once MySQL has decided, the answer is the row; Redis follows
+// through the release outbox if it cannot follow now.
+func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, error) {
 	if !ValidReservationID(id, "") {
 		return Reservation{}, ErrNotFound
 	}
 	row, err := s.ledger.Reservation(ctx, id)
+	if err == nil {
+		if _, err := owned(row, user); err != nil {
+			return Reservation{}, err
+		}
+	}
 	if errors.Is(err, ErrNotFound) {
 		h, herr := s.holds.Hold(ctx, id)
 		if herr != nil {
 			return Reservation{}, herr
+		}
+		if _, err := owned(h, user); err != nil {
+			return Reservation{}, err
 		}
 		if row, err = s.settle(ctx, h, ReasonBuyer); err != nil {
 			return Reservation{}, err

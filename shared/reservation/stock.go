@@ -25,6 +25,10 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 		return StockLevel{}, invalid("add", "must be between -1000000000 and 1000000000")
 	case c.Limit != nil && (*c.Limit < 0 || *c.Limit > 1_000_000):
 		return StockLevel{}, invalid("per_user_limit", "must be between 0 and 1000000")
+	case c.Rate != nil && (*c.Rate < 0 || *c.Rate > 10_000):
+		return StockLevel{}, invalid("rate_per_second", "must be between 0 (the default) and 10000")
+	case c.Burst != nil && (*c.Burst < 0 || *c.Burst > 10_000):
+		return StockLevel{}, invalid("burst", "must be between 0 (the default) and 10000")
 	case c.IfVersion != nil && *c.IfVersion < 0:
 		return StockLevel{}, invalid("version", "must not be negative")
 	case len(c.Key) > 128:

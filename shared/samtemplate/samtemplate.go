@@ -184,6 +184,78 @@ func (t *Template) Queues() map[string]Queue {
 	return out
 }
 
+// Route is one HttpApi event of a function: a route of the HTTP API and the
+// authorizer API Gateway runs before invoking the function.
+type Route struct {
+	Function string // logical id of the function the route invokes
+	Method   string // upper case: "POST"
+	Path     string // with parameters: "/reservations/{id}"
+	// Authorizer names the route's authorizer: the event's Auth.Authorizer,
+	// else the API's DefaultAuthorizer; "NONE" for none.
+	Authorizer string
+	// AuthType is "JWT" (an authorizer with a JwtConfiguration), "AWS_IAM",
+	// "NONE", or "LAMBDA" (any other named authorizer).
+	AuthType string
+	// IdentityHeader is, for a JWT authorizer, the request header its token
+	// comes from (IdentitySource $request.header.X; Authorization by default).
+	IdentityHeader string
+}
+
+// Key returns the route key as API Gateway writes it: "GET /reservations/{id}".
+func (r Route) Key() string { return r.Method + " " + r.Path }
+
+// Routes returns every HttpApi route of every function, sorted by path and method.
+func (t *Template) Routes() []Route {
+	resources := mapOf(t.Doc["Resources"])
+	var out []Route
+	for id, r := range resources {
+		res := mapOf(r)
+		if res["Type"] != "AWS::Serverless::Function" {
+			continue
+		}
+		for _, e := range mapOf(mapOf(res["Properties"])["Events"]) {
+			ev := mapOf(e)
+			if ev["Type"] != "HttpApi" {
+				continue
+			}
+			p := mapOf(ev["Properties"])
+			method, _ := p["Method"].(string)
+			path, _ := p["Path"].(string)
+			api := mapOf(mapOf(resources[refOf(p["ApiId"])])["Properties"])
+			apiAuth := mapOf(api["Auth"])
+			name, _ := mapOf(p["Auth"])["Authorizer"].(string)
+			if name == "" {
+				name, _ = apiAuth["DefaultAuthorizer"].(string)
+			}
+			route := Route{Function: id, Method: strings.ToUpper(method), Path: path, Authorizer: name}
+			switch def := mapOf(mapOf(apiAuth["Authorizers"])[name]); {
+			case name == "" || name == "NONE":
+				route.Authorizer, route.AuthType = "NONE", "NONE"
+			case name == "AWS_IAM":
+				route.AuthType = "AWS_IAM"
+			case def["JwtConfiguration"] != nil:
+				route.AuthType = "JWT"
+				route.IdentityHeader = "Authorization"
+				if src, _ := def["IdentitySource"].(string); strings.HasPrefix(src, "$request.header.") {
+					route.IdentityHeader = strings.TrimPrefix(src, "$request.header.")
+				}
+			default:
+				route.AuthType = "LAMBDA"
+			}
+			out = append(out, route)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Path != out[j].Path {
+			return out[i].Path < out[j].Path
+		}
+		return out[i].Method < out[j].Method
+	})
+	return out
+}
+
+func refOf(v any) string { s, _ := mapOf(v)["Ref"].(string); return s }
+
 // Rate returns the period of a "rate(N unit)" schedule expression.
 func Rate(expr string) (time.Duration, error) {
 	var n int

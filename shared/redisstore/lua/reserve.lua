@@ -2,15 +2,18 @@
 -- All keys share the SKU's {hash tag}. Prefixed with clock.lua.
 --
 -- KEYS[1] stock    string: units buyers can still reserve
--- KEYS[2] meta     hash: held (units HELD, not yet decided), limit (per-user units, 0 = none)
+-- KEYS[2] meta     hash: held (units HELD, not yet decided), limit (per-user units, 0 = none),
+--                  rate, burst (per-user attempts per second and burst; 0 or absent = ARGV defaults)
 -- KEYS[3] exp      sorted set: reservation id -> hold deadline (unix ms)
 -- KEYS[4] users    hash: user -> units held or confirmed (for the per-user limit)
 -- KEYS[5] hold     hash: the hold of this reservation id
 -- KEYS[6] group    hash: capacity, remaining, status, deadline, formed_at (placeholder when no group)
 -- KEYS[7] members  hash: user -> reservation id (placeholder when no group)
+-- KEYS[8] bucket   hash: this user's attempt bucket on the SKU: tokens, at (unix ms)
 -- ARGV[1] sku  ARGV[2] reservation id  ARGV[3] qty  ARGV[4] user  ARGV[5] group id ("" = none)
 -- ARGV[6] hold ttl (ms)  ARGV[7] token (names this incarnation of the hold)
 -- ARGV[8] now (unix ms; "" = Redis's clock, as in production)
+-- ARGV[9] default attempts per second per user  ARGV[10] default burst (0: no rate limit)
 --
 -- Returns a flat array whose first element is the code:
 --   {"OK", deadline, created, full}         hold recorded HELD, stock deducted; full "1" when this join
@@ -19,6 +22,7 @@
 --                                           never accepted must not form it)
 --   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken
 --   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken
+--   {"RATE_LIMITED", retry_after_ms}       this user is over the SKU's attempt rate; nothing taken
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"}
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
 -- Idempotent: a retried call finds the hold and answers REPLAY.
@@ -37,6 +41,26 @@ end
 
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
+
+-- A token bucket per user and SKU: every attempt that gets this far costs one token, sold out or
+-- not, so a script hammering from one account cannot crowd out other buyers.
+local now = clock_ms(ARGV[8])
+local rate = tonumber(redis.call('HGET', KEYS[2], 'rate') or '0')
+local burst = tonumber(redis.call('HGET', KEYS[2], 'burst') or '0')
+if rate <= 0 then rate = tonumber(ARGV[9]) end
+if burst <= 0 then burst = tonumber(ARGV[10]) end
+if rate > 0 and burst > 0 then
+  local b = redis.call('HMGET', KEYS[8], 'tokens', 'at')
+  local tokens, at = tonumber(b[1]), tonumber(b[2])
+  if not tokens or not at then tokens, at = burst, now end
+  tokens = math.min(burst, tokens + math.max(0, now - at) * rate / 1000)
+  if tokens < 1 then
+    return {'RATE_LIMITED', tostring(math.ceil((1 - tokens) * 1000 / rate))}
+  end
+  redis.call('HSET', KEYS[8], 'tokens', tostring(tokens - 1), 'at', now)
+  redis.call('PEXPIRE', KEYS[8], math.ceil(burst * 1000 / rate) + 1000)
+end
+
 if tonumber(stock) < qty then return {'SOLD_OUT'} end
 
 local limit = tonumber(redis.call('HGET', KEYS[2], 'limit') or '0')
@@ -44,7 +68,6 @@ if limit > 0 and tonumber(redis.call('HGET', KEYS[4], user) or '0') + qty > limi
   return {'LIMIT'}
 end
 
-local now = clock_ms(ARGV[8])
 local full = '0'
 if gid ~= '' then
   local g = redis.call('HMGET', KEYS[6], 'status', 'remaining', 'deadline')

@@ -3,6 +3,7 @@
 -- KEYS[1] stock  KEYS[2] meta (held, ver, added, limit)
 -- ARGV[1] MySQL version  ARGV[2] per-user limit
 -- ARGV[3] MySQL admin delta (the sum of every admin change ever made)
+-- ARGV[4] per-user attempts per second  ARGV[5] burst (0: the service's defaults)
 --
 -- Returns
 --   4  missing: Redis has no stock for the SKU (warm.lua loads it); nothing changed
@@ -15,7 +16,7 @@ local version, limit, delta = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 if redis.call('EXISTS', KEYS[1]) == 0 then return 4 end
 if version <= tonumber(redis.call('HGET', KEYS[2], 'ver') or '-1') then return 0 end
 local added = tonumber(redis.call('HGET', KEYS[2], 'added') or '0')
-redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit)
+redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'rate', ARGV[4], 'burst', ARGV[5])
 local d = delta - added
 if d == 0 then return 0 end
 redis.call('INCRBY', KEYS[1], d)

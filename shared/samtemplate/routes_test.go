@@ -1,0 +1,40 @@
+package samtemplate_test
+
+import (
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/holdfast/holdfast/shared/httpapi"
+	"github.com/holdfast/holdfast/shared/samtemplate"
+)
+
+// The dev gateway authorizes from Routes: every served route must be there,
+// buyer routes behind the JWT authorizer, /admin behind IAM.
+func TestRoutesCarryTheirAuthorizers(t *testing.T) {
+	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	param := regexp.MustCompile(`\{[^}]+\}`)
+	var keys []string
+	for _, r := range tpl.Routes() {
+		keys = append(keys, r.Method+" "+param.ReplaceAllString(r.Path, "*"))
+		want := samtemplate.Route{Function: "ReserveFunction", Method: r.Method, Path: r.Path,
+			Authorizer: "BuyerJwt", AuthType: "JWT", IdentityHeader: "Authorization"}
+		if strings.HasPrefix(r.Path, "/admin/") {
+			want.Authorizer, want.AuthType, want.IdentityHeader = "AWS_IAM", "AWS_IAM", ""
+		}
+		if r != want {
+			t.Errorf("route %s = %+v, want %+v", r.Key(), r, want)
+		}
+	}
+	served := httpapi.Routes()
+	slices.Sort(keys)
+	slices.Sort(served)
+	if !slices.Equal(keys, served) {
+		t.Errorf("template routes %v, served %v", keys, served)
+	}
+}
