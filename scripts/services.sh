@@ -113,6 +113,12 @@ YAML
   echo "goaws $!" >> "$dir/pids"
   wait_for "goaws" curl -sf "http://127.0.0.1:$sport/health"
 
+  # The key of reservation ids derived from an Idempotency-Key. Local data
+  # only, and the same on every machine so that events/ (sam local parity)
+  # name the ids make dev derives; in AWS it is a generated Secrets Manager
+  # secret (IdSecret in template.yaml).
+  [ -f "$dir/id-secret" ] || printf '%s\n' 'holdfast-local-dev-id-key (not a secret; AWS uses Secrets Manager)' > "$dir/id-secret"
+
   cat > "$dir/env" <<ENV
 export HOLDFAST_REDIS_ADDR=127.0.0.1:$rport
 export HOLDFAST_DB_DSN='holdfast@tcp(127.0.0.1:$dport)/holdfast?parseTime=true&interpolateParams=true'
@@ -122,6 +128,7 @@ export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$sport
 export HOLDFAST_QUEUE_URL=http://127.0.0.1:$sport/100010001000/holdfast-reservations
 export HOLDFAST_DLQ_URL=http://127.0.0.1:$sport/100010001000/holdfast-reservations-dlq
 export HOLDFAST_EVENTS_QUEUE_URL=http://127.0.0.1:$sport/100010001000/holdfast-events
+export HOLDFAST_ID_SECRET_FILE=$dir/id-secret
 export AWS_REGION=us-east-1
 export AWS_ACCESS_KEY_ID=local
 export AWS_SECRET_ACCESS_KEY=local

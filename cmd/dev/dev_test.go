@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,8 @@ func TestDevStackBuyersAreWhoTheirTokenSays(t *testing.T) {
 	vars := map[string]string{
 		"HOLDFAST_REDIS_ADDR": env.RedisAddr, "HOLDFAST_DB_DSN": env.Database(t), "HOLDFAST_QUEUE_URL": q.URL,
 		"HOLDFAST_EVENTS_QUEUE_URL": q.EventsURL, "HOLDFAST_LOG_LEVEL": "warn",
-		"HOLDFAST_USER_RATE": "5", "HOLDFAST_USER_BURST": "10",
+		"HOLDFAST_ID_SECRET_FILE": os.Getenv("HOLDFAST_ID_SECRET_FILE"),
+		"HOLDFAST_USER_RATE":      "5", "HOLDFAST_USER_BURST": "10",
 	}
 	cfg, err := config.Load(func(k string) string { return vars[k] })
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"io"
+	"os"
 	"strings"
 	"testing"
 
@@ -16,7 +17,7 @@ import (
 )
 
 const (
-	fixtureID = "demo-phone.ybeuz2rifwciux7gq6ejuidpzm" // events/reserve-post.json (user-42, order-7f3a9c)
+	fixtureID = "demo-phone.o5huxqhfb5dp3mwp34lmcopv7e" // events/reserve-post.json (user-42, order-7f3a9c)
 	lostID    = "demo-phone.eozym3bwhhburugtdf5sriopfe" // events/compensate-batch.json
 )
 
@@ -39,6 +40,8 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	vars := map[string]string{
 		"HOLDFAST_REDIS_ADDR": env.RedisAddr, "HOLDFAST_DB_DSN": dsn, "HOLDFAST_QUEUE_URL": q.URL,
 		"HOLDFAST_EVENTS_QUEUE_URL": q.EventsURL, "HOLDFAST_AWS_ENDPOINT": env.SQSEndpoint,
+		// make dev's id key (scripts/services.sh), which events/ derive their ids with.
+		"HOLDFAST_ID_SECRET_FILE": os.Getenv("HOLDFAST_ID_SECRET_FILE"),
 	}
 	bin := t.TempDir()
 	call := func(fn, event string) map[string]any {

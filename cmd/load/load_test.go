@@ -32,6 +32,7 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 	vars := map[string]string{
 		"HOLDFAST_REDIS_ADDR": env.RedisAddr, "HOLDFAST_DB_DSN": dsn, "HOLDFAST_DB_MAX_OPEN": "40",
 		"HOLDFAST_QUEUE_URL": q.URL, "HOLDFAST_EVENTS_QUEUE_URL": q.EventsURL, "HOLDFAST_LOG_LEVEL": "warn",
+		"HOLDFAST_ID_SECRET_FILE": os.Getenv("HOLDFAST_ID_SECRET_FILE"),
 	}
 	cfg, err := config.Load(func(k string) string { return vars[k] })
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -81,7 +82,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		awsCfg.BaseEndpoint = aws.String(cfg.AWSEndpoint)
 	}
 	var secrets *secretsmanager.Client
-	if cfg.DBSecretID != "" || cfg.RedisSecretID != "" {
+	if cfg.DBSecretID != "" || cfg.RedisSecretID != "" || cfg.IDSecretID != "" {
 		secrets = secretsmanager.NewFromConfig(awsCfg)
 	}
 
@@ -100,6 +101,12 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 	}
 	a.DB = db
 	a.closers = append(a.closers, db.Close)
+
+	idSecret, err := idSecret(ctx, cfg, secrets)
+	if err != nil {
+		_ = a.Close()
+		return nil, err
+	}
 
 	a.SQS = sqs.NewFromConfig(awsCfg)
 	var enq reservation.Enqueuer
@@ -133,8 +140,38 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		Clock:    opt.Clock,
 		Log:      log,
 		Hooks:    opt.Hooks,
+		IDSecret: idSecret,
 	})
 	return a, nil
+}
+
+// idSecret reads the key of ids derived from an Idempotency-Key: from
+// Secrets Manager in AWS, from a local file in make dev. A function that
+// takes reservations (it has the queue) needs one; the others do not.
+func idSecret(ctx context.Context, cfg config.Config, secrets *secretsmanager.Client) ([]byte, error) {
+	var key string
+	switch {
+	case cfg.IDSecretID != "":
+		s, err := secretString(ctx, secrets, cfg.IDSecretID)
+		if err != nil {
+			return nil, err
+		}
+		key = s
+	case cfg.IDSecretFile != "":
+		b, err := os.ReadFile(cfg.IDSecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("id secret file: %w", err)
+		}
+		key = string(b)
+	}
+	key = strings.TrimSpace(key)
+	if key == "" && cfg.QueueURL != "" {
+		return nil, errors.New("config: set HOLDFAST_ID_SECRET_ID (or HOLDFAST_ID_SECRET_FILE locally): reservation ids derived from an Idempotency-Key are keyed with it")
+	}
+	if key != "" && len(key) < 16 {
+		return nil, errors.New("config: the id secret is shorter than 16 characters")
+	}
+	return []byte(key), nil
 }
 
 // Close closes the clients.

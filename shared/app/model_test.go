@@ -721,7 +721,7 @@ func (m *modelMachine) reserve(t *rapid.T, user string, qty int, key string, g *
 	var x *modelRes
 	if key != "" {
 		headers = map[string]string{"Idempotency-Key": key}
-		id := reservation.ReservationID(reservation.ReserveRequest{SKU: m.sku, UserID: user, IdempotencyKey: key})
+		id := reservation.ReservationID(reservation.ReserveRequest{SKU: m.sku, UserID: user, IdempotencyKey: key}, m.s.idSecret)
 		if x = m.res[id]; x == nil {
 			x = m.newRes(id, user, key)
 		}

@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -46,10 +47,14 @@ func TestCredentialsComeFromSecretsManager(t *testing.T) {
 	dbSecret := create(testservices.Name("db"), `{"username":"`+mc.User+`","password":"`+mc.Passwd+`"}`)
 	redisSecret := create(testservices.Name("redis"), `{"token":"`+token+`"}`)
 
+	idSecret := create(testservices.Name("id"), "a-generated-key-of-forty-eight-characters-000000")
 	vars := map[string]string{
 		"HOLDFAST_REDIS_ADDR": rds.Addr, "HOLDFAST_REDIS_SECRET_ID": redisSecret,
 		"HOLDFAST_DB_HOST": mc.Addr, "HOLDFAST_DB_NAME": mc.DBName, "HOLDFAST_DB_SECRET_ID": dbSecret,
 		"HOLDFAST_EVENT_BUS": "holdfast-test", "HOLDFAST_AWS_ENDPOINT": endpoint,
+		// The reserve function's id key, read from Secrets Manager too (the
+		// queue makes it a function that derives ids; Build fails without it).
+		"HOLDFAST_ID_SECRET_ID": idSecret, "HOLDFAST_QUEUE_URL": "http://127.0.0.1:1/unused",
 	}
 	cfg, err := config.Load(func(k string) string { return vars[k] })
 	if err != nil {
@@ -74,5 +79,23 @@ func TestCredentialsComeFromSecretsManager(t *testing.T) {
 	}
 	if n, err := a.Service.Available(ctx, sku); err != nil || n != 2 {
 		t.Errorf("Available = %d %v, want 2", n, err)
+	}
+}
+
+// A function that takes reservations (it has the queue) refuses to start
+// without the key of the ids it derives from an Idempotency-Key: never a
+// bare hash anyone could compute.
+func TestReserveNeedsTheIDKey(t *testing.T) {
+	vars := map[string]string{
+		"HOLDFAST_REDIS_ADDR": "127.0.0.1:1", "HOLDFAST_DB_DSN": "u@tcp(127.0.0.1:1)/db",
+		"HOLDFAST_QUEUE_URL": "http://127.0.0.1:1/q", "HOLDFAST_EVENTS_QUEUE_URL": "http://127.0.0.1:1/e",
+	}
+	cfg, err := config.Load(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = app.Build(context.Background(), cfg, app.Options{Function: "reserve", Out: io.Discard})
+	if err == nil || !strings.Contains(err.Error(), "HOLDFAST_ID_SECRET_ID") {
+		t.Errorf("Build without an id key = %v, want a clear error", err)
 	}
 }

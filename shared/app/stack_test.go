@@ -2,10 +2,14 @@ package app_test
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -65,6 +69,7 @@ type stack struct {
 	db         *sql.DB       // straight to MariaDB, past any fault proxy
 	cfg        config.Config
 	env        testservices.Env
+	idSecret   []byte // the key of ids derived from an Idempotency-Key
 }
 
 // twin builds a second service on the same stores with its own clock, as
@@ -197,7 +202,8 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 		"HOLDFAST_LOG_LEVEL":        "warn",
 		// Time only moves when a test moves it, so per-user attempt buckets
 		// would never refill: off here, on in the tests of the limit.
-		"HOLDFAST_USER_RATE": "0",
+		"HOLDFAST_USER_RATE":      "0",
+		"HOLDFAST_ID_SECRET_FILE": s.writeIDSecret(),
 	}
 	o := app.Options{Function: "test", Out: io.Discard, Clock: s.clock, ScriptClock: s.clock}
 	for _, opt := range opts {
@@ -225,6 +231,18 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 	s.compensate = consumer.New("compensate", a.Service.Compensate, a.Metrics, a.Log)
 	s.sweeper = schedule.New(a.Service, a.Log)
 	return s
+}
+
+// writeIDSecret makes the stack's id key: random, in a file of the test's.
+func (s *stack) writeIDSecret() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	s.idSecret = []byte(hex.EncodeToString(b[:]))
+	path := filepath.Join(s.t.TempDir(), "id-secret")
+	if err := os.WriteFile(path, s.idSecret, 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	return path
 }
 
 // call sends one API Gateway HTTP API v2 request through the reserve handler,

@@ -37,6 +37,9 @@ type Config struct {
 	// server). Local only; empty in AWS.
 	AWSEndpoint string
 
+	// IDSecretID names a Secrets Manager secret keying the ids derived from
+	// an Idempotency-Key; IDSecretFile is a local file holding it (make dev).
+	IDSecretID, IDSecretFile string
 	// UserClaim is the JWT claim (as API Gateway passes it) naming the buyer.
 	UserClaim string
 	// UserRate and UserBurst bound each user's reserve attempts per SKU
@@ -65,6 +68,8 @@ func Load(getenv func(string) string) (Config, error) {
 		EventBusName:   p.str("HOLDFAST_EVENT_BUS", ""),
 		EventsQueueURL: p.str("HOLDFAST_EVENTS_QUEUE_URL", ""),
 		AWSEndpoint:    p.str("HOLDFAST_AWS_ENDPOINT", ""),
+		IDSecretID:     p.str("HOLDFAST_ID_SECRET_ID", ""),
+		IDSecretFile:   p.str("HOLDFAST_ID_SECRET_FILE", ""),
 		UserClaim:      p.str("HOLDFAST_USER_CLAIM", "sub"),
 		UserRate:       p.integer("HOLDFAST_USER_RATE", 5),
 		UserBurst:      p.integer("HOLDFAST_USER_BURST", 10),

@@ -107,7 +107,7 @@ func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
 
 	t.Run("reserve deducts, sets the deadline by the script's clock, and replays without taking twice", func(t *testing.T) {
 		s, sku, _ := setup(t, 5, 0)
-		r := hold(sku, reservation.ReservationID(reservation.ReserveRequest{SKU: sku, UserID: "u", IdempotencyKey: "k"}), "u", 2)
+		r := hold(sku, reservation.ReservationID(reservation.ReserveRequest{SKU: sku, UserID: "u", IdempotencyKey: "k"}, nil), "u", 2)
 		h := reserve(t, s, r)
 		if !h.ExpiresAt.Equal(t0.Add(ttl)) || !h.CreatedAt.Equal(t0) || h.Token != r.Token {
 			t.Errorf("hold = %+v, want deadline %v created %v", h, t0.Add(ttl), t0)

@@ -27,7 +27,7 @@ func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl
 		return Group{}, err
 	}
 	g := Group{
-		ID: "g-" + strings.TrimPrefix(ReservationID(ReserveRequest{}), "."), SKU: sku, Capacity: capacity, Remaining: capacity,
+		ID: "g-" + strings.TrimPrefix(ReservationID(ReserveRequest{}, nil), "."), SKU: sku, Capacity: capacity, Remaining: capacity,
 		Status: GroupOpen, Deadline: now.Add(ttl).Truncate(time.Millisecond), CreatedAt: now,
 	}
 	if err := s.ledger.CreateGroup(ctx, g); err != nil {

@@ -2,6 +2,7 @@ package reservation
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
@@ -57,6 +58,7 @@ type Service struct {
 	hooks    Hooks
 	sleep    func(context.Context, time.Duration)
 	soldOut  sync.Map // sku -> time.Time until which this instance answers sold_out
+	idSecret []byte   // the key of ids derived from an Idempotency-Key
 }
 
 // Deps are the Service's collaborators.
@@ -69,6 +71,9 @@ type Deps struct {
 	Clock    Clock
 	Log      *slog.Logger
 	Hooks    Hooks
+	// IDSecret keys the MAC that derives a reservation id from an
+	// Idempotency-Key (Secrets Manager in AWS, a local file in make dev).
+	IDSecret []byte
 }
 
 // Hooks are crash points for fault-injection tests; production wiring leaves
@@ -95,7 +100,7 @@ func NewService(cfg Config, d Deps) *Service {
 	}
 	return &Service{
 		cfg: cfg, holds: d.Holds, ledger: d.Ledger, queue: d.Queue, notifier: d.Notifier,
-		metrics: d.Metrics, clock: d.Clock, log: d.Log, hooks: d.Hooks, sleep: sleepCtx,
+		metrics: d.Metrics, clock: d.Clock, log: d.Log, hooks: d.Hooks, sleep: sleepCtx, idSecret: d.IDSecret,
 	}
 }
 
@@ -121,16 +126,19 @@ type ReserveRequest struct {
 	IdempotencyKey string // optional; the same key from the same user for the same SKU is the same reservation
 }
 
-// ReservationID returns the id of a request — "<sku>.<26 base32>" — derived
-// from the idempotency key when there is one (so a retry lands on the same
-// hold), random otherwise. The id names its SKU: see SKUOf.
-func ReservationID(req ReserveRequest) string {
+// ReservationID returns the id of a request — "<sku>.<26 base32>" —
+// derived from the idempotency key when there is one (so a retry lands on
+// the same hold), random otherwise. A derived id is a keyed MAC of the
+// buyer, the SKU and the key with the server's secret, so nobody can compute
+// another buyer's id from a guessable key. The id names its SKU: see SKUOf.
+func ReservationID(req ReserveRequest, secret []byte) string {
 	var b [16]byte
 	if req.IdempotencyKey == "" {
 		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	} else {
-		sum := sha256.Sum256([]byte(req.UserID + "\x00" + req.SKU + "\x00" + req.IdempotencyKey))
-		copy(b[:], sum[:16])
+		mac := hmac.New(sha256.New, secret)
+		mac.Write([]byte(req.UserID + "\x00" + req.SKU + "\x00" + req.IdempotencyKey))
+		copy(b[:], mac.Sum(nil)[:16])
 	}
 	return req.SKU + "." + idEncoding.EncodeToString(b[:])
 }
@@ -161,7 +169,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	}
 	now := s.clock.Now()
 	r := Reservation{
-		ID: ReservationID(req), SKU: req.SKU, Qty: req.Qty, UserID: req.UserID, GroupID: req.GroupID,
+		ID: ReservationID(req, s.idSecret), SKU: req.SKU, Qty: req.Qty, UserID: req.UserID, GroupID: req.GroupID,
 		Token: newToken(), Status: StatusHeld,
 	}
 	if err := r.Validate(s.cfg.MaxQty); err != nil {

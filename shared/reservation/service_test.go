@@ -362,7 +362,7 @@ func TestKeyedPublishFailureWaitsForTheRetry(t *testing.T) {
 	if _, _, err := f.svc.Reserve(bg, req); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Reserve = %v, want ErrUnavailable", err)
 	}
-	id := ReservationID(req)
+	id := ReservationID(req, nil)
 	if _, err := f.ledger.Reservation(bg, id); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a keyed send failure was fenced: %v", err)
 	}
@@ -448,7 +448,7 @@ func TestGetAnswersFromMySQLsRowOnceDecided(t *testing.T) {
 	if got, err := f.svc.Get(bg, h.ID, f.ownerOf(h.ID)); err != nil || got.Status != StatusHeld {
 		t.Errorf("Get with MySQL down = %+v %v, want the HELD hold", got, err)
 	}
-	unknown := ReservationID(ReserveRequest{SKU: "s", UserID: "x"})
+	unknown := ReservationID(ReserveRequest{SKU: "s", UserID: "x"}, nil)
 	if _, err := f.svc.Get(bg, unknown, f.ownerOf(unknown)); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Get(unknown) with MySQL down = %v, want ErrUnavailable", err)
 	}
@@ -748,7 +748,7 @@ func TestCancelHeldAndConfirmed(t *testing.T) {
 	if _, err := f.svc.Cancel(bg, "r-unknown", f.ownerOf("r-unknown")); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Cancel(bad id) = %v, want ErrNotFound", err)
 	}
-	if _, err := f.svc.Cancel(bg, ReservationID(ReserveRequest{SKU: "s", UserID: "x"}), f.ownerOf(ReservationID(ReserveRequest{SKU: "s", UserID: "x"}))); !errors.Is(err, ErrNotFound) {
+	if _, err := f.svc.Cancel(bg, ReservationID(ReserveRequest{SKU: "s", UserID: "x"}, nil), f.ownerOf(ReservationID(ReserveRequest{SKU: "s", UserID: "x"}, nil))); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Cancel(unknown) = %v, want ErrNotFound", err)
 	}
 }
@@ -1270,8 +1270,8 @@ func TestSoldOutFlagAnswersLocallyAndClearsOnRestockOrCancel(t *testing.T) {
 // ------------------------------------------------------------------- ids
 
 func TestReservationIDIsStablePerUserSKUAndKey(t *testing.T) {
-	a := ReservationID(ReserveRequest{SKU: "s", UserID: "u", IdempotencyKey: "k"})
-	if b := ReservationID(ReserveRequest{SKU: "s", UserID: "u", IdempotencyKey: "k", Qty: 9}); a != b {
+	a := ReservationID(ReserveRequest{SKU: "s", UserID: "u", IdempotencyKey: "k"}, nil)
+	if b := ReservationID(ReserveRequest{SKU: "s", UserID: "u", IdempotencyKey: "k", Qty: 9}, nil); a != b {
 		t.Errorf("same key gave %s and %s", a, b)
 	}
 	for _, other := range []ReserveRequest{
@@ -1280,14 +1280,14 @@ func TestReservationIDIsStablePerUserSKUAndKey(t *testing.T) {
 		{SKU: "s", UserID: "u", IdempotencyKey: "j"},
 		{SKU: "s", UserID: "u"},
 	} {
-		if id := ReservationID(other); id == a || !ValidReservationID(id, other.SKU) {
+		if id := ReservationID(other, nil); id == a || !ValidReservationID(id, other.SKU) {
 			t.Errorf("ReservationID(%+v) = %s (collides or invalid)", other, id)
 		}
 	}
 }
 
 func TestReservationIDNamesItsSKU(t *testing.T) {
-	id := ReservationID(ReserveRequest{SKU: "phone.x:1", UserID: "u"})
+	id := ReservationID(ReserveRequest{SKU: "phone.x:1", UserID: "u"}, nil)
 	if sku, ok := SKUOf(id); !ok || sku != "phone.x:1" {
 		t.Errorf("SKUOf(%q) = %q %v, want phone.x:1", id, sku, ok)
 	}
@@ -1338,5 +1338,22 @@ func TestOnlyTheOwnerReadsOrCancels(t *testing.T) {
 	}
 	if out, err := f.svc.Cancel(bg, held.ID, "ann"); err != nil || out.Status != StatusCancelled {
 		t.Errorf("ann's own cancel = %v %v", out.Status, err)
+	}
+}
+
+// An id derived from an Idempotency-Key is a keyed MAC: the same request
+// with the same server key is the same id, and nobody without the key can
+// compute it (another key gives another id).
+func TestKeyedIDsNeedTheServerKey(t *testing.T) {
+	req := ReserveRequest{SKU: "s", UserID: "ann", IdempotencyKey: "order-1"}
+	a := ReservationID(req, []byte("server-key-one-0123456789"))
+	if b := ReservationID(req, []byte("server-key-one-0123456789")); a != b {
+		t.Errorf("same request, same key: %s != %s", a, b)
+	}
+	if c := ReservationID(req, []byte("server-key-two-0123456789")); c == a {
+		t.Errorf("another key gave the same id %s", c)
+	}
+	if d := ReservationID(req, nil); d == a {
+		t.Errorf("no key gave the keyed id %s", d)
 	}
 }
