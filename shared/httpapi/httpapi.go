@@ -59,6 +59,9 @@ func WithUserClaim(name string) Option {
 	}
 }
 
+// hashedPrefix starts every user id derived from a claim by hashing.
+const hashedPrefix = "h:"
+
 // New returns a Handler.
 func New(svc Service, log *slog.Logger, opts ...Option) *Handler {
 	h := &Handler{svc: svc, log: log, claim: "sub"}
@@ -70,8 +73,10 @@ func New(svc Service, log *slog.Logger, opts ...Option) *Handler {
 
 // caller is the buyer the verified token names: the claims API Gateway's
 // JWT authorizer passes (requestContext.authorizer.jwt.claims). A claim that
-// is not a valid id as such (an "auth0|…" subject, say) is mapped to one
-// by a hash, the same every time. No identity: 401.
+// is not a valid id as such (an "auth0|…" subject, say) is mapped to one by
+// a hash, the same every time, into the "h:" namespace — which a claim used
+// as it is never enters (one starting "h:" is hashed too), so no buyer can
+// choose a claim that names another. No identity: 401.
 func (h *Handler) caller(req events.APIGatewayV2HTTPRequest) (string, response, bool) {
 	var v string
 	if a := req.RequestContext.Authorizer; a != nil && a.JWT != nil {
@@ -82,11 +87,11 @@ func (h *Handler) caller(req events.APIGatewayV2HTTPRequest) (string, response, 
 		resp.Headers["WWW-Authenticate"] = "Bearer"
 		return "", resp, false
 	}
-	if reservation.ValidID(v) {
+	if reservation.ValidID(v) && !strings.HasPrefix(v, hashedPrefix) {
 		return v, response{}, true
 	}
 	sum := sha256.Sum256([]byte(v))
-	return "u-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:16])), response{}, true
+	return hashedPrefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:16])), response{}, true
 }
 
 type response = events.APIGatewayV2HTTPResponse

@@ -29,38 +29,52 @@
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
+-- A token bucket per user and SKU: every attempt costs one token — a new one, sold out or refused,
+-- and a client's replay of a HELD hold (it re-sends the message) — so a script hammering from one
+-- account can neither crowd out other buyers nor flood the queue. A retry of this very call (the
+-- same token: go-redis after a timeout) is free. A clock that stepped back restarts the refill.
+local now = clock_ms(ARGV[8])
+local function charge()
+  local rate = tonumber(redis.call('HGET', KEYS[2], 'rate') or '0')
+  local burst = tonumber(redis.call('HGET', KEYS[2], 'burst') or '0')
+  if rate <= 0 then rate = tonumber(ARGV[9]) end
+  if burst <= 0 then burst = tonumber(ARGV[10]) end
+  if rate <= 0 or burst <= 0 then return nil end
+  local b = redis.call('HMGET', KEYS[8], 'tokens', 'at')
+  local tokens, at = tonumber(b[1]), tonumber(b[2])
+  if not tokens or not at then tokens, at = burst, now end
+  if now < at then at = now end
+  tokens = math.min(burst, tokens + (now - at) * rate / 1000)
+  local wait = nil
+  if tokens < 1 then
+    wait = math.ceil((1 - tokens) * 1000 / rate)
+  else
+    tokens = tokens - 1
+  end
+  redis.call('HSET', KEYS[8], 'tokens', tostring(tokens), 'at', now)
+  redis.call('PEXPIRE', KEYS[8], math.ceil(burst * 1000 / rate) + 1000)
+  return wait
+end
+
 if redis.call('EXISTS', KEYS[5]) == 1 then
-  local h = redis.call('HMGET', KEYS[5], 'qty', 'user', 'group')
+  local h = redis.call('HMGET', KEYS[5], 'qty', 'user', 'group', 'token', 'state')
   if tonumber(h[1]) ~= qty or h[2] ~= user or (h[3] or '') ~= gid then
     return {'MISMATCH'}
+  end
+  if h[4] ~= token and h[5] == 'HELD' then
+    local wait = charge()
+    if wait then return {'RATE_LIMITED', tostring(wait)} end
   end
   local out = redis.call('HGETALL', KEYS[5])
   table.insert(out, 1, 'REPLAY')
   return out
 end
 
+local wait = charge()
+if wait then return {'RATE_LIMITED', tostring(wait)} end
+
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
-
--- A token bucket per user and SKU: every attempt that gets this far costs one token, sold out or
--- not, so a script hammering from one account cannot crowd out other buyers.
-local now = clock_ms(ARGV[8])
-local rate = tonumber(redis.call('HGET', KEYS[2], 'rate') or '0')
-local burst = tonumber(redis.call('HGET', KEYS[2], 'burst') or '0')
-if rate <= 0 then rate = tonumber(ARGV[9]) end
-if burst <= 0 then burst = tonumber(ARGV[10]) end
-if rate > 0 and burst > 0 then
-  local b = redis.call('HMGET', KEYS[8], 'tokens', 'at')
-  local tokens, at = tonumber(b[1]), tonumber(b[2])
-  if not tokens or not at then tokens, at = burst, now end
-  tokens = math.min(burst, tokens + math.max(0, now - at) * rate / 1000)
-  if tokens < 1 then
-    return {'RATE_LIMITED', tostring(math.ceil((1 - tokens) * 1000 / rate))}
-  end
-  redis.call('HSET', KEYS[8], 'tokens', tostring(tokens - 1), 'at', now)
-  redis.call('PEXPIRE', KEYS[8], math.ceil(burst * 1000 / rate) + 1000)
-end
-
 if tonumber(stock) < qty then return {'SOLD_OUT'} end
 
 local limit = tonumber(redis.call('HGET', KEYS[2], 'limit') or '0')
