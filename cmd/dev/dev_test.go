@@ -98,6 +98,17 @@ func TestDevStackBuyersAreWhoTheirTokenSays(t *testing.T) {
 	if code, b, _ := reserve(bob, `{"sku":"`+sku+`","qty":1,"user_id":"ann"}`); code != 400 || b["error"] != "user_mismatch" {
 		t.Errorf("bob reserving as ann = %d %v, want 400 user_mismatch", code, b)
 	}
+	code, g, _ := do(bob, "POST", "/groups", `{"sku":"`+sku+`","capacity":3}`)
+	if code != 201 {
+		t.Fatalf("create group = %d %v", code, g)
+	}
+	gid := g["group_id"].(string)
+	if code, b, _ := reserve(bob, `{"sku":"`+sku+`","qty":1,"group_id":"`+gid+`","user_id":"ann"}`); code != 400 || b["error"] != "user_mismatch" {
+		t.Errorf("bob joining as ann = %d %v, want 400 user_mismatch", code, b)
+	}
+	if code, b, _ := do(bob, "GET", "/groups/"+gid, ""); code != 200 || b["members"] != float64(0) || b["remaining"] != float64(3) {
+		t.Errorf("group after the forged join = %d %v, want nobody joined", code, b)
+	}
 	// The per-user limit (2) holds: ann's second unit is fine, the third is not,
 	// whatever she puts in the body.
 	if code, b, _ := reserve(ann, `{"sku":"`+sku+`","qty":1}`); code != 202 {
