@@ -25,7 +25,8 @@
 --   {"RATE_LIMITED", retry_after_ms}       this user is over the SKU's attempt rate; nothing taken
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"}
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
--- Idempotent: a retried call finds the hold and answers REPLAY.
+-- Idempotent: a retried call (the same token) finds the hold and answers REPLAY, free of charge;
+-- another request for the same id (a client's replay of a HELD hold) costs an attempt first.
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
