@@ -130,13 +130,22 @@ func TestTranslatedWiring(t *testing.T) {
 		t.Errorf("DLQ retention %v must exceed the queue's %v", dlq["MessageRetentionPeriod"], q["MessageRetentionPeriod"])
 	}
 
-	// The sweeper: a schedule every minute targeting it, one at a time.
+	// The sweeper: a schedule every minute targeting it, named per stage;
+	// reserved concurrency only when asked (low-quota accounts cannot
+	// reserve any); no async retries of a failed tick.
 	sched := props("SweeperFunctionEveryMinute")
 	if sched["ScheduleExpression"] != "rate(1 minute)" || getAtt(m(sched["Target"])["Arn"]) != "SweeperFunction" {
 		t.Errorf("sweeper schedule = %v", sched)
 	}
-	if num(props("SweeperFunction")["ReservedConcurrentExecutions"]) != 1 {
-		t.Errorf("SweeperFunction must have reserved concurrency 1")
+	if name := fmt.Sprint(m(sched["Name"])["Fn::Sub"]); !strings.Contains(name, "${Stage}") {
+		t.Errorf("schedule name %v must name the stage (two stages in one account clash otherwise)", sched["Name"])
+	}
+	if rc, ok := m(props("SweeperFunction")["ReservedConcurrentExecutions"])["Fn::If"].([]any); !ok || rc[0] != "ReserveSweeper" {
+		t.Errorf("SweeperFunction reserved concurrency = %v, want it behind the ReserveSweeper condition", props("SweeperFunction")["ReservedConcurrentExecutions"])
+	}
+	eic := props("SweeperFunctionEventInvokeConfig")
+	if num(eic["MaximumRetryAttempts"]) != 0 || num(eic["MaximumEventAgeInSeconds"]) != 60 {
+		t.Errorf("sweeper EventInvokeConfig = %v, want 0 retries within 60 s", eic)
 	}
 
 	// Every alarm's dimensions point at something that exists.
