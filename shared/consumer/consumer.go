@@ -100,6 +100,11 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 			fail(ids[i])
 		}
 	}
+	if n := len(resp.BatchItemFailures); n > 0 {
+		// Item failures are not invocation errors: without this metric an
+		// alarm could not see "MySQL down" (every record retried, no error).
+		h.metrics.Count("item_failures", n)
+	}
 	h.log.InfoContext(ctx, h.name+": batch", "size", len(ev.Records), "failures", len(resp.BatchItemFailures))
 	return resp, nil
 }

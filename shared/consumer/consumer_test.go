@@ -64,6 +64,9 @@ func TestPartialBatchFailuresListOnlyTheFailedRecords(t *testing.T) {
 	if metrics["poison_messages"] != 1 {
 		t.Errorf("poison_messages = %d, want 1", metrics["poison_messages"])
 	}
+	if metrics["item_failures"] != 2 {
+		t.Errorf("item_failures = %d, want 2 (the alarm that sees MySQL down reads it)", metrics["item_failures"])
+	}
 }
 
 func TestRecordsLeftWhenTimeRunsOutAreRedelivered(t *testing.T) {

@@ -126,6 +126,9 @@ func TestTranslatedWiring(t *testing.T) {
 	if vt, to := num(q["VisibilityTimeout"]), num(props("PersistFunction")["Timeout"]); vt < 6*to {
 		t.Errorf("queue visibility %v < 6 × persist timeout %v", vt, to)
 	}
+	if age := num(props("QueueAgeAlarm")["Threshold"]); age <= 2*num(q["VisibilityTimeout"]) {
+		t.Errorf("queue age alarm at %v s fires on one record failing twice (visibility %v s)", age, q["VisibilityTimeout"])
+	}
 	if num(dlq["MessageRetentionPeriod"]) <= num(q["MessageRetentionPeriod"]) {
 		t.Errorf("DLQ retention %v must exceed the queue's %v", dlq["MessageRetentionPeriod"], q["MessageRetentionPeriod"])
 	}
@@ -159,6 +162,9 @@ func TestTranslatedWiring(t *testing.T) {
 		p := m(m(r)["Properties"])
 		if p["TreatMissingData"] == nil {
 			t.Errorf("%s: TreatMissingData not chosen", id)
+		}
+		if acts, _ := p["AlarmActions"].([]any); len(acts) == 0 || m(acts[0])["Fn::If"] == nil {
+			t.Errorf("%s: AlarmActions = %v, want the given topic or the stack's own (no alarm without an action)", id, p["AlarmActions"])
 		}
 		for _, d := range p["Dimensions"].([]any) {
 			dim := m(d)
