@@ -300,3 +300,46 @@ func TestSamBuildMakesArm64Bootstraps(t *testing.T) {
 		})
 	}
 }
+
+// Rules a first deploy depends on, checked mechanically: every function's
+// log group is the stack's, with a retention; no fixed physical name (a
+// second stage in the account would clash); the DLQ is a redrive target.
+func TestDeployRules(t *testing.T) {
+	doc := translated(t)
+	res := m(doc["Resources"])
+	logGroups := map[string]bool{}
+	for id, r := range res {
+		if m(r)["Type"] != "AWS::Logs::LogGroup" {
+			continue
+		}
+		p := m(m(r)["Properties"])
+		if p["RetentionInDays"] == nil {
+			t.Errorf("%s: no RetentionInDays", id)
+		}
+		logGroups[fmt.Sprint(m(p["LogGroupName"])["Fn::Sub"])] = true
+	}
+	nameKeys := []string{"FunctionName", "QueueName", "AlarmName", "TopicName", "Name", "LogGroupName", "ReplicationGroupId", "DBClusterIdentifier", "DBProxyName"}
+	functions := 0
+	for id, r := range res {
+		p := m(m(r)["Properties"])
+		if m(r)["Type"] == "AWS::Lambda::Function" {
+			functions++
+			name := fmt.Sprint(m(p["FunctionName"])["Fn::Sub"])
+			if !logGroups["/aws/lambda/"+name] {
+				t.Errorf("%s (%s): no log group of the stack's with a retention", id, name)
+			}
+		}
+		for _, k := range nameKeys {
+			v, ok := p[k]
+			if !ok {
+				continue
+			}
+			if s, isString := v.(string); isString {
+				t.Errorf("%s: %s %q is fixed: two stages in one account would clash", id, k, s)
+			}
+		}
+	}
+	if functions != 4 {
+		t.Errorf("checked %d functions, want 4", functions)
+	}
+}
