@@ -19,9 +19,10 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
-wait_for() { # wait_for DESC CMD... — poll until CMD succeeds (max ~15 s)
+wait_for() { # wait_for DESC CMD... — poll until CMD succeeds (max ~60 s: a busy
+  # machine can take a while to start MariaDB; seen once past 15 s)
   local desc=$1; shift
-  for _ in $(seq 1 300); do
+  for _ in $(seq 1 1200); do
     if "$@" >/dev/null 2>&1; then return 0; fi
     sleep 0.05
   done
@@ -83,7 +84,8 @@ start() {
     --sql-mode=ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION \
     >"$dir/mariadb.log" 2>&1 &
   echo "mariadb $!" >> "$dir/pids"
-  wait_for "mariadbd" mariadb-admin --no-defaults -uroot --socket="$dir/mysql.sock" ping
+  wait_for "mariadbd" mariadb-admin --no-defaults -uroot --socket="$dir/mysql.sock" ping ||
+    { tail -20 "$dir/mariadb.log" >&2; return 1; }
 
   # A local, loopback-only user without a password: nothing secret exists, so
   # nothing can leak into the repo, env files or logs.

@@ -233,11 +233,7 @@ func openDB(ctx context.Context, cfg config.Config, secrets *secretsmanager.Clie
 		if err := json.Unmarshal([]byte(s), &cred); err != nil {
 			return nil, errors.New("db secret: not a JSON object with username and password")
 		}
-		mc := mysql.NewConfig()
-		mc.User, mc.Passwd, mc.Net, mc.Addr, mc.DBName = cred.Username, cred.Password, "tcp", cfg.DBHost, cfg.DBName
-		mc.ParseTime, mc.InterpolateParams, mc.TLSConfig = true, true, "preferred"
-		mc.Timeout, mc.ReadTimeout, mc.WriteTimeout = 2*time.Second, 10*time.Second, 10*time.Second
-		dsn = mc.FormatDSN()
+		dsn = secretDSN(cfg, cred.Username, cred.Password)
 	}
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -253,7 +249,24 @@ func openDB(ctx context.Context, cfg config.Config, secrets *secretsmanager.Clie
 	db.SetMaxOpenConns(cfg.DBMaxOpen)
 	db.SetMaxIdleConns(cfg.DBMaxOpen)
 	db.SetConnMaxLifetime(5 * time.Minute)
+	db.SetConnMaxIdleTime(time.Minute) // a frozen Lambda's idle connections are closed by the proxy anyway
 	return db, nil
+}
+
+// secretDSN is the DSN of the database in AWS: the RDS Proxy (or cluster)
+// with the secret's credentials over TLS whose certificate is verified
+// against the roots the runtime trusts (RDS Proxy presents a public ACM
+// certificate). Never "preferred": that checks nothing and falls back to
+// plaintext. HOLDFAST_DB_TLS=off exists for local tests only.
+func secretDSN(cfg config.Config, user, password string) string {
+	mc := mysql.NewConfig()
+	mc.User, mc.Passwd, mc.Net, mc.Addr, mc.DBName = user, password, "tcp", cfg.DBHost, cfg.DBName
+	mc.ParseTime, mc.InterpolateParams, mc.TLSConfig = true, true, "true"
+	if cfg.DBTLS == "off" {
+		mc.TLSConfig = "false"
+	}
+	mc.Timeout, mc.ReadTimeout, mc.WriteTimeout = 2*time.Second, 10*time.Second, 10*time.Second
+	return mc.FormatDSN()
 }
 
 // redactDSNError keeps a malformed DSN (which may hold a password) out of logs.

@@ -29,6 +29,9 @@ type Config struct {
 	DBHost     string // host:port of the RDS Proxy or cluster
 	DBName     string
 	DBMaxOpen  int
+	// DBTLS is "verify" (the certificate is checked) or, for local tests
+	// only, "off".
+	DBTLS string
 
 	QueueURL       string // the reservation queue reserve sends to
 	EventBusName   string // EventBridge bus for ReservationCancelled
@@ -64,6 +67,7 @@ func Load(getenv func(string) string) (Config, error) {
 		DBHost:         p.str("HOLDFAST_DB_HOST", ""),
 		DBName:         p.str("HOLDFAST_DB_NAME", "holdfast"),
 		DBMaxOpen:      p.integer("HOLDFAST_DB_MAX_OPEN", 10),
+		DBTLS:          p.str("HOLDFAST_DB_TLS", "verify"),
 		QueueURL:       p.str("HOLDFAST_QUEUE_URL", ""),
 		EventBusName:   p.str("HOLDFAST_EVENT_BUS", ""),
 		EventsQueueURL: p.str("HOLDFAST_EVENTS_QUEUE_URL", ""),
@@ -90,6 +94,9 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if p.err != nil {
 		return Config{}, p.err
+	}
+	if c.DBTLS != "verify" && c.DBTLS != "off" {
+		return Config{}, fmt.Errorf("config: HOLDFAST_DB_TLS=%q: want verify or off", c.DBTLS)
 	}
 	if c.RedisAddr == "" {
 		return Config{}, errors.New("config: HOLDFAST_REDIS_ADDR is required")

@@ -342,4 +342,14 @@ func TestDeployRules(t *testing.T) {
 	if functions != 4 {
 		t.Errorf("checked %d functions, want 4", functions)
 	}
+
+	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, f := range tpl.Functions() {
+		if v, ok := f.Env["HOLDFAST_DB_TLS"]; ok && v != "verify" {
+			t.Errorf("%s sets HOLDFAST_DB_TLS=%v: the DSN must require verified TLS in AWS", id, v)
+		}
+	}
 }
