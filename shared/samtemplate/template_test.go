@@ -126,6 +126,9 @@ func TestTranslatedWiring(t *testing.T) {
 	if vt, to := num(q["VisibilityTimeout"]), num(props("PersistFunction")["Timeout"]); vt < 6*to {
 		t.Errorf("queue visibility %v < 6 × persist timeout %v", vt, to)
 	}
+	if getAtt(m(dlq["RedrivePolicy"])["deadLetterTargetArn"]) != "ReservationParking" {
+		t.Errorf("the DLQ redrives to %v, want the parking queue (what compensate cannot settle must not expire silently)", dlq["RedrivePolicy"])
+	}
 	if age := num(props("QueueAgeAlarm")["Threshold"]); age <= 2*num(q["VisibilityTimeout"]) {
 		t.Errorf("queue age alarm at %v s fires on one record failing twice (visibility %v s)", age, q["VisibilityTimeout"])
 	}
