@@ -346,6 +346,16 @@ func TestDeployRules(t *testing.T) {
 		t.Errorf("checked %d functions, want 4", functions)
 	}
 
+	// Aurora on a long-term-support release, kept there.
+	if v := fmt.Sprint(m(m(res["DbCluster"])["Properties"])["EngineVersion"]); !regexp.MustCompile(`^8\.0\.mysql_aurora\.3\.(04|10)\.\d+$`).MatchString(v) {
+		t.Errorf("Aurora engine %s is not a long-term-support release (3.04.*, 3.10.*)", v)
+	}
+	for _, id := range []string{"DbWriter", "DbReader"} {
+		if auto := m(m(res[id])["Properties"])["AutoMinorVersionUpgrade"]; auto != false {
+			t.Errorf("%s: AutoMinorVersionUpgrade = %v, want false (an automatic upgrade may leave the LTS line)", id, auto)
+		}
+	}
+
 	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
 	if err != nil {
 		t.Fatal(err)
