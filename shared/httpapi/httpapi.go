@@ -99,27 +99,21 @@ type response = events.APIGatewayV2HTTPResponse
 type route struct {
 	method  string
 	pattern []string // "*" matches one path segment
-	serve   func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response
+	// serve answers the request; user is the verified buyer ("" on the
+	// admin routes, which IAM guards).
+	serve func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string, user string) response
 }
 
 var routes = []route{
 	{http.MethodPost, []string{"reservations"}, (*Handler).reserve},
-	{http.MethodGet, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response {
-		user, resp, ok := h.caller(req)
-		if !ok {
-			return resp
-		}
+	{http.MethodGet, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string, user string) response {
 		r, err := h.svc.Get(ctx, seg[1], user)
 		if err != nil {
 			return h.fail(ctx, err)
 		}
 		return reply(http.StatusOK, reservationBody(r))
 	}},
-	{http.MethodDelete, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response {
-		user, resp, ok := h.caller(req)
-		if !ok {
-			return resp
-		}
+	{http.MethodDelete, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string, user string) response {
 		r, err := h.svc.Cancel(ctx, seg[1], user)
 		if err != nil {
 			return h.fail(ctx, err)
@@ -127,14 +121,14 @@ var routes = []route{
 		return reply(http.StatusOK, reservationBody(r))
 	}},
 	{http.MethodPost, []string{"groups"}, (*Handler).createGroup},
-	{http.MethodGet, []string{"groups", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
+	{http.MethodGet, []string{"groups", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string, _ string) response {
 		g, err := h.svc.Group(ctx, seg[1])
 		if err != nil {
 			return h.fail(ctx, err)
 		}
 		return reply(http.StatusOK, groupBody(g))
 	}},
-	{http.MethodGet, []string{"skus", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
+	{http.MethodGet, []string{"skus", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string, _ string) response {
 		n, err := h.svc.Available(ctx, seg[1])
 		if err != nil {
 			return h.fail(ctx, err)
@@ -142,7 +136,7 @@ var routes = []route{
 		return reply(http.StatusOK, map[string]any{"sku": seg[1], "available": n})
 	}},
 	{http.MethodPut, []string{"admin", "skus", "*", "stock"}, (*Handler).setStock},
-	{http.MethodGet, []string{"admin", "skus", "*", "stock"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string) response {
+	{http.MethodGet, []string{"admin", "skus", "*", "stock"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string, _ string) response {
 		r, err := h.svc.InspectStock(ctx, seg[2])
 		if err != nil {
 			return h.fail(ctx, err)
@@ -196,12 +190,15 @@ func (h *Handler) Handle(ctx context.Context, req events.APIGatewayV2HTTPRequest
 			continue
 		}
 		if r.method == method {
+			var user string
 			if r.pattern[0] != "admin" { // buyer routes: API Gateway's JWT authorizer (admin: IAM)
-				if _, resp, ok := h.caller(req); !ok {
+				var resp response
+				var ok bool
+				if user, resp, ok = h.caller(req); !ok {
 					return resp, nil
 				}
 			}
-			return r.serve(h, ctx, req, seg), nil
+			return r.serve(h, ctx, req, seg, user), nil
 		}
 		pathKnown = true
 	}
@@ -218,11 +215,7 @@ type reserveBody struct {
 	GroupID string `json:"group_id"`
 }
 
-func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string) response {
-	user, resp, ok := h.caller(req)
-	if !ok {
-		return resp
-	}
+func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string, user string) response {
 	var b reserveBody
 	if resp, ok := decode(req, &b); !ok {
 		return resp
@@ -261,7 +254,7 @@ type groupRequest struct {
 	TTLSeconds *int   `json:"ttl_seconds"`
 }
 
-func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string) response {
+func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string, _ string) response {
 	var b groupRequest
 	if resp, ok := decode(req, &b); !ok {
 		return resp
@@ -297,7 +290,7 @@ type stockRequest struct {
 // setStock changes a SKU's sellable stock: {"stock": n} is an absolute
 // figure, guarded on an existing SKU by the version it was based on
 // (If-Match: "<version>" or "version" in the body); {"add": n} is relative.
-func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string) response {
+func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string, user string) response {
 	var b stockRequest
 	if resp, ok := decode(req, &b); !ok {
 		return resp

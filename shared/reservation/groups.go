@@ -79,48 +79,35 @@ func (s *Service) Group(ctx context.Context, id string) (Group, error) {
 // FORMED), then every member from both stores is cancelled with its stock
 // returned. It reports whether the group is FAILED.
 func (s *Service) failGroup(ctx context.Context, g Group) (bool, error) {
-	var holders []string
-	if g.Status == GroupOpen {
-		c, err := s.holds.CloseGroup(ctx, g)
-		if err != nil {
-			return false, err
-		}
-		switch {
-		case c.NotDue:
-			return false, nil // Redis's clock is behind the sweeper's: next sweep
-		case c.Status == GroupFormed:
-			formedAt := c.FormedAt
-			if formedAt.IsZero() {
-				formedAt = g.Deadline
-			}
-			_, err := s.ledger.FormGroup(ctx, g.ID, formedAt)
-			return false, err
-		case c.Full:
-			// Every slot was taken before the deadline: it formed, unless a
-			// member's cancellation is still on its way to Redis — then the
-			// next sweep, after the outbox drained, finds a free slot.
-			at := c.FullAt
-			if at.IsZero() {
-				at = g.Deadline
-			}
-			formed, err := s.ledger.FormGroup(ctx, g.ID, at)
-			if err == nil && formed {
-				_, err = s.holds.FormGroup(ctx, g, at)
-			}
-			return false, err
-		case c.Unknown:
-			// Redis lost the group: MySQL decides with what it knows.
-			s.log.WarnContext(ctx, "group unknown to redis at its deadline; mysql decides", "group_id", g.ID)
-		}
-		holders = c.Holders
-	} else {
-		c, err := s.holds.CloseGroup(ctx, g) // a FAILED group being settled again
-		if err != nil {
-			return true, err
-		}
-		holders = c.Holders
+	settling := g.Status == GroupFailed // a FAILED group being settled again
+	c, err := s.holds.CloseGroup(ctx, g)
+	if err != nil {
+		return settling, err
 	}
-	g, err := s.ledger.FailGroup(ctx, g.ID, s.clock.Now())
+	orDeadline := func(t time.Time) time.Time {
+		if t.IsZero() {
+			return g.Deadline
+		}
+		return t
+	}
+	switch {
+	case settling:
+	case c.NotDue:
+		return false, nil // Redis's clock is behind the sweeper's: next sweep
+	case c.Status == GroupFormed:
+		_, err := s.ledger.FormGroup(ctx, g.ID, orDeadline(c.FormedAt))
+		return false, err
+	case c.Full:
+		// Every slot was taken before the deadline: it formed, unless a
+		// member's cancellation is still on its way to Redis — then the
+		// next sweep, after the outbox drained, finds a free slot.
+		return false, s.recordFormed(ctx, g, orDeadline(c.FullAt))
+	case c.Unknown:
+		// Redis lost the group: MySQL decides with what it knows.
+		s.log.WarnContext(ctx, "group unknown to redis at its deadline; mysql decides", "group_id", g.ID)
+	}
+	holders := c.Holders
+	g, err = s.ledger.FailGroup(ctx, g.ID, s.clock.Now())
 	if err != nil {
 		return false, err
 	}

@@ -278,13 +278,19 @@ func (s *Service) formGroup(ctx context.Context, g Group, at time.Time, full boo
 			return
 		}
 	}
+	if err := s.recordFormed(ctx, g, at); err != nil {
+		s.log.WarnContext(ctx, "group formation not recorded yet; the sweeper decides at the deadline", "group_id", g.ID, "error", err)
+	}
+}
+
+// recordFormed records a full group FORMED: MySQL decides (it refuses while
+// a member's cancellation is still on its way to Redis), then Redis follows.
+func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error {
 	formed, err := s.ledger.FormGroup(ctx, g.ID, at)
 	if err == nil && formed {
 		_, err = s.holds.FormGroup(ctx, g, at)
 	}
-	if err != nil {
-		s.log.WarnContext(ctx, "group formation not recorded yet; the sweeper decides at the deadline", "group_id", g.ID, "error", err)
-	}
+	return err
 }
 
 // abandon settles a reservation without an idempotency key whose Redis call
