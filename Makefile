@@ -22,7 +22,7 @@ unit:
 ## Interface Emulator, against the services of `make dev` (events/env.json):
 ##   make invoke FN=persist EVENT=events/persist-batch.json
 invoke:
-	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=reserve|persist|compensate|sweeper EVENT=events/<file>.json"; exit 2; }
+	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=reserve|persist|compensate|sweeper|migrate EVENT=events/<file>.json"; exit 2; }
 	$(GO) run ./cmd/invoke -fn $(FN) -event $(EVENT)
 
 ## bench: holdfast against its baselines on the real servers; rewrites docs/benchmarks.md
@@ -59,9 +59,9 @@ token:
 migrate:
 	$(GO) run ./cmd/migrate
 
-## build: the four Lambda bootstraps for linux/arm64 under bin/
+## build: the five Lambda bootstraps for linux/arm64 under bin/
 build:
-	for fn in reserve persist compensate sweeper; do \
+	for fn in reserve persist compensate sweeper migrate; do \
 		GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' \
 			-o bin/$$fn/bootstrap ./functions/$$fn || exit 1; \
 	done

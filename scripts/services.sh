@@ -93,7 +93,10 @@ start() {
 CREATE DATABASE IF NOT EXISTS holdfast CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
 CREATE USER IF NOT EXISTS 'holdfast'@'127.0.0.1';
 ALTER USER 'holdfast'@'127.0.0.1' IDENTIFIED BY '';
-GRANT ALL PRIVILEGES ON \`holdfast%\`.* TO 'holdfast'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON \`holdfast%\`.* TO 'holdfast'@'127.0.0.1' WITH GRANT OPTION;
+-- As Aurora's master user may: the migrate function creates the functions'
+-- least-privilege user (make invoke FN=migrate, and its test).
+GRANT CREATE USER ON *.* TO 'holdfast'@'127.0.0.1';
 SQL
 
   # SQS-API server. Create queues before traffic: goaws is not safe otherwise.

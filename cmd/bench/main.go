@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer a.Close()
-	if err := mysqlstore.Migrate(ctx, a.DB); err != nil {
+	if _, err := mysqlstore.Migrate(ctx, a.DB); err != nil {
 		return err
 	}
 	b.app = a

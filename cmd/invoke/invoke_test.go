@@ -23,14 +23,22 @@ const (
 
 // Every function runs as its real bootstrap under the Runtime Interface
 // Emulator, with the template's variables only, against the real services,
-// fed the events sam local invoke would be given.
+// fed the events sam local invoke would be given, logged in to MySQL as
+// the user the migrate function creates (rows only).
 func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	env := testservices.Require(t)
 	ctx := context.Background()
 	rdb := env.Redis(t)
 	client := env.SQS(t)
 	q := env.CreateQueues(t, client, 5)
-	dsn := env.Database(t)
+	// The database as a deploy leaves it: made by the migrate function, and
+	// every function logs in as its least-privilege user.
+	st := newStage(t, env)
+	bin := t.TempDir()
+	if out := migrateUnderTheEmulator(t, st, bin, map[string]any{}, nil); out["app_user"] != st.user {
+		t.Fatalf("migrate = %v", out)
+	}
+	dsn := st.appDSN
 	// The events name a fixed SKU: start from a clean slate in Redis.
 	keys, _ := rdb.Keys(ctx, "hf:{demo-phone}*").Result()
 	if len(keys) > 0 {
@@ -43,7 +51,6 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 		// make dev's id key (scripts/services.sh), which events/ derive their ids with.
 		"HOLDFAST_ID_SECRET_FILE": os.Getenv("HOLDFAST_ID_SECRET_FILE"),
 	}
-	bin := t.TempDir()
 	call := func(fn, event string) map[string]any {
 		t.Helper()
 		out, err := invoke(ctx, options{

@@ -32,7 +32,7 @@ func run(ctx context.Context, getenv func(string) string) error {
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := mysqlstore.Migrate(ctx, db); err != nil {
+	if _, err := mysqlstore.Migrate(ctx, db); err != nil {
 		return err
 	}
 	fmt.Println("migrate: schema up to date")

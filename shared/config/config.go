@@ -24,11 +24,16 @@ type Config struct {
 	RedisSecretID string
 
 	DBDSN string // go-sql-driver DSN; in AWS built from DBHost/DBName and DBSecretID
-	// DBSecretID names a Secrets Manager secret {"username","password"}.
+	// DBSecretID names a Secrets Manager secret {"username","password"}:
+	// the functions' own least-privilege user, which the migrate function
+	// creates.
 	DBSecretID string
-	DBHost     string // host:port of the RDS Proxy or cluster
-	DBName     string
-	DBMaxOpen  int
+	// DBAdminSecretID names the secret of the master user, which only the
+	// migrate function reads; DBAdminDSN is its local stand-in.
+	DBAdminSecretID, DBAdminDSN string
+	DBHost                      string // host:port of the RDS Proxy or cluster
+	DBName                      string
+	DBMaxOpen                   int
 	// DBTLS is "verify" (the certificate is checked) or, for local tests
 	// only, "off".
 	DBTLS string
@@ -53,32 +58,67 @@ type Config struct {
 	LogLevel            string
 }
 
-// Load reads the configuration through getenv (os.Getenv in production).
+// Load reads the configuration through getenv (os.Getenv in production)
+// and checks what every reservation function needs.
 func Load(getenv func(string) string) (Config, error) {
+	c, err := parse(getenv)
+	if err != nil {
+		return Config{}, err
+	}
+	if c.RedisAddr == "" {
+		return Config{}, errors.New("config: HOLDFAST_REDIS_ADDR is required")
+	}
+	if c.DBDSN == "" && (c.DBSecretID == "" || c.DBHost == "") {
+		return Config{}, errors.New("config: set HOLDFAST_DB_DSN, or HOLDFAST_DB_HOST with HOLDFAST_DB_SECRET_ID")
+	}
+	return c, nil
+}
+
+// LoadMigrate reads the configuration of the migrate function, which needs
+// only the database: the master user's credentials (HOLDFAST_DB_ADMIN_SECRET_ID
+// with HOLDFAST_DB_HOST, or HOLDFAST_DB_ADMIN_DSN locally) and the functions'
+// user to create (HOLDFAST_DB_SECRET_ID, or the user of HOLDFAST_DB_DSN).
+func LoadMigrate(getenv func(string) string) (Config, error) {
+	c, err := parse(getenv)
+	if err != nil {
+		return Config{}, err
+	}
+	if c.DBAdminDSN == "" && (c.DBAdminSecretID == "" || c.DBHost == "") {
+		return Config{}, errors.New("config: set HOLDFAST_DB_HOST with HOLDFAST_DB_ADMIN_SECRET_ID (or HOLDFAST_DB_ADMIN_DSN locally)")
+	}
+	if c.DBSecretID == "" && c.DBDSN == "" {
+		return Config{}, errors.New("config: set HOLDFAST_DB_SECRET_ID (or HOLDFAST_DB_DSN locally): the functions' user to create")
+	}
+	return c, nil
+}
+
+func parse(getenv func(string) string) (Config, error) {
 	p := parser{getenv: getenv}
 	c := Config{
-		RedisAddr:      p.str("HOLDFAST_REDIS_ADDR", ""),
-		RedisCluster:   p.boolean("HOLDFAST_REDIS_CLUSTER"),
-		RedisTLS:       p.boolean("HOLDFAST_REDIS_TLS"),
-		RedisPassword:  p.str("HOLDFAST_REDIS_PASSWORD", ""),
-		RedisSecretID:  p.str("HOLDFAST_REDIS_SECRET_ID", ""),
-		DBDSN:          p.str("HOLDFAST_DB_DSN", ""),
-		DBSecretID:     p.str("HOLDFAST_DB_SECRET_ID", ""),
-		DBHost:         p.str("HOLDFAST_DB_HOST", ""),
-		DBName:         p.str("HOLDFAST_DB_NAME", "holdfast"),
-		DBMaxOpen:      p.integer("HOLDFAST_DB_MAX_OPEN", 10),
-		DBTLS:          p.str("HOLDFAST_DB_TLS", "verify"),
-		QueueURL:       p.str("HOLDFAST_QUEUE_URL", ""),
-		EventBusName:   p.str("HOLDFAST_EVENT_BUS", ""),
-		EventsQueueURL: p.str("HOLDFAST_EVENTS_QUEUE_URL", ""),
-		AWSEndpoint:    p.str("HOLDFAST_AWS_ENDPOINT", ""),
-		IDSecretID:     p.str("HOLDFAST_ID_SECRET_ID", ""),
-		IDSecretFile:   p.str("HOLDFAST_ID_SECRET_FILE", ""),
-		UserClaim:      p.str("HOLDFAST_USER_CLAIM", "sub"),
-		UserRate:       p.integer("HOLDFAST_USER_RATE", 5),
-		UserBurst:      p.integer("HOLDFAST_USER_BURST", 10),
-		HoldRetention:  p.duration("HOLDFAST_HOLD_RETENTION", 24*time.Hour),
-		LogLevel:       p.str("HOLDFAST_LOG_LEVEL", "info"),
+		RedisAddr:       p.str("HOLDFAST_REDIS_ADDR", ""),
+		RedisCluster:    p.boolean("HOLDFAST_REDIS_CLUSTER"),
+		RedisTLS:        p.boolean("HOLDFAST_REDIS_TLS"),
+		RedisPassword:   p.str("HOLDFAST_REDIS_PASSWORD", ""),
+		RedisSecretID:   p.str("HOLDFAST_REDIS_SECRET_ID", ""),
+		DBDSN:           p.str("HOLDFAST_DB_DSN", ""),
+		DBSecretID:      p.str("HOLDFAST_DB_SECRET_ID", ""),
+		DBAdminSecretID: p.str("HOLDFAST_DB_ADMIN_SECRET_ID", ""),
+		DBAdminDSN:      p.str("HOLDFAST_DB_ADMIN_DSN", ""),
+		DBHost:          p.str("HOLDFAST_DB_HOST", ""),
+		DBName:          p.str("HOLDFAST_DB_NAME", "holdfast"),
+		DBMaxOpen:       p.integer("HOLDFAST_DB_MAX_OPEN", 10),
+		DBTLS:           p.str("HOLDFAST_DB_TLS", "verify"),
+		QueueURL:        p.str("HOLDFAST_QUEUE_URL", ""),
+		EventBusName:    p.str("HOLDFAST_EVENT_BUS", ""),
+		EventsQueueURL:  p.str("HOLDFAST_EVENTS_QUEUE_URL", ""),
+		AWSEndpoint:     p.str("HOLDFAST_AWS_ENDPOINT", ""),
+		IDSecretID:      p.str("HOLDFAST_ID_SECRET_ID", ""),
+		IDSecretFile:    p.str("HOLDFAST_ID_SECRET_FILE", ""),
+		UserClaim:       p.str("HOLDFAST_USER_CLAIM", "sub"),
+		UserRate:        p.integer("HOLDFAST_USER_RATE", 5),
+		UserBurst:       p.integer("HOLDFAST_USER_BURST", 10),
+		HoldRetention:   p.duration("HOLDFAST_HOLD_RETENTION", 24*time.Hour),
+		LogLevel:        p.str("HOLDFAST_LOG_LEVEL", "info"),
 	}
 	d := reservation.DefaultConfig()
 	c.Protocol = reservation.Config{
@@ -97,12 +137,6 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.DBTLS != "verify" && c.DBTLS != "off" {
 		return Config{}, fmt.Errorf("config: HOLDFAST_DB_TLS=%q: want verify or off", c.DBTLS)
-	}
-	if c.RedisAddr == "" {
-		return Config{}, errors.New("config: HOLDFAST_REDIS_ADDR is required")
-	}
-	if c.DBDSN == "" && (c.DBSecretID == "" || c.DBHost == "") {
-		return Config{}, errors.New("config: set HOLDFAST_DB_DSN, or HOLDFAST_DB_HOST with HOLDFAST_DB_SECRET_ID")
 	}
 	if c.Protocol.HoldTTL <= 0 || c.Protocol.MaxQty < 1 || c.Protocol.PersistAttempts < 1 {
 		return Config{}, errors.New("config: HOLDFAST_HOLD_TTL, HOLDFAST_MAX_QTY and HOLDFAST_PERSIST_ATTEMPTS must be positive")

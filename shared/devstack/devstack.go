@@ -104,7 +104,7 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := mysqlstore.Migrate(ctx, a.DB); err != nil {
+	if _, err := mysqlstore.Migrate(ctx, a.DB); err != nil {
 		_ = a.Close()
 		return nil, err
 	}

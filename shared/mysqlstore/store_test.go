@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,8 +57,74 @@ func apply(ctx context.Context, s *mysqlstore.Store, r reservation.Reservation) 
 
 func TestMigrateIsRepeatable(t *testing.T) {
 	_, db := open(t)
-	if err := mysqlstore.Migrate(context.Background(), db); err != nil {
-		t.Fatalf("second Migrate = %v", err)
+	if applied, err := mysqlstore.Migrate(context.Background(), db); err != nil || len(applied) != 0 {
+		t.Fatalf("second Migrate = %v, %v; want nothing applied", applied, err)
+	}
+}
+
+// MySQL commits DDL statement by statement: a run that died after the first
+// statement of a migration resumes after it, instead of failing on a
+// column that already exists.
+func TestMigrateResumesAfterTheLastStatementThatFinished(t *testing.T) {
+	ctx := context.Background()
+	_, db := open(t)
+	latest := mysqlstore.Latest()
+	// As a crash after statement 1 of the newest migration leaves it: that
+	// statement applied (its effect is still there) and recorded, the
+	// migration not.
+	if _, err := db.ExecContext(ctx, `DELETE FROM schema_migrations WHERE version = ?`, latest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `DELETE FROM schema_migration_steps WHERE version = ? AND step > 0`, latest); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := mysqlstore.Migrate(ctx, db)
+	if err != nil || len(applied) != 1 || applied[0] != latest {
+		t.Fatalf("Migrate = %v, %v; want %d applied", applied, err, latest)
+	}
+
+	// Forget the step too: the statement runs again and fails, naming it.
+	if _, err := db.ExecContext(ctx, `DELETE FROM schema_migrations WHERE version = ?`, latest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `DELETE FROM schema_migration_steps WHERE version = ?`, latest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mysqlstore.Migrate(ctx, db); err == nil || !strings.Contains(err.Error(), "statement 1") {
+		t.Errorf("Migrate without its step record = %v, want the statement's error", err)
+	}
+}
+
+// Two migrators at once (the deploy's custom resource and an operator) take
+// turns: both succeed and each migration is applied once.
+func TestConcurrentMigratesTakeTurns(t *testing.T) {
+	env := testservices.Require(t)
+	dsn := env.EmptyDatabase(t)
+	ctx := context.Background()
+	errs := make(chan error, 2)
+	total := make(chan int, 2)
+	for range 2 {
+		go func() {
+			db, err := sql.Open("mysql", dsn)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer db.Close()
+			applied, err := mysqlstore.Migrate(ctx, db)
+			total <- len(applied)
+			errs <- err
+		}()
+	}
+	n := 0
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("Migrate: %v", err)
+		}
+	}
+	n = <-total + <-total
+	if n != mysqlstore.Latest() {
+		t.Errorf("the two runs applied %d migrations together, want %d (each once)", n, mysqlstore.Latest())
 	}
 }
 

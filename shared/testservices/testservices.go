@@ -76,6 +76,22 @@ func (e Env) Redis(t testing.TB) *redis.Client {
 // DSN; the database is dropped at the end of the test.
 func (e Env) Database(t testing.TB) string {
 	t.Helper()
+	dsn := e.EmptyDatabase(t)
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatalf("open db: %v", err)
+	}
+	defer db.Close()
+	if _, err := mysqlstore.Migrate(context.Background(), db); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return dsn
+}
+
+// EmptyDatabase creates a fresh database without a schema and returns its
+// DSN; the database is dropped at the end of the test.
+func (e Env) EmptyDatabase(t testing.TB) string {
+	t.Helper()
 	ctx := context.Background()
 	admin, err := sql.Open("mysql", e.AdminDSN)
 	if err != nil {
@@ -92,16 +108,7 @@ func (e Env) Database(t testing.TB) string {
 		t.Fatalf("admin dsn: %v", err)
 	}
 	cfg.DBName = name
-	dsn := cfg.FormatDSN()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatalf("open db: %v", err)
-	}
-	defer db.Close()
-	if err := mysqlstore.Migrate(ctx, db); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	return dsn
+	return cfg.FormatDSN()
 }
 
 // SQS returns a client of the test SQS server.
