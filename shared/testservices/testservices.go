@@ -9,10 +9,16 @@ package testservices
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"database/sql"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -333,4 +339,113 @@ func StartMoto(t testing.TB) string {
 		return err == nil
 	})
 	return "http://" + addr
+}
+
+// MariaDB is a private mariadbd for tests that need a server configured
+// unlike the shared one (e.g. with TLS).
+type MariaDB struct {
+	Addr string // 127.0.0.1:port
+	// RootDSN logs in as root over the server's Unix socket.
+	RootDSN string
+}
+
+// StartMariaDB initialises a datadir and starts mariadbd on a free loopback
+// port with extraArgs; it is stopped, by its PID, at the end of the test.
+func StartMariaDB(t testing.TB, extraArgs ...string) *MariaDB {
+	t.Helper()
+	for _, bin := range []string{"mariadbd", "mariadb-install-db"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("HOLDFAST_REQUIRE_SERVICES") == "1" {
+				t.Fatalf("%s is required (make test installs it)", bin)
+			}
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	dir := t.TempDir()
+	data, sock := filepath.Join(dir, "data"), filepath.Join(dir, "mysql.sock")
+	if out, err := exec.Command("mariadb-install-db", "--no-defaults", "--basedir=/usr", "--datadir="+data,
+		"--user=root", "--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput(); err != nil {
+		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	args := append([]string{"--no-defaults", "--user=root", "--datadir=" + data, "--socket=" + sock,
+		"--port=" + port, "--bind-address=127.0.0.1", "--skip-name-resolve", "--skip-log-bin",
+		"--pid-file=" + filepath.Join(dir, "mysql.pid")}, extraArgs...)
+	cmd := exec.Command("mariadbd", args...)
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start mariadbd: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+	m := &MariaDB{Addr: addr, RootDSN: "root@unix(" + sock + ")/"}
+	db, err := sql.Open("mysql", m.RootDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	Eventually(t, 60*time.Second, "mariadbd answers", func() bool { return db.Ping() == nil })
+	return m
+}
+
+// Certs are a private certificate authority and a server certificate it
+// signed, as PEM files.
+type Certs struct {
+	CAFile, CertFile, KeyFile string
+}
+
+// NewCerts makes a CA and a server certificate for the given IP addresses
+// and host names, valid for an hour, under the test's temporary directory.
+func NewCerts(t testing.TB, ips []net.IP, names []string) Certs {
+	t.Helper()
+	dir := t.TempDir()
+	newKey := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	caKey, srvKey := newKey(), newKey()
+	now := time.Now()
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "holdfast test CA"},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "holdfast test server"},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: ips, DNSNames: names,
+	}
+	srvDER, err := x509.CreateCertificate(rand.Reader, srv, ca, &srvKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(srvKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Certs{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "server.pem"), KeyFile: filepath.Join(dir, "server-key.pem")}
+	for path, block := range map[string]*pem.Block{
+		c.CAFile:   {Type: "CERTIFICATE", Bytes: caDER},
+		c.CertFile: {Type: "CERTIFICATE", Bytes: srvDER},
+		c.KeyFile:  {Type: "PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
 }
