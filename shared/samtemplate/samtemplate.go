@@ -7,6 +7,8 @@ package samtemplate
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,8 +23,26 @@ type Template struct {
 	Doc map[string]any
 }
 
-// Load reads and parses a SAM template.
+// Load reads and parses a SAM template, and replaces each AWS::Include of a
+// local file (api/openapi.yaml) with that file's content, as `sam deploy`
+// and CloudFormation do.
 func Load(path string) (*Template, error) {
+	doc, err := loadYAML(path)
+	if err != nil {
+		return nil, err
+	}
+	m, ok := doc.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("template %s: not a mapping", path)
+	}
+	resolved, err := includeLocal(m, filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	return &Template{Doc: resolved.(map[string]any)}, nil
+}
+
+func loadYAML(path string) (any, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("template: %w", err)
@@ -31,11 +51,38 @@ func Load(path string) (*Template, error) {
 	if err := yaml.Unmarshal(b, &n); err != nil {
 		return nil, fmt.Errorf("template %s: %w", path, err)
 	}
-	doc, ok := convert(&n).(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("template %s: not a mapping", path)
+	return convert(&n), nil
+}
+
+// includeLocal replaces {"Fn::Transform": {"Name": "AWS::Include",
+// "Parameters": {"Location": "<local path>"}}} with the included document.
+func includeLocal(v any, dir string) (any, error) {
+	switch x := v.(type) {
+	case map[string]any:
+		if tr := mapOf(x["Fn::Transform"]); len(x) == 1 && tr["Name"] == "AWS::Include" {
+			loc, _ := mapOf(tr["Parameters"])["Location"].(string)
+			if loc == "" || strings.HasPrefix(loc, "s3://") {
+				return x, nil
+			}
+			return loadYAML(filepath.Join(dir, loc))
+		}
+		for k, e := range x {
+			r, err := includeLocal(e, dir)
+			if err != nil {
+				return nil, err
+			}
+			x[k] = r
+		}
+	case []any:
+		for i, e := range x {
+			r, err := includeLocal(e, dir)
+			if err != nil {
+				return nil, err
+			}
+			x[i] = r
+		}
 	}
-	return &Template{Doc: doc}, nil
+	return v, nil
 }
 
 func convert(n *yaml.Node) any {
@@ -184,65 +231,76 @@ func (t *Template) Queues() map[string]Queue {
 	return out
 }
 
-// Route is one HttpApi event of a function: a route of the HTTP API and the
-// authorizer API Gateway runs before invoking the function.
+// Route is one route of the HTTP API: the function it invokes and the
+// authorizer API Gateway runs first.
 type Route struct {
 	Function string // logical id of the function the route invokes
 	Method   string // upper case: "POST"
 	Path     string // with parameters: "/reservations/{id}"
-	// Authorizer names the route's authorizer: the event's Auth.Authorizer,
-	// else the API's DefaultAuthorizer; "NONE" for none.
+	// Authorizer names the route's security scheme (the operation's, else
+	// the document's); "NONE" for none.
 	Authorizer string
-	// AuthType is "JWT" (an authorizer with a JwtConfiguration), "AWS_IAM",
-	// "NONE", or "LAMBDA" (any other named authorizer).
+	// AuthType is "JWT" (an x-amazon-apigateway-authorizer of type jwt),
+	// "AWS_IAM" (awsSigv4), "NONE", or "LAMBDA" (any other scheme).
 	AuthType string
 	// IdentityHeader is, for a JWT authorizer, the request header its token
-	// comes from (IdentitySource $request.header.X; Authorization by default).
+	// comes from (identitySource $request.header.X; Authorization by default).
 	IdentityHeader string
 }
 
 // Key returns the route key as API Gateway writes it: "GET /reservations/{id}".
 func (r Route) Key() string { return r.Method + " " + r.Path }
 
-// Routes returns every HttpApi route of every function, sorted by path and method.
+// Routes returns every route of the template's HTTP APIs, sorted by path and
+// method: the paths of each AWS::Serverless::HttpApi's OpenAPI definition
+// (api/openapi.yaml), the function each integration invokes and the
+// authorizer its security scheme declares.
 func (t *Template) Routes() []Route {
 	resources := mapOf(t.Doc["Resources"])
 	var out []Route
-	for id, r := range resources {
+	for _, r := range resources {
 		res := mapOf(r)
-		if res["Type"] != "AWS::Serverless::Function" {
+		if res["Type"] != "AWS::Serverless::HttpApi" {
 			continue
 		}
-		for _, e := range mapOf(mapOf(res["Properties"])["Events"]) {
-			ev := mapOf(e)
-			if ev["Type"] != "HttpApi" {
-				continue
-			}
-			p := mapOf(ev["Properties"])
-			method, _ := p["Method"].(string)
-			path, _ := p["Path"].(string)
-			api := mapOf(mapOf(resources[refOf(p["ApiId"])])["Properties"])
-			apiAuth := mapOf(api["Auth"])
-			name, _ := mapOf(p["Auth"])["Authorizer"].(string)
-			if name == "" {
-				name, _ = apiAuth["DefaultAuthorizer"].(string)
-			}
-			route := Route{Function: id, Method: strings.ToUpper(method), Path: path, Authorizer: name}
-			switch def := mapOf(mapOf(apiAuth["Authorizers"])[name]); {
-			case name == "" || name == "NONE":
-				route.Authorizer, route.AuthType = "NONE", "NONE"
-			case name == "AWS_IAM":
-				route.AuthType = "AWS_IAM"
-			case def["JwtConfiguration"] != nil:
-				route.AuthType = "JWT"
-				route.IdentityHeader = "Authorization"
-				if src, _ := def["IdentitySource"].(string); strings.HasPrefix(src, "$request.header.") {
-					route.IdentityHeader = strings.TrimPrefix(src, "$request.header.")
+		body := mapOf(mapOf(res["Properties"])["DefinitionBody"])
+		schemes := mapOf(mapOf(body["components"])["securitySchemes"])
+		for path, ops := range mapOf(body["paths"]) {
+			for method, o := range mapOf(ops) {
+				op := mapOf(o)
+				if op == nil || method == "parameters" {
+					continue
 				}
-			default:
-				route.AuthType = "LAMBDA"
+				route := Route{Method: strings.ToUpper(method), Path: path, Authorizer: "NONE", AuthType: "NONE"}
+				uri, _ := mapOf(mapOf(op["x-amazon-apigateway-integration"])["uri"])["Fn::Sub"].(string)
+				if m := integrationFunction.FindStringSubmatch(uri); m != nil {
+					route.Function = m[1]
+				}
+				security, ok := op["security"].([]any)
+				if !ok {
+					security, _ = body["security"].([]any)
+				}
+				for _, req := range security {
+					for name := range mapOf(req) {
+						route.Authorizer = name
+						scheme := mapOf(schemes[name])
+						auth := mapOf(scheme["x-amazon-apigateway-authorizer"])
+						switch {
+						case scheme["x-amazon-apigateway-authtype"] == "awsSigv4":
+							route.AuthType = "AWS_IAM"
+						case auth["type"] == "jwt":
+							route.AuthType = "JWT"
+							route.IdentityHeader = "Authorization"
+							if src, _ := auth["identitySource"].(string); strings.HasPrefix(src, "$request.header.") {
+								route.IdentityHeader = strings.TrimPrefix(src, "$request.header.")
+							}
+						default:
+							route.AuthType = "LAMBDA"
+						}
+					}
+				}
+				out = append(out, route)
 			}
-			out = append(out, route)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -253,6 +311,10 @@ func (t *Template) Routes() []Route {
 	})
 	return out
 }
+
+// integrationFunction finds the function a Lambda proxy integration's uri
+// (…/functions/${ReserveFunction.Arn}/invocations) invokes.
+var integrationFunction = regexp.MustCompile(`/functions/\$\{(\w+)\.Arn\}/invocations`)
 
 func refOf(v any) string { s, _ := mapOf(v)["Ref"].(string); return s }
 

@@ -14,7 +14,6 @@ import (
 	"testing"
 
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/httpapi"
 	"github.com/holdfast/holdfast/shared/mysqlstore"
 	"github.com/holdfast/holdfast/shared/samtemplate"
 )
@@ -234,42 +233,42 @@ func TestEveryVariableMatchesTheCode(t *testing.T) {
 	}
 }
 
-func TestEveryRouteIsInTheTemplate(t *testing.T) {
+// The HTTP API is api/openapi.yaml, included (sam deploy uploads it), and
+// API Gateway may invoke the reserve function for it.
+func TestTheAPIIsTheOpenAPIDocument(t *testing.T) {
 	doc := translated(t)
-	body := m(m(m(doc["Resources"])["HttpApi"])["Properties"])["Body"]
-	paths := m(m(body)["paths"])
-	param := regexp.MustCompile(`\{[^}]+\}`)
-	inTemplate := map[string]string{} // "METHOD /path/*" -> auth kind
-	for path, ops := range paths {
-		for method, op := range m(ops) {
-			if method == "parameters" {
-				continue
-			}
-			auth := "none"
-			for _, sec := range m(op)["security"].([]any) {
-				for k := range m(sec) {
-					auth = k
-				}
-			}
-			inTemplate[strings.ToUpper(method)+" "+param.ReplaceAllString(path, "*")] = auth
+	res := m(doc["Resources"])
+	body := m(m(res["HttpApi"])["Properties"])["Body"]
+	tr := m(m(body)["Fn::Transform"])
+	if tr["Name"] != "AWS::Include" || m(tr["Parameters"])["Location"] != "api/openapi.yaml" {
+		t.Fatalf("HttpApi body = %v, want the AWS::Include of api/openapi.yaml", body)
+	}
+	perm := m(m(res["ReserveApiPermission"])["Properties"])
+	if perm["Principal"] != "apigateway.amazonaws.com" || m(perm["FunctionName"])["Ref"] != "ReserveFunction" ||
+		!strings.Contains(fmt.Sprint(m(perm["SourceArn"])["Fn::Sub"]), "${HttpApi}/") {
+		t.Errorf("ReserveApiPermission = %v, want API Gateway invoking ReserveFunction for this API only", perm)
+	}
+	for id, r := range res {
+		if m(r)["Type"] == "AWS::Lambda::Permission" && id != "ReserveApiPermission" && id != "MigrateFunctionPermission" {
+			t.Errorf("%s: a second way to invoke a function (routes belong to api/openapi.yaml)", id)
 		}
 	}
-	for _, r := range httpapi.Routes() {
-		auth, ok := inTemplate[r]
-		if !ok {
-			t.Errorf("route %s is served but not in template.yaml", r)
-			continue
-		}
-		wantAuth := "BuyerJwt"
-		if strings.Contains(r, "/admin/") {
-			wantAuth = "AWS_IAM"
-		}
-		if auth != wantAuth {
-			t.Errorf("route %s auth = %s, want %s", r, auth, wantAuth)
+	// Every parameter and condition the document refers to exists.
+	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(m(m(tpl.Doc["Resources"])["HttpApi"])["Properties"])
+	for _, ref := range regexp.MustCompile(`"(?:Ref|Fn::If)":\[?"([A-Za-z]+)"`).FindAllStringSubmatch(string(raw), -1) {
+		name := ref[1]
+		if m(doc["Parameters"])[name] == nil && m(doc["Conditions"])[name] == nil && !strings.HasPrefix(name, "AWS") {
+			t.Errorf("api/openapi.yaml refers to %s, which template.yaml does not declare", name)
 		}
 	}
-	if len(inTemplate) != len(httpapi.Routes()) {
-		t.Errorf("template routes %v, served %v", inTemplate, httpapi.Routes())
+	for _, sub := range regexp.MustCompile(`\$\{(\w+)\.Arn\}`).FindAllStringSubmatch(string(raw), -1) {
+		if res[sub[1]] == nil && m(doc["Resources"])[sub[1]+"Role"] == nil {
+			t.Errorf("api/openapi.yaml integrates %s, which template.yaml does not declare", sub[1])
+		}
 	}
 }
 
