@@ -216,6 +216,9 @@ func (r *Redis) start() {
 	})
 }
 
+// Stop kills the server (by its PID): Redis is down until Restart.
+func (r *Redis) Stop() { r.stop() }
+
 func (r *Redis) stop() {
 	if r.cmd != nil && r.cmd.Process != nil {
 		_ = r.cmd.Process.Kill() // the server this test started, by its PID
@@ -347,6 +350,16 @@ type MariaDB struct {
 	Addr string // 127.0.0.1:port
 	// RootDSN logs in as root over the server's Unix socket.
 	RootDSN string
+	cmd     *exec.Cmd
+}
+
+// Stop kills the server (by its PID): MySQL is down for the rest of the test.
+func (m *MariaDB) Stop() {
+	if m.cmd != nil && m.cmd.Process != nil {
+		_ = m.cmd.Process.Kill()
+		_, _ = m.cmd.Process.Wait()
+		m.cmd = nil
+	}
 }
 
 // StartMariaDB initialises a datadir and starts mariadbd on a free loopback
@@ -383,8 +396,8 @@ func StartMariaDB(t testing.TB, extraArgs ...string) *MariaDB {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start mariadbd: %v", err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
-	m := &MariaDB{Addr: addr, RootDSN: "root@unix(" + sock + ")/"}
+	m := &MariaDB{Addr: addr, RootDSN: "root@unix(" + sock + ")/", cmd: cmd}
+	t.Cleanup(m.Stop)
 	db, err := sql.Open("mysql", m.RootDSN)
 	if err != nil {
 		t.Fatal(err)

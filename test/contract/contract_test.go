@@ -1,0 +1,451 @@
+// Package contract_test holds the running API to api/openapi.yaml, in both
+// directions: every request the test sends and every response it gets is
+// validated against the document (an undocumented route, status, header or
+// field fails), and every documented operation, status and error code must
+// be produced by the test (a documented answer the API never gives fails).
+package contract_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+	_ "github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/internal/devauth"
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/devstack"
+	"github.com/holdfast/holdfast/shared/mysqlstore"
+	"github.com/holdfast/holdfast/shared/testservices"
+)
+
+const document = "../../api/openapi.yaml"
+
+// outcome is one documented answer: an operation, a status and, for an
+// error, its code ("" for success bodies and API Gateway's own messages).
+type outcome struct{ op, status, code string }
+
+func (o outcome) String() string {
+	if o.code == "" {
+		return o.op + " " + o.status
+	}
+	return o.op + " " + o.status + " " + o.code
+}
+
+// notProducedLocally are documented answers make dev cannot give, with why.
+var notProducedLocally = map[outcome]string{
+	{"changeStock", "403", ""}:  "API Gateway's IAM check; make dev leaves /admin open on loopback",
+	{"inspectStock", "403", ""}: "API Gateway's IAM check; make dev leaves /admin open on loopback",
+}
+
+// checker validates traffic against the document and records what it saw.
+type checker struct {
+	t      *testing.T
+	doc    *openapi3.T
+	router routers.Router
+	base   string
+
+	mu   sync.Mutex
+	seen map[outcome]bool
+}
+
+func newChecker(t *testing.T, base string) *checker {
+	t.Helper()
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromFile(document)
+	if err != nil {
+		t.Fatalf("load %s: %v", document, err)
+	}
+	if err := doc.Validate(context.Background()); err != nil {
+		t.Fatalf("%s is not valid OpenAPI: %v", document, err)
+	}
+	doc.Servers = openapi3.Servers{{URL: base}}
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &checker{t: t, doc: doc, router: router, base: base, seen: map[outcome]bool{}}
+}
+
+// reply is what the API answered.
+type reply struct {
+	Status int
+	Body   map[string]any
+	Header http.Header
+}
+
+func (r reply) str(k string) string { s, _ := r.Body[k].(string); return s }
+
+type call struct {
+	token  string
+	method string
+	path   string
+	body   string
+	header map[string]string
+	// invalid marks a request the document itself rejects (the test sends
+	// it on purpose): its validation must fail, and the API must refuse it.
+	invalid bool
+}
+
+// do sends c and validates the request and the response.
+func (k *checker) do(c call) reply {
+	k.t.Helper()
+	ctx := context.Background()
+	req, err := http.NewRequestWithContext(ctx, c.method, k.base+c.path, strings.NewReader(c.body))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	if c.body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	for h, v := range c.header {
+		req.Header.Set(h, v)
+	}
+
+	route, params, findErr := k.router.FindRoute(req)
+	var in *openapi3filter.RequestValidationInput
+	if findErr == nil {
+		in = &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route,
+			Options: &openapi3filter.Options{AuthenticationFunc: func(_ context.Context, a *openapi3filter.AuthenticationInput) error {
+				if a.RequestValidationInput.Request.Header.Get("Authorization") == "" && a.SecuritySchemeName == "BuyerJwt" {
+					return errors.New("no bearer token")
+				}
+				return nil
+			}}}
+		verr := openapi3filter.ValidateRequest(ctx, in)
+		switch {
+		case c.invalid && verr == nil:
+			k.t.Errorf("%s %s %s: the document accepts this request, which the test sends as invalid", c.method, c.path, c.body)
+		case !c.invalid && verr != nil:
+			k.t.Errorf("%s %s: the request breaks the document: %v", c.method, c.path, verr)
+		}
+		req.Body = io.NopCloser(strings.NewReader(c.body))
+	}
+
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		k.t.Fatalf("%s %s: %v", c.method, c.path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	r := reply{Status: resp.StatusCode, Header: resp.Header}
+	_ = json.Unmarshal(raw, &r.Body)
+
+	if findErr != nil {
+		// Not in the document: API Gateway answers, the function never runs.
+		if r.Status != http.StatusNotFound || string(raw) != `{"message":"Not Found"}` {
+			k.t.Errorf("%s %s is not in the document, yet answered %d %s", c.method, c.path, r.Status, raw)
+		}
+		return r
+	}
+	rin := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: r.Status, Header: r.Header,
+		Body: io.NopCloser(bytes.NewReader(raw)), Options: &openapi3filter.Options{IncludeResponseStatus: true}}
+	if err := openapi3filter.ValidateResponse(ctx, rin); err != nil {
+		k.t.Errorf("%s %s answered %d %s, which the document does not allow: %v", c.method, c.path, r.Status, raw, err)
+	}
+	if r.Status == http.StatusTooManyRequests || r.Status == http.StatusServiceUnavailable {
+		if n, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || n < 1 {
+			k.t.Errorf("%s %s answered %d without a Retry-After in seconds", c.method, c.path, r.Status)
+		}
+	}
+	k.mu.Lock()
+	k.seen[outcome{route.Operation.OperationID, strconv.Itoa(r.Status), r.str("error")}] = true
+	k.mu.Unlock()
+	return r
+}
+
+// documented lists every answer the document promises: each operation's
+// statuses and, where the body is an error, each code its schema allows.
+func (k *checker) documented() []outcome {
+	var out []outcome
+	for _, item := range k.doc.Paths.Map() {
+		for _, op := range item.Operations() {
+			for status, ref := range op.Responses.Map() {
+				codes := []string{""}
+				if mt := ref.Value.Content.Get("application/json"); mt != nil && mt.Schema != nil {
+					if c := errorCodes(mt.Schema.Value); len(c) > 0 {
+						codes = c
+					}
+				}
+				for _, c := range codes {
+					out = append(out, outcome{op.OperationID, status, c})
+				}
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// errorCodes are the values of an error body's "error" (none for a body
+// without one, e.g. API Gateway's {"message"}).
+func errorCodes(s *openapi3.Schema) []string {
+	var out []string
+	for _, alt := range s.OneOf {
+		out = append(out, errorCodes(alt.Value)...)
+	}
+	if p := s.Properties["error"]; p != nil {
+		for _, e := range p.Value.Enum {
+			out = append(out, fmt.Sprint(e))
+		}
+	}
+	if len(s.OneOf) > 0 && s.Properties["error"] == nil {
+		// A oneOf with a branch without codes (API Gateway's message) is
+		// documented as that answer too.
+		for _, alt := range s.OneOf {
+			if alt.Value.Properties["error"] == nil {
+				out = append(out, "")
+			}
+		}
+	}
+	return out
+}
+
+// The API, served by make dev's stack over real HTTP with real tokens, is
+// exactly api/openapi.yaml.
+func TestTheAPIIsItsDocument(t *testing.T) {
+	env := testservices.Require(t)
+	ctx := context.Background()
+
+	// A Redis and a MariaDB of the test's own, so it can take them down for
+	// the 503s at the end.
+	rds := testservices.StartRedis(t)
+	maria := testservices.StartMariaDB(t)
+	root, err := sql.Open("mysql", maria.RootDSN+"?parseTime=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if _, err := root.Exec("CREATE DATABASE holdfast CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"); err != nil {
+		t.Fatal(err)
+	}
+	dsn := strings.TrimSuffix(maria.RootDSN, "/") + "/holdfast?parseTime=true&interpolateParams=true"
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := mysqlstore.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+
+	issuer, err := devauth.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(claim string) *devstack.Stack {
+		q := env.CreateQueues(t, env.SQS(t), 5)
+		vars := map[string]string{
+			"HOLDFAST_REDIS_ADDR": rds.Addr, "HOLDFAST_DB_DSN": dsn, "HOLDFAST_QUEUE_URL": q.URL,
+			"HOLDFAST_EVENTS_QUEUE_URL": q.EventsURL, "HOLDFAST_AWS_ENDPOINT": env.SQSEndpoint, "HOLDFAST_LOG_LEVEL": "error",
+			"HOLDFAST_ID_SECRET_FILE": os.Getenv("HOLDFAST_ID_SECRET_FILE"), "HOLDFAST_USER_CLAIM": claim,
+			"HOLDFAST_USER_RATE": "0",
+		}
+		cfg, err := config.Load(func(k string) string { return vars[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		stack, err := devstack.Start(ctx, cfg, devstack.Options{
+			Addr: "127.0.0.1:0", Template: "../../template.yaml", DLQURL: q.DLQURL,
+			Visibility: 2 * time.Second, SweepEvery: time.Hour, Verifier: issuer.Verifier(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stack.Stop)
+		return stack
+	}
+	stack := start("sub")
+	k := newChecker(t, stack.URL)
+	mint := func(sub string) string {
+		tok, err := issuer.Mint(sub, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	ann, bob, cat := mint("ann"), mint("bob"), mint("cat")
+	expect := func(r reply, status int, code string) {
+		t.Helper()
+		if r.Status != status || r.str("error") != code {
+			t.Errorf("got %d %v, want %d %q", r.Status, r.Body, status, code)
+		}
+	}
+	sku := testservices.Name("contract")
+	put := func(sku, body string, header map[string]string) reply {
+		return k.do(call{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: body, header: header})
+	}
+	reserve := func(tok, body string, header map[string]string) reply {
+		return k.do(call{token: tok, method: "POST", path: "/reservations", body: body, header: header})
+	}
+
+	// --- admin: stock
+	expect(put(sku, `{"stock":5,"per_user_limit":2}`, nil), 200, "")
+	expect(put(sku, `{"stock":6}`, nil), 428, "precondition_required")
+	level := k.do(call{method: "GET", path: "/admin/skus/" + sku + "/stock"})
+	expect(level, 200, "")
+	etag := level.Header.Get("ETag")
+	expect(put(sku, `{"stock":6}`, map[string]string{"If-Match": `"999"`}), 412, "version_mismatch")
+	expect(put(sku, `{"stock":6}`, map[string]string{"If-Match": etag}), 200, "")
+	expect(put(sku, `{"add":-1000}`, nil), 409, "insufficient_stock")
+	expect(put(sku, `{"add":1}`, map[string]string{"Idempotency-Key": "admin-1"}), 200, "")
+	expect(put(sku, `{"add":2}`, map[string]string{"Idempotency-Key": "admin-1"}), 422, "idempotency_mismatch")
+	expect(put(sku, `{"stock":1,"add":1}`, nil), 400, "invalid_request")
+	expect(k.do(call{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"stock":"many"}`, invalid: true}), 400, "invalid_request")
+	expect(put(sku, `{"add":1,"per_user_limit":2,"rate_per_second":0,"burst":0,"version":1}`+strings.Repeat(" ", 5000), nil), 413, "invalid_request")
+	expect(put(testservices.Name("nosuch"), `{"add":1}`, nil), 404, "unknown_sku")
+	expect(k.do(call{method: "GET", path: "/admin/skus/" + testservices.Name("nosuch") + "/stock"}), 404, "unknown_sku")
+	expect(k.do(call{method: "GET", path: "/admin/skus/bad%20sku/stock"}), 404, "unknown_sku")
+
+	// --- buyers: reserve, poll, cancel
+	r := reserve(ann, `{"sku":"`+sku+`","qty":1}`, map[string]string{"Idempotency-Key": "ann-1"})
+	expect(r, 202, "")
+	id := r.str("reservation_id")
+	expect(reserve(ann, `{"sku":"`+sku+`","qty":2}`, map[string]string{"Idempotency-Key": "ann-1"}), 422, "idempotency_mismatch")
+	testservices.Eventually(t, 20*time.Second, "the reservation is CONFIRMED", func() bool {
+		return k.do(call{token: ann, method: "GET", path: "/reservations/" + id}).str("status") == "CONFIRMED"
+	})
+	expect(reserve(ann, `{"sku":"`+sku+`","qty":1}`, map[string]string{"Idempotency-Key": "ann-1"}), 200, "")
+	expect(k.do(call{token: bob, method: "GET", path: "/reservations/" + id}), 404, "not_found")
+	expect(k.do(call{token: bob, method: "DELETE", path: "/reservations/" + id}), 404, "not_found")
+	// Not an id at all: as unknown as any other.
+	expect(k.do(call{token: ann, method: "GET", path: "/reservations/bad%20id"}), 404, "not_found")
+	expect(k.do(call{token: ann, method: "DELETE", path: "/reservations/bad%20id"}), 404, "not_found")
+	expect(k.do(call{token: ann, method: "DELETE", path: "/reservations/" + id}), 200, "")
+	expect(k.do(call{token: ann, method: "DELETE", path: "/reservations/" + id}), 200, "")
+
+	expect(reserve(ann, `{"sku":"`+sku+`","qty":1,"user_id":"bob"}`, nil), 400, "user_mismatch")
+	expect(k.do(call{token: ann, method: "POST", path: "/reservations", body: `{"sku":"` + sku + `"}`, invalid: true}), 400, "invalid_request")
+	expect(reserve(ann, `{"sku":"`+sku+`","qty":1,"group_id":"`+strings.Repeat("g", 5000)+`"}`, nil), 413, "invalid_request")
+	expect(reserve(ann, `{"sku":"`+testservices.Name("nosuch")+`","qty":1}`, nil), 404, "unknown_sku")
+	expect(reserve(ann, `{"sku":"`+sku+`","qty":1,"group_id":"g-nosuchgroup"}`, nil), 404, "unknown_group")
+	expect(reserve(bob, `{"sku":"`+sku+`","qty":2}`, nil), 202, "")
+	expect(reserve(bob, `{"sku":"`+sku+`","qty":1}`, nil), 409, "limit_exceeded")
+
+	// --- groups
+	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":1}`}), 400, "invalid_request")
+	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `"}`, invalid: true}), 400, "invalid_request")
+	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + strings.Repeat("s", 5000) + `","capacity":2}`}), 413, "invalid_request")
+	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + testservices.Name("nosuch") + `","capacity":2}`}), 404, "unknown_sku")
+	g := k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2,"ttl_seconds":3600}`})
+	expect(g, 201, "")
+	gid := g.str("group_id")
+	join := func(tok string) reply {
+		return reserve(tok, `{"sku":"`+sku+`","qty":1,"group_id":"`+gid+`"}`, nil)
+	}
+	expect(join(ann), 202, "")
+	expect(join(ann), 409, "already_joined")
+	expect(join(cat), 202, "")
+	expect(join(mint("dan")), 409, "group_full")
+	testservices.Eventually(t, 20*time.Second, "the group is FORMED", func() bool {
+		return k.do(call{token: ann, method: "GET", path: "/groups/" + gid}).str("status") == "FORMED"
+	})
+	expect(join(mint("eve")), 409, "group_full")
+	expect(k.do(call{token: ann, method: "GET", path: "/groups/g-nosuchgroup"}), 404, "unknown_group")
+	expect(k.do(call{token: ann, method: "GET", path: "/groups/bad%20group"}), 404, "unknown_group")
+
+	// A group whose deadline passed takes no join.
+	late := k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2,"ttl_seconds":1}`})
+	expect(late, 201, "")
+	deadline, err := time.Parse(time.RFC3339Nano, late.str("deadline"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testservices.Eventually(t, 5*time.Second, "the group's deadline passes", func() bool { return time.Now().After(deadline.Add(100 * time.Millisecond)) })
+	expect(reserve(mint("gus"), `{"sku":"`+sku+`","qty":1,"group_id":"`+late.str("group_id")+`"}`, nil), 409, "group_closed")
+
+	// --- the sku, sold out, rate limited
+	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + sku}), 200, "")
+	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + testservices.Name("nosuch")}), 404, "unknown_sku")
+	expect(k.do(call{token: ann, method: "GET", path: "/skus/bad%20sku"}), 404, "unknown_sku")
+	expect(reserve(mint("fay"), `{"sku":"`+sku+`","qty":9}`, nil), 409, "sold_out")
+	slow := testservices.Name("slow")
+	expect(put(slow, `{"stock":100,"rate_per_second":1,"burst":1}`, nil), 200, "")
+	expect(reserve(ann, `{"sku":"`+slow+`","qty":1}`, nil), 202, "")
+	expect(reserve(ann, `{"sku":"`+slow+`","qty":1}`, nil), 429, "rate_limited")
+
+	// --- authentication: no token (API Gateway's 401); a verified token
+	// without the buyer's claim (the function's 401).
+	for _, c := range []call{
+		{method: "POST", path: "/reservations", body: `{"sku":"` + sku + `","qty":1}`},
+		{method: "GET", path: "/reservations/" + id}, {method: "DELETE", path: "/reservations/" + id},
+		{method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2}`},
+		{method: "GET", path: "/groups/" + gid}, {method: "GET", path: "/skus/" + sku},
+	} {
+		c.invalid = true // the document requires the token
+		expect(k.do(c), 401, "")
+	}
+	other := start("buyer_id") // its buyers are named by a claim the dev issuer does not write
+	k2 := &checker{t: t, doc: k.doc, base: other.URL, seen: k.seen}
+	k2.doc.Servers = openapi3.Servers{{URL: other.URL}}
+	if k2.router, err = gorillamux.NewRouter(k2.doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []call{
+		{token: ann, method: "POST", path: "/reservations", body: `{"sku":"` + sku + `","qty":1}`},
+		{token: ann, method: "GET", path: "/reservations/" + id}, {token: ann, method: "DELETE", path: "/reservations/" + id},
+		{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2}`},
+		{token: ann, method: "GET", path: "/groups/" + gid}, {token: ann, method: "GET", path: "/skus/" + sku},
+	} {
+		expect(k2.do(c), 401, "unauthenticated")
+	}
+
+	// --- not in the document: API Gateway's 404, in either direction.
+	k.do(call{token: ann, method: "GET", path: "/reservations"})
+	k.do(call{token: ann, method: "PATCH", path: "/reservations/" + id})
+	k.do(call{method: "DELETE", path: "/admin/skus/" + sku + "/stock"})
+
+	// --- the stores down: 503 with Retry-After, on every route.
+	rds.Stop()
+	maria.Stop()
+	held := testservices.Name("held")
+	for _, c := range []call{
+		// (not the sold-out SKU: an instance answers sold_out from memory for a moment)
+		{token: ann, method: "POST", path: "/reservations", body: `{"sku":"` + slow + `","qty":1}`},
+		{token: ann, method: "GET", path: "/reservations/" + held + ".aaaaaaaaaaaaaaaaaaaaaaaaaa"},
+		{token: ann, method: "DELETE", path: "/reservations/" + id},
+		{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2}`},
+		{token: ann, method: "GET", path: "/groups/" + gid}, {token: ann, method: "GET", path: "/skus/" + sku},
+		{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"add":1}`},
+		{method: "GET", path: "/admin/skus/" + sku + "/stock"},
+	} {
+		if r := k.do(c); r.Status != 503 || r.str("error") != "unavailable" {
+			t.Errorf("%s %s with the stores down = %d %v, want 503 unavailable", c.method, c.path, r.Status, r.Body)
+		}
+	}
+
+	// Every documented answer was given.
+	var missing []string
+	for _, o := range k.documented() {
+		if !k.seen[o] && notProducedLocally[o] == "" {
+			missing = append(missing, o.String())
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("documented but never answered (document them away or produce them here):\n  %s", strings.Join(missing, "\n  "))
+	}
+	for o := range k.seen {
+		if !slices.Contains(k.documented(), o) {
+			t.Errorf("answered %s, which the document does not list", o)
+		}
+	}
+}
