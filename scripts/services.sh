@@ -97,6 +97,7 @@ GRANT ALL PRIVILEGES ON \`holdfast%\`.* TO 'holdfast'@'127.0.0.1' WITH GRANT OPT
 -- As Aurora's master user may: the migrate function creates the functions'
 -- least-privilege user (make invoke FN=migrate, and its test).
 GRANT CREATE USER ON *.* TO 'holdfast'@'127.0.0.1';
+GRANT SELECT ON mysql.* TO 'holdfast'@'127.0.0.1';
 SQL
 
   # SQS-API server. Create queues before traffic: goaws is not safe otherwise.

@@ -72,7 +72,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 	level := slog.LevelInfo
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(slog.NewJSONHandler(opt.Out, &slog.HandlerOptions{Level: level})).With("function", opt.Function)
-	rec := metrics.New(opt.Out, opt.Function, opt.Clock.Now)
+	rec := metrics.New(opt.Out, opt.Function, cfg.Stage, opt.Clock.Now)
 
 	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
 	if err != nil {

@@ -38,10 +38,18 @@ func PrepareDatabase(cfg config.Config) provision.Prepare {
 		if err != nil {
 			return provision.Report{}, err
 		}
+		if cfg.DBAppUser != "" && app.User != cfg.DBAppUser {
+			// The secret names the password; the stage names the account.
+			return provision.Report{}, fmt.Errorf("the functions' secret names user %q, but this stage's user is %q: refusing to manage another account", app.User, cfg.DBAppUser)
+		}
 		admin, err := adminConfig(ctx, cfg, secrets)
 		if err != nil {
 			return provision.Report{}, err
 		}
+		// No read or write timeout: a migration's ALTER may run for minutes,
+		// and GET_LOCK waits for another migrator; the function's deadline
+		// (ctx) bounds it all.
+		admin.ReadTimeout, admin.WriteTimeout = 0, 0
 		database := app.DBName
 		if database == "" {
 			database = cfg.DBName
@@ -68,10 +76,14 @@ func PrepareDatabase(cfg config.Config) provision.Prepare {
 		if err != nil {
 			return provision.Report{}, err
 		}
-		if err := mysqlstore.EnsureAppUser(ctx, server, database, app.User, app.Passwd); err != nil {
+		if err := mysqlstore.EnsureAppUser(ctx, schema, database, app.User, app.Passwd, admin.User); err != nil {
 			return provision.Report{}, err
 		}
-		return provision.Report{Database: database, SchemaVersion: mysqlstore.Latest(), Applied: applied, AppUser: app.User}, nil
+		version, err := mysqlstore.Version(ctx, schema)
+		if err != nil {
+			return provision.Report{}, err
+		}
+		return provision.Report{Database: database, SchemaVersion: version, Applied: applied, AppUser: app.User}, nil
 	}
 }
 

@@ -31,9 +31,12 @@ type Config struct {
 	// DBAdminSecretID names the secret of the master user, which only the
 	// migrate function reads; DBAdminDSN is its local stand-in.
 	DBAdminSecretID, DBAdminDSN string
-	DBHost                      string // host:port of the RDS Proxy or cluster
-	DBName                      string
-	DBMaxOpen                   int
+	// DBAppUser is the functions' MySQL account for this stage: the only one
+	// the migrate function creates or changes (the secret gives its password).
+	DBAppUser string
+	DBHost    string // host:port of the RDS Proxy or cluster
+	DBName    string
+	DBMaxOpen int
 	// DBTLS is "verify" (the certificate is checked) or, for local tests
 	// only, "off".
 	DBTLS string
@@ -56,6 +59,8 @@ type Config struct {
 	HoldRetention       time.Duration // how long finished holds stay in Redis for replays and polls
 	Protocol            reservation.Config
 	LogLevel            string
+	// Stage names the deployment (a dimension of every metric); empty locally.
+	Stage string
 }
 
 // Load reads the configuration through getenv (os.Getenv in production)
@@ -104,6 +109,7 @@ func parse(getenv func(string) string) (Config, error) {
 		DBSecretID:      p.str("HOLDFAST_DB_SECRET_ID", ""),
 		DBAdminSecretID: p.str("HOLDFAST_DB_ADMIN_SECRET_ID", ""),
 		DBAdminDSN:      p.str("HOLDFAST_DB_ADMIN_DSN", ""),
+		DBAppUser:       p.str("HOLDFAST_DB_APP_USER", ""),
 		DBHost:          p.str("HOLDFAST_DB_HOST", ""),
 		DBName:          p.str("HOLDFAST_DB_NAME", "holdfast"),
 		DBMaxOpen:       p.integer("HOLDFAST_DB_MAX_OPEN", 10),
@@ -119,6 +125,7 @@ func parse(getenv func(string) string) (Config, error) {
 		UserBurst:       p.integer("HOLDFAST_USER_BURST", 10),
 		HoldRetention:   p.duration("HOLDFAST_HOLD_RETENTION", 24*time.Hour),
 		LogLevel:        p.str("HOLDFAST_LOG_LEVEL", "info"),
+		Stage:           p.str("HOLDFAST_STAGE", ""),
 	}
 	d := reservation.DefaultConfig()
 	c.Protocol = reservation.Config{

@@ -21,13 +21,16 @@ type Recorder struct {
 	mu       sync.Mutex
 	w        io.Writer
 	function string
+	stage    string
 	now      func() time.Time
 	counts   map[string]int
 }
 
-// New returns a Recorder that writes to w with the dimension Function=function.
-func New(w io.Writer, function string, now func() time.Time) *Recorder {
-	return &Recorder{w: w, function: function, now: now, counts: map[string]int{}}
+// New returns a Recorder that writes to w with the dimensions
+// Function=function and, when stage is not empty, Stage=stage: two stages
+// in one account and region must not share an alarm's metric.
+func New(w io.Writer, function, stage string, now func() time.Time) *Recorder {
+	return &Recorder{w: w, function: function, stage: stage, now: now, counts: map[string]int{}}
 }
 
 // Count adds n to the named counter (reservation.Metrics).
@@ -57,6 +60,11 @@ func (r *Recorder) Flush() error {
 	sort.Strings(names)
 	defs := make([]map[string]string, len(names))
 	line := map[string]any{"Function": r.function}
+	dims := []string{"Function"}
+	if r.stage != "" {
+		line["Stage"] = r.stage
+		dims = append(dims, "Stage")
+	}
 	for i, n := range names {
 		defs[i] = map[string]string{"Name": n, "Unit": "Count"}
 		line[n] = counts[n]
@@ -64,7 +72,7 @@ func (r *Recorder) Flush() error {
 	line["_aws"] = map[string]any{
 		"Timestamp": r.now().UnixMilli(),
 		"CloudWatchMetrics": []any{map[string]any{
-			"Namespace": Namespace, "Dimensions": [][]string{{"Function"}}, "Metrics": defs,
+			"Namespace": Namespace, "Dimensions": [][]string{dims}, "Metrics": defs,
 		}},
 	}
 	b, err := json.Marshal(line)

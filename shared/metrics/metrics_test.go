@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,7 +12,7 @@ import (
 
 func TestFlushWritesOneEMFLine(t *testing.T) {
 	var buf bytes.Buffer
-	r := metrics.New(&buf, "persist", func() time.Time { return time.UnixMilli(1700000000000) })
+	r := metrics.New(&buf, "persist", "", func() time.Time { return time.UnixMilli(1700000000000) })
 	r.Count("confirmed", 2)
 	r.Count("confirmed", 1)
 	r.Count("persist_retries", 4)
@@ -42,5 +43,29 @@ func TestFlushWritesOneEMFLine(t *testing.T) {
 	buf.Reset()
 	if err := r.Flush(); err != nil || buf.Len() != 0 {
 		t.Errorf("second Flush wrote %q, want nothing", buf.String())
+	}
+}
+
+// A deployed stage is a dimension of every metric: two stages in one
+// account and region never feed each other's alarms.
+func TestStageIsADimension(t *testing.T) {
+	var buf bytes.Buffer
+	r := metrics.New(&buf, "persist", "prod", time.Now)
+	r.Count("item_failures", 1)
+	if err := r.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var line struct {
+		Stage string `json:"Stage"`
+		AWS   struct {
+			CloudWatchMetrics []struct{ Dimensions [][]string }
+		} `json:"_aws"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil {
+		t.Fatal(err)
+	}
+	if line.Stage != "prod" || len(line.AWS.CloudWatchMetrics) != 1 ||
+		fmt.Sprint(line.AWS.CloudWatchMetrics[0].Dimensions) != "[[Function Stage]]" {
+		t.Errorf("EMF line = %s, want dimensions Function and Stage=prod", buf.String())
 	}
 }

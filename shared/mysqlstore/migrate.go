@@ -2,7 +2,9 @@ package mysqlstore
 
 import (
 	"context"
+	"crypto/sha1"
 	"database/sql"
+	"encoding/hex"
 	"embed"
 	"errors"
 	"fmt"
@@ -11,15 +13,21 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// migrateLock names the MySQL user lock that serialises migrators (the
-// deploy's custom resource, an operator's make migrate, a second stack
-// update): one applies, the others wait and then find nothing to do.
-const migrateLock = "holdfast.migrate"
+// MigrateLock names the MySQL user lock that serialises the migrators of one
+// database (the deploy's custom resource, an operator's invoke, make
+// migrate): one applies, the others wait and then find nothing to do.
+// Databases of other stages on the same server do not wait for each other.
+func MigrateLock(database string) string {
+	sum := sha1.Sum([]byte(database))
+	return "hf.migrate." + hex.EncodeToString(sum[:])
+}
 
 // Latest is the number of the newest embedded migration: the schema version
 // this build expects (template.yaml passes it to the schema custom resource,
@@ -66,14 +74,19 @@ func Migrate(ctx context.Context, db *sql.DB) (applied []int, err error) {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	defer conn.Close()
+	var database sql.NullString
+	if err := conn.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil || !database.Valid {
+		return nil, fmt.Errorf("migrate: no database selected (%v)", err)
+	}
+	lock := MigrateLock(database.String)
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 60)`, migrateLock).Scan(&got); err != nil {
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 60)`, lock).Scan(&got); err != nil {
 		return nil, fmt.Errorf("migrate: lock: %w", err)
 	}
 	if got.Int64 != 1 {
-		return nil, errors.New("migrate: another migration held the lock for 60 s")
+		return nil, errors.New("migrate: another migration of this database held the lock for 60 s")
 	}
-	defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), `DO RELEASE_LOCK(?)`, migrateLock) }()
+	defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), `DO RELEASE_LOCK(?)`, lock) }()
 
 	for _, ddl := range []string{
 		`CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -83,6 +96,11 @@ func Migrate(ctx context.Context, db *sql.DB) (applied []int, err error) {
 			version INT NOT NULL,
 			step INT NOT NULL,
 			PRIMARY KEY (version, step))`,
+		// The MySQL accounts this database's migrate created (EnsureAppUser
+		// changes no other).
+		`CREATE TABLE IF NOT EXISTS schema_app_users (
+			user_name VARCHAR(32) NOT NULL PRIMARY KEY,
+			created_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3))`,
 	} {
 		if _, err := conn.ExecContext(ctx, ddl); err != nil {
 			return nil, fmt.Errorf("migrate: %w", err)
@@ -124,7 +142,7 @@ func Migrate(ctx context.Context, db *sql.DB) (applied []int, err error) {
 			if done[i] {
 				continue
 			}
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyApplied(err) {
 				return applied, fmt.Errorf("migrate %s, statement %d: %w", f.name, i+1, err)
 			}
 			if _, err := conn.ExecContext(ctx, `INSERT INTO schema_migration_steps (version, step) VALUES (?, ?)`, f.version, i); err != nil {
@@ -139,49 +157,191 @@ func Migrate(ctx context.Context, db *sql.DB) (applied []int, err error) {
 	return applied, nil
 }
 
-// AppPrivileges are all the functions need on their database: they read and
-// write rows (DELETE undoes refused inserts and clears per-user tallies);
-// they create, alter and drop nothing.
+// alreadyApplied reports the errors of a DDL statement whose effect is
+// already there: MySQL applies each DDL statement atomically, so a run that
+// lost its connection mid-statement (a timeout, the function's deadline) may
+// have applied it without recording the step. Re-running it says so.
+func alreadyApplied(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1050, // table exists
+		1060, // duplicate column
+		1061, // duplicate key name
+		1091: // can't drop: it is gone
+		return true
+	}
+	return false
+}
+
+// AppPrivileges are all the functions need, on each of their tables: they
+// read and write rows (DELETE undoes refused inserts and clears per-user
+// tallies); they create, alter and drop nothing, and never see the
+// schema_* tables migrations keep.
 const AppPrivileges = "SELECT, INSERT, UPDATE, DELETE"
 
 var (
-	userName = regexp.MustCompile(`^[A-Za-z0-9_]{1,32}$`)
-	dbName   = regexp.MustCompile(`^[A-Za-z0-9_]{1,64}$`)
+	accountName  = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+	databaseName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 )
 
 // ErrBadAccount reports a user name, password or database name that cannot be
 // used safely in an account statement.
 var ErrBadAccount = errors.New("mysqlstore: unusable account")
 
-// EnsureAppUser creates (or updates the password of) the functions' database
-// user and grants it AppPrivileges on database, and nothing else; a grant the
-// user holds beyond those on database is revoked. db must be a connection
-// with CREATE USER and GRANT OPTION (the master user) and interpolated
-// parameters (account statements cannot be prepared).
-func EnsureAppUser(ctx context.Context, db *sql.DB, database, user, password string) error {
+// ErrForeignAccount reports an account that exists but was not created for
+// this database: another stage's, another application's, a person's.
+// EnsureAppUser never changes such an account.
+var ErrForeignAccount = errors.New("mysqlstore: the account exists and is not this database's")
+
+// ErrAppUserIsAdmin reports an app user named like the master user.
+var ErrAppUserIsAdmin = errors.New("mysqlstore: the functions' user cannot be the master user")
+
+// EnsureAppUser creates the functions' database user for database (or, if
+// this database created it before, sets its password) and leaves it exactly
+// AppPrivileges on each of the database's tables but schema_*: missing grants
+// are added first and extra ones revoked after, so a live function never
+// loses a privilege it uses. An account this database did not create
+// (recorded in schema_app_users) is refused, never re-passworded. db is the
+// master user's connection (CREATE USER, GRANT OPTION, and read access to
+// the mysql schema, as Aurora's master user has), with the database
+// migrated and interpolated parameters (account statements cannot be
+// prepared); admin is its user name.
+func EnsureAppUser(ctx context.Context, db *sql.DB, database, user, password, admin string) error {
 	switch {
-	case !userName.MatchString(user):
-		return fmt.Errorf("%w: user name %q (letters, digits and _, at most 32)", ErrBadAccount, user)
-	case !dbName.MatchString(database):
+	case !accountName.MatchString(user):
+		return fmt.Errorf("%w: user name %q (letters, digits, _ and -, at most 32)", ErrBadAccount, user)
+	case !databaseName.MatchString(database):
 		return fmt.Errorf("%w: database name %q", ErrBadAccount, database)
 	case len(password) < 16 || strings.ContainsAny(password, `'"\`):
 		return fmt.Errorf("%w: the password of %s must have at least 16 characters and no quotes or backslashes", ErrBadAccount, user)
+	case strings.EqualFold(user, admin):
+		return fmt.Errorf("%w: %s", ErrAppUserIsAdmin, user)
 	}
 	account := "'" + user + "'@'%'"
-	for _, q := range []struct {
-		sql  string
-		args []any
-	}{
-		{`CREATE USER IF NOT EXISTS ` + account + ` IDENTIFIED BY ?`, []any{password}},
-		{`ALTER USER ` + account + ` IDENTIFIED BY ?`, []any{password}},
-		{`REVOKE ALL PRIVILEGES, GRANT OPTION FROM ` + account, nil},
-		{`GRANT ` + AppPrivileges + ` ON ` + "`" + database + "`" + `.* TO ` + account, nil},
-	} {
-		if _, err := db.ExecContext(ctx, q.sql, q.args...); err != nil {
+	grantee := account
+	owners := "`" + database + "`.schema_app_users"
+
+	_, err := db.ExecContext(ctx, `CREATE USER `+account+` IDENTIFIED BY ?`, password)
+	var me *mysql.MySQLError
+	switch {
+	case err == nil:
+		if _, err := db.ExecContext(ctx, `INSERT IGNORE INTO `+owners+` (user_name) VALUES (?)`, user); err != nil {
+			return fmt.Errorf("app user %s: record: %w", user, err)
+		}
+	case errors.As(err, &me) && me.Number == 1396: // it exists
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+owners+` WHERE user_name = ?`, user).Scan(&n); err != nil {
 			return fmt.Errorf("app user %s: %w", user, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: %s was not created for database %s; refusing to change its password or grants (another stage's? drop it, or deploy with another Stage)", ErrForeignAccount, user, database)
+		}
+		if _, err := db.ExecContext(ctx, `ALTER USER `+account+` IDENTIFIED BY ?`, password); err != nil {
+			return fmt.Errorf("app user %s: %w", user, err)
+		}
+	default:
+		return fmt.Errorf("app user %s: %w", user, err)
+	}
+
+	tables, err := column(ctx, db, `SELECT table_name FROM information_schema.tables
+		WHERE table_schema = ? AND table_type = 'BASE TABLE' AND table_name NOT LIKE 'schema\_%'`, database)
+	if err != nil {
+		return fmt.Errorf("app user %s: tables: %w", user, err)
+	}
+	want := map[string]bool{}
+	for _, t := range tables {
+		want[t] = true
+		if _, err := db.ExecContext(ctx, `GRANT `+AppPrivileges+` ON `+ident(database)+`.`+ident(t)+` TO `+account); err != nil {
+			return fmt.Errorf("app user %s: grant on %s: %w", user, t, err)
+		}
+	}
+	return revokeExtras(ctx, db, account, grantee, database, want)
+}
+
+// revokeExtras takes back every privilege account holds beyond
+// AppPrivileges on the wanted tables of database, as information_schema
+// lists them.
+func revokeExtras(ctx context.Context, db *sql.DB, account, grantee, database string, want map[string]bool) error {
+	wantPriv := map[string]bool{}
+	for _, p := range strings.Split(AppPrivileges, ", ") {
+		wantPriv[p] = true
+	}
+	var revokes []string
+	rows, err := db.QueryContext(ctx, `
+		SELECT '*', '*', PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = ?
+		UNION ALL SELECT TABLE_SCHEMA, '*', PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.SCHEMA_PRIVILEGES WHERE GRANTEE = ?
+		UNION ALL SELECT TABLE_SCHEMA, TABLE_NAME, PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.TABLE_PRIVILEGES WHERE GRANTEE = ?
+		UNION ALL SELECT TABLE_SCHEMA, TABLE_NAME, 'COLUMNS', IS_GRANTABLE FROM information_schema.COLUMN_PRIVILEGES WHERE GRANTEE = ?`,
+		grantee, grantee, grantee, grantee)
+	if err != nil {
+		return fmt.Errorf("app user grants: %w", err)
+	}
+	for rows.Next() {
+		var schema, table, priv, grantable string
+		if err := rows.Scan(&schema, &table, &priv, &grantable); err != nil {
+			rows.Close()
+			return fmt.Errorf("app user grants: %w", err)
+		}
+		on := "*.*"
+		if schema != "*" {
+			on = ident(schema) + ".*"
+			if table != "*" {
+				on = ident(schema) + "." + ident(table)
+			}
+		}
+		wanted := schema == database && table != "*" && want[table] && wantPriv[priv]
+		switch {
+		case priv == "USAGE" || wanted:
+		case priv == "COLUMNS":
+			revokes = append(revokes, `REVOKE ALL PRIVILEGES ON `+on+` FROM `+account)
+		default:
+			revokes = append(revokes, `REVOKE `+priv+` ON `+on+` FROM `+account)
+		}
+		if grantable == "YES" {
+			revokes = append(revokes, `REVOKE GRANT OPTION ON `+on+` FROM `+account)
+		}
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("app user grants: %w", err)
+	}
+	for _, q := range revokes {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("app user: %s: %w", q, err)
 		}
 	}
 	return nil
+}
+
+func ident(name string) string { return "`" + strings.ReplaceAll(name, "`", "``") + "`" }
+
+func column(ctx context.Context, db *sql.DB, q string, args ...any) ([]string, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// Version returns the newest migration the database has applied (0 for
+// none).
+func Version(ctx context.Context, db *sql.DB) (int, error) {
+	var v sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("schema version: %w", err)
+	}
+	return int(v.Int64), nil
 }
 
 // statements splits a migration into statements at semicolons that end a

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -83,15 +82,17 @@ func TestMigrateResumesAfterTheLastStatementThatFinished(t *testing.T) {
 		t.Fatalf("Migrate = %v, %v; want %d applied", applied, err, latest)
 	}
 
-	// Forget the step too: the statement runs again and fails, naming it.
+	// A run that lost its connection while MySQL still applied the
+	// statement (a timeout, the function's deadline) recorded nothing: the
+	// statement runs again, finds its effect there, and the run goes on.
 	if _, err := db.ExecContext(ctx, `DELETE FROM schema_migrations WHERE version = ?`, latest); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, `DELETE FROM schema_migration_steps WHERE version = ?`, latest); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := mysqlstore.Migrate(ctx, db); err == nil || !strings.Contains(err.Error(), "statement 1") {
-		t.Errorf("Migrate without its step record = %v, want the statement's error", err)
+	if applied, err := mysqlstore.Migrate(ctx, db); err != nil || len(applied) != 1 {
+		t.Errorf("Migrate of a statement applied but not recorded = %v, %v; want it recorded as applied", applied, err)
 	}
 }
 

@@ -53,9 +53,28 @@ func NewHandler(prepare Prepare, log *slog.Logger) *Handler {
 	return &Handler{prepare: prepare, client: &http.Client{Timeout: 10 * time.Second}, log: log, margin: 15 * time.Second}
 }
 
-// maxReason bounds the reason sent to CloudFormation: the whole response
-// must stay under 4 KiB.
+// maxReason bounds the reason sent to CloudFormation, before encoding.
 const maxReason = 1024
+
+// maxAnswer is CloudFormation's limit on the whole answer, in bytes.
+const maxAnswer = 4096
+
+// encode marshals the answer, shortening the reason until it fits in
+// maxAnswer: JSON escapes <, > and & to six bytes each, so a capped reason
+// can still grow past the limit.
+func encode(resp *cfn.Response) ([]byte, error) {
+	for {
+		body, err := json.Marshal(resp)
+		if err != nil {
+			return nil, fmt.Errorf("encode response: %w", err)
+		}
+		if len(body) <= maxAnswer || resp.Reason == "" {
+			return body, nil
+		}
+		r := []rune(resp.Reason)
+		resp.Reason = string(r[:len(r)/2]) + "…"
+	}
+}
 
 // Handle runs one invocation.
 func (h *Handler) Handle(ctx context.Context, raw json.RawMessage) (any, error) {
@@ -130,9 +149,9 @@ func reason(err error) string {
 // respond PUTs the answer to the pre-signed URL, retrying briefly: a lost
 // answer leaves the stack waiting for the resource's ServiceTimeout.
 func (h *Handler) respond(ctx context.Context, resp *cfn.Response, url string) error {
-	body, err := json.Marshal(resp)
+	body, err := encode(resp)
 	if err != nil {
-		return fmt.Errorf("encode response: %w", err)
+		return err
 	}
 	var last error
 	for attempt := range 4 {

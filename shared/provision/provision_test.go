@@ -3,6 +3,7 @@ package provision
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -86,5 +87,26 @@ func TestDeletePreparesNothing(t *testing.T) {
 	h := NewHandler(func(context.Context) (Report, error) { called = true; return Report{}, nil }, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if out, err := h.Handle(context.Background(), event(t, "Delete", srv.URL)); err != nil || called {
 		t.Errorf("delete = %v, %v, prepared = %v", out, err, called)
+	}
+}
+
+// CloudFormation takes an answer of at most 4096 bytes: a reason full of
+// characters JSON escapes (<, >, &) is shortened until it fits.
+func TestAnswerStaysUnder4KiB(t *testing.T) {
+	var size atomic.Int64
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		size.Store(int64(len(b)))
+		body.Store(string(b))
+	}))
+	defer srv.Close()
+	msg := "Error 1064 (42000): You have an error in your SQL syntax near '" + strings.Repeat("a<>b&&", 300) + "'"
+	h := NewHandler(func(context.Context) (Report, error) { return Report{}, errors.New(msg) }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if _, err := h.Handle(context.Background(), event(t, "Update", srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if n := size.Load(); n > 4096 || !strings.Contains(body.Load().(string), `"Status":"FAILED"`) || !strings.Contains(body.Load().(string), "Error 1064") {
+		t.Fatalf("the answer is %d bytes (limit 4096): %.200s", n, body.Load())
 	}
 }

@@ -159,6 +159,13 @@ func TestTranslatedWiring(t *testing.T) {
 	// Every alarm's dimensions point at something that exists.
 	functions := map[string]bool{"reserve": true, "persist": true, "compensate": true, "sweeper": true}
 	alarms := 0
+	listed := map[string]bool{}
+	if join, _ := m(m(m(doc["Outputs"])["AlarmNames"])["Value"])["Fn::Join"].([]any); len(join) == 2 {
+		items, _ := join[1].([]any)
+		for _, it := range items {
+			listed[fmt.Sprint(m(it)["Ref"])] = true
+		}
+	}
 	for id, r := range res {
 		if m(r)["Type"] != "AWS::CloudWatch::Alarm" {
 			continue
@@ -167,6 +174,15 @@ func TestTranslatedWiring(t *testing.T) {
 		p := m(m(r)["Properties"])
 		if p["TreatMissingData"] == nil {
 			t.Errorf("%s: TreatMissingData not chosen", id)
+		}
+		if p["Namespace"] == "holdfast" {
+			dims, _ := json.Marshal(p["Dimensions"])
+			if !strings.Contains(string(dims), `{"Name":"Stage","Value":{"Ref":"Stage"}}`) {
+				t.Errorf("%s: a holdfast metric without the Stage dimension mixes every stage of the account", id)
+			}
+		}
+		if !listed[id] {
+			t.Errorf("%s is missing from the AlarmNames output", id)
 		}
 		if acts, _ := p["AlarmActions"].([]any); len(acts) == 0 || m(acts[0])["Fn::If"] == nil {
 			t.Errorf("%s: AlarmActions = %v, want the given topic or the stack's own (no alarm without an action)", id, p["AlarmActions"])
@@ -337,6 +353,9 @@ func TestDeployRules(t *testing.T) {
 				t.Errorf("%s (%s): no log group of the stack's with a retention", id, name)
 			}
 		}
+		if m(r)["Type"] == "AWS::Lambda::Alias" {
+			continue // an alias's name is the function's own, not the account's
+		}
 		for _, k := range nameKeys {
 			v, ok := p[k]
 			if !ok {
@@ -373,6 +392,35 @@ func TestDeployRules(t *testing.T) {
 		}
 		if !slices.Contains(deps, any("Schema")) {
 			t.Errorf("%s does not depend on Schema: new code could run before its migrations", fn)
+		}
+	}
+
+	// Schema names the migrate function's code version (a release with new
+	// migrations or privileges runs it) and the network it needs.
+	if !strings.HasPrefix(fmt.Sprint(m(sp["CodeVersion"])["Ref"]), "MigrateFunctionVersion") {
+		t.Errorf("Schema's CodeVersion = %v, want the migrate function's published version", sp["CodeVersion"])
+	}
+	netw, _ := json.Marshal(sp["Network"])
+	for _, dep := range []string{"SecretsEndpoint", "S3Endpoint", "ExistingEndpointIngress"} {
+		if !strings.Contains(string(netw), `"Ref":"`+dep+`"`) {
+			t.Errorf("Schema does not refer to %s: CloudFormation may run it before the network it needs exists, or delete it first", dep)
+		}
+	}
+	// The account the migrate function manages is the one the secret names.
+	tplDoc, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appUser := fmt.Sprint(m(tplDoc.Functions()["MigrateFunction"].Env["HOLDFAST_DB_APP_USER"])["Fn::Sub"])
+	secretTpl := fmt.Sprint(m(m(m(m(tplDoc.Doc["Resources"])["DbAppSecret"])["Properties"])["GenerateSecretString"])["SecretStringTemplate"])
+	if appUser == "" || !strings.Contains(secretTpl, `"username":"`+appUser+`"`) {
+		t.Errorf("the migrate function manages %q, the secret names %s", appUser, secretTpl)
+	}
+	// Secrets are kept, except when the deploy that created them rolls back
+	// (a failed first deploy can be retried under the same names).
+	for id, r := range res {
+		if m(r)["Type"] == "AWS::SecretsManager::Secret" && (m(r)["DeletionPolicy"] != "RetainExceptOnCreate" || m(r)["UpdateReplacePolicy"] != "Retain") {
+			t.Errorf("%s: DeletionPolicy %v / UpdateReplacePolicy %v, want RetainExceptOnCreate / Retain", id, m(r)["DeletionPolicy"], m(r)["UpdateReplacePolicy"])
 		}
 	}
 

@@ -1,0 +1,198 @@
+package app_test
+
+// The migrate function's preparation run as in AWS: credentials from Secrets
+// Manager (moto), the DSN secretDSN builds (TLS off locally), the config the
+// template gives it.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/shared/app"
+	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/mysqlstore"
+	"github.com/holdfast/holdfast/shared/testservices"
+)
+
+type migrateStage struct {
+	cfg      config.Config
+	database string
+	user     string
+	password string
+}
+
+// newMigrateStage creates, in moto, the master secret (the local admin) and
+// an app secret naming secretUser, and returns the migrate function's config
+// for database with HOLDFAST_DB_APP_USER=stageUser ("" for none).
+func newMigrateStage(t *testing.T, env testservices.Env, moto, database, stageUser, secretUser, password string) migrateStage {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := mysql.ParseDSN(env.AdminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm := secretsmanager.NewFromConfig(awsCfg, func(o *secretsmanager.Options) { o.BaseEndpoint = aws.String(moto) })
+	create := func(name, value string) string {
+		out, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{Name: aws.String(name), SecretString: aws.String(value)})
+		if err != nil {
+			t.Fatalf("create secret %s: %v", name, err)
+		}
+		return aws.ToString(out.ARN)
+	}
+	vars := map[string]string{
+		"HOLDFAST_DB_HOST": admin.Addr, "HOLDFAST_DB_NAME": database, "HOLDFAST_DB_APP_USER": stageUser,
+		"HOLDFAST_DB_ADMIN_SECRET_ID": create(testservices.Name("db"), `{"username":"`+admin.User+`","password":"`+admin.Passwd+`"}`),
+		"HOLDFAST_DB_SECRET_ID":       create(testservices.Name("db-app"), `{"username":"`+secretUser+`","password":"`+password+`"}`),
+		"HOLDFAST_AWS_ENDPOINT":       moto, "HOLDFAST_DB_TLS": "off",
+	}
+	cfg, err := config.LoadMigrate(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := openAdmin(t, env)
+	t.Cleanup(func() {
+		_, _ = root.Exec("DROP DATABASE IF EXISTS `" + database + "`")
+		_, _ = root.Exec("DROP USER IF EXISTS '" + secretUser + "'@'%'")
+	})
+	return migrateStage{cfg: cfg, database: database, user: secretUser, password: password}
+}
+
+func openAdmin(t *testing.T, env testservices.Env) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", env.AdminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// login reports whether user/password opens database.
+func login(t *testing.T, env testservices.Env, user, password, database string) error {
+	t.Helper()
+	c, _ := mysql.ParseDSN(env.AdminDSN)
+	c.User, c.Passwd, c.DBName = user, password, database
+	db, err := sql.Open("mysql", c.FormatDSN())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.Ping()
+}
+
+// Another migrator holding the lock (an operator's invoke during a deploy)
+// is waited for, not timed out: the admin connection has no read timeout
+// (the function's deadline bounds it), and statements that run long
+// (an ALTER on real data) are waited for the same way.
+func TestMigrateWaitsForAnotherMigrator(t *testing.T) {
+	t.Parallel()
+	env := testservices.Require(t)
+	moto := testservices.StartMoto(t)
+	s := newMigrateStage(t, env, moto, testservices.Name("holdfast_m"), "", testservices.Name("hfapp"), "app-password-0123456789")
+
+	holder, err := openAdmin(t, env).Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock := mysqlstore.MigrateLock(s.database)
+	var got int
+	if err := holder.QueryRowContext(context.Background(), `SELECT GET_LOCK(?, 0)`, lock).Scan(&got); err != nil || got != 1 {
+		t.Fatalf("take the lock: %d %v", got, err)
+	}
+	released := make(chan struct{})
+	go func() {
+		// Longer than a driver read timeout of 10 s would have allowed.
+		time.Sleep(11 * time.Second)
+		_, _ = holder.ExecContext(context.Background(), `DO RELEASE_LOCK(?)`, lock)
+		_ = holder.Close()
+		close(released)
+	}()
+	rep, err := app.PrepareDatabase(s.cfg)(context.Background())
+	select {
+	case <-released:
+	default:
+		t.Errorf("prepared before the other migrator let go of the lock")
+	}
+	if err != nil || rep.SchemaVersion != mysqlstore.Latest() {
+		t.Fatalf("prepare = %+v, %v; want the schema at %d once the lock was free", rep, err, mysqlstore.Latest())
+	}
+}
+
+// Two stages on one MySQL server, named alike by mistake: the second never
+// takes over the first's account (password or grants), and says why.
+func TestMigrateNeverTakesAnotherStagesAccount(t *testing.T) {
+	t.Parallel()
+	env := testservices.Require(t)
+	moto := testservices.StartMoto(t)
+	user := testservices.Name("hfapp")
+	prod := newMigrateStage(t, env, moto, testservices.Name("holdfast_prod"), user, user, "prod-password-0123456789")
+	dev := newMigrateStage(t, env, moto, testservices.Name("holdfast_dev"), user, user, "dev-password-01234567890")
+	if _, err := app.PrepareDatabase(prod.cfg)(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.PrepareDatabase(dev.cfg)(context.Background()); !errors.Is(err, mysqlstore.ErrForeignAccount) {
+		t.Errorf("the second stage's prepare = %v, want %v", err, mysqlstore.ErrForeignAccount)
+	}
+	if err := login(t, env, user, prod.password, prod.database); err != nil {
+		t.Errorf("the first stage's functions cannot log in any more: %v", err)
+	}
+	// Deploying the first stage again still works: the account is its own.
+	if _, err := app.PrepareDatabase(prod.cfg)(context.Background()); err != nil {
+		t.Errorf("the first stage's second deploy: %v", err)
+	}
+}
+
+// Whoever can write the app secret cannot make the master user re-password
+// or strip somebody else's account: the stage names its account, and an
+// account this database did not create is never changed.
+func TestMigrateRefusesAnAccountTheSecretNames(t *testing.T) {
+	t.Parallel()
+	env := testservices.Require(t)
+	moto := testservices.StartMoto(t)
+	root := openAdmin(t, env)
+	victim, other := testservices.Name("orders"), testservices.Name("holdfast_orders")
+	for _, q := range []string{
+		"CREATE DATABASE `" + other + "`",
+		"CREATE USER '" + victim + "'@'%' IDENTIFIED BY 'victims-own-password-1'",
+		"GRANT ALL ON `" + other + "`.* TO '" + victim + "'@'%'",
+	} {
+		if _, err := root.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { _, _ = root.Exec("DROP DATABASE IF EXISTS `" + other + "`") })
+
+	// The stage names its own account: a secret naming another is refused.
+	s := newMigrateStage(t, env, moto, testservices.Name("holdfast_m"), "holdfast_stage", victim, "attacker-chosen-pass-01")
+	if _, err := app.PrepareDatabase(s.cfg)(context.Background()); err == nil {
+		t.Errorf("prepare with a secret naming %s succeeded", victim)
+	}
+	// Without a stage name (locally), the account is still not this database's.
+	s = newMigrateStage(t, env, moto, testservices.Name("holdfast_m"), "", victim, "attacker-chosen-pass-01")
+	if _, err := app.PrepareDatabase(s.cfg)(context.Background()); !errors.Is(err, mysqlstore.ErrForeignAccount) {
+		t.Errorf("prepare of an existing foreign account = %v, want %v", err, mysqlstore.ErrForeignAccount)
+	}
+	if err := login(t, env, victim, "victims-own-password-1", other); err != nil {
+		t.Errorf("the victim's own password no longer works: %v", err)
+	}
+	if err := login(t, env, victim, "attacker-chosen-pass-01", ""); err == nil {
+		t.Errorf("the secret's password logs in as %s", victim)
+	}
+	// Nor the master user itself.
+	admin, _ := mysql.ParseDSN(env.AdminDSN)
+	s = newMigrateStage(t, env, moto, testservices.Name("holdfast_m"), "", admin.User, "attacker-chosen-pass-01")
+	if _, err := app.PrepareDatabase(s.cfg)(context.Background()); !errors.Is(err, mysqlstore.ErrAppUserIsAdmin) {
+		t.Errorf("prepare of the master user = %v, want %v", err, mysqlstore.ErrAppUserIsAdmin)
+	}
+}
