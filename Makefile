@@ -73,9 +73,13 @@ build-%Function:
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' \
 		-o "$(ARTIFACTS_DIR)/bootstrap" ./functions/$(shell echo '$*' | tr A-Z a-z)
 
-## deploy: build with SAM and deploy, asking for the parameters the first time
+## deploy: build with SAM and deploy with samconfig.toml's defaults; the first
+## time GUIDED=1 asks for the parameters without defaults and saves them there;
+## ENV=prod deploys the [prod.*] stage
+##   make deploy GUIDED=1   then   make deploy   (or make deploy ENV=prod)
+ENV ?= default
 deploy:
-	sam build && sam deploy --guided
+	sam build --config-env $(ENV) && sam deploy --config-env $(ENV) $(if $(GUIDED),--guided)
 
 clean:
 	rm -rf bin .holdfast

@@ -100,6 +100,9 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 			fail(ids[i])
 		}
 	}
+	// Records and batches: their ratio is the batch size the dashboard shows.
+	h.metrics.Count("records", len(ev.Records))
+	h.metrics.Count("batches", 1)
 	if n := len(resp.BatchItemFailures); n > 0 {
 		// Item failures are not invocation errors: without this metric an
 		// alarm could not see "MySQL down" (every record retried, no error).

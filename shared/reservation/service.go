@@ -207,6 +207,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	if err != nil {
+		if errors.Is(err, ErrRateLimited) {
+			s.metrics.Count("rate_limited", 1)
+		}
 		if errors.Is(err, ErrSoldOut) {
 			s.metrics.Count("sold_out", 1)
 			if s.cfg.SoldOutTTL > 0 && r.GroupID == "" {

@@ -459,3 +459,46 @@ func TestDeployRules(t *testing.T) {
 		}
 	}
 }
+
+// samconfig.toml: sam deploy's defaults per stage, with the capabilities the
+// template needs, and overrides only of parameters the template declares.
+func TestSamconfigDeploysTheTemplate(t *testing.T) {
+	py := tool(t, "python3")
+	out, err := exec.Command(py, "-c", `import json,sys,tomllib; print(json.dumps(tomllib.load(open(sys.argv[1],"rb"))))`,
+		filepath.Join(root, "samconfig.toml")).Output()
+	if err != nil {
+		t.Fatalf("samconfig.toml is not TOML: %v", err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	params := m(translated(t)["Parameters"])
+	override := regexp.MustCompile(`(\w+)="([^"]*)"`)
+	for _, env := range []string{"default", "prod"} {
+		deploy := m(m(cfg[env])["deploy"])["parameters"]
+		d := m(deploy)
+		stack := fmt.Sprint(m(m(m(cfg[env])["global"])["parameters"])["stack_name"])
+		if !strings.HasPrefix(stack, "holdfast-") {
+			t.Errorf("[%s] stack_name = %q", env, stack)
+		}
+		if caps := fmt.Sprint(d["capabilities"]); !strings.Contains(caps, "CAPABILITY_IAM") {
+			t.Errorf("[%s] capabilities = %q: the template creates IAM roles", env, caps)
+		}
+		if d["resolve_s3"] != true || d["confirm_changeset"] != true {
+			t.Errorf("[%s] want resolve_s3 (the code and api/openapi.yaml are uploaded) and a confirmed change set: %v", env, d)
+		}
+		var stage string
+		for _, kv := range override.FindAllStringSubmatch(fmt.Sprint(d["parameter_overrides"]), -1) {
+			if params[kv[1]] == nil {
+				t.Errorf("[%s] overrides %s, which template.yaml does not declare", env, kv[1])
+			}
+			if kv[1] == "Stage" {
+				stage = kv[2]
+			}
+		}
+		if stack != "holdfast-"+stage {
+			t.Errorf("[%s] stack %s deploys stage %q", env, stack, stage)
+		}
+	}
+}
