@@ -155,10 +155,12 @@ func newToken() string {
 
 // Reserve holds stock for a buyer and hands the reservation to persist.
 // The result is HELD, or, for a replayed request, the reservation's current
-// state (replayed true). A keyed request is judged against MySQL first: once
-// MySQL has the row, the same request answers its decided state and takes
-// nothing, and a different one is ErrIdempotencyMismatch, however long Redis
-// has forgotten the hold. If the hand-off of a request without a key fails,
+// state (replayed true). A keyed request is judged against MySQL whenever
+// Redis has no answer of its own (a new hold, or a refusal): once MySQL has
+// the row, the same request answers its decided state and takes nothing (a
+// hold Redis took again is returned), and a different one is
+// ErrIdempotencyMismatch, however long Redis has forgotten the hold. The
+// buyer's attempt rate is charged before MySQL is asked. If the hand-off of a request without a key fails,
 // the reservation is cancelled through the fenced decision before Reserve
 // returns ErrUnavailable, so the caller holds nothing (if even that cannot be
 // decided, MySQL down, the hold stays for the sweeper); a keyed request's
@@ -182,21 +184,10 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		s.metrics.Count("sold_out", 1)
 		return Reservation{}, false, ErrSoldOut
 	}
-	if keyed {
-		row, err := s.ledger.Reservation(ctx, r.ID)
-		switch {
-		case err == nil:
-			if row.Qty != r.Qty || row.UserID != r.UserID || row.GroupID != r.GroupID {
-				return Reservation{}, false, ErrIdempotencyMismatch
-			}
-			return row, true, nil
-		case !errors.Is(err, ErrNotFound):
-			// MySQL unreachable: Redis still answers a replay it remembers;
-			// a hold Redis takes again for a decided id is a stray, which
-			// persist recognises by its token and returns.
-			s.log.WarnContext(ctx, "reserve: idempotency check in mysql failed", "reservation_id", r.ID, "error", err)
-		}
-	}
+	// The script runs first, so the buyer's attempt rate is charged before
+	// any MySQL read: a scalper's thousands of fresh keys cost Redis, not the
+	// arbiter. MySQL is asked only when Redis has no answer of its own for a
+	// keyed request: a new hold, or a refusal.
 	held, out, err := s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	if errors.Is(err, ErrUnknownSKU) {
 		// Redis may have lost the SKU (failover, flush): warm it from MySQL
@@ -205,6 +196,30 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 			return Reservation{}, false, werr
 		}
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
+	}
+	if err != nil && keyed && refusal(err) {
+		// Redis may have forgotten a reservation MySQL decided: a replay of
+		// it is answered with its row, not refused for today's stock.
+		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
+			if rerr != nil {
+				return Reservation{}, false, rerr
+			}
+			return row, true, nil
+		}
+	}
+	if err == nil && keyed && !held.Status.Final() {
+		// A held answer to a keyed request (a new hold, or one Redis took
+		// again while MySQL was unreachable): if MySQL already decided this
+		// id, the hold is a stray. Follow returns it, and the row answers.
+		// MySQL unreachable: go on; persist recognises a stray by its token
+		// and returns it.
+		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
+			s.follow(ctx, row, 0)
+			if rerr != nil {
+				return Reservation{}, false, rerr
+			}
+			return row, true, nil
+		}
 	}
 	if err != nil {
 		if errors.Is(err, ErrRateLimited) {
@@ -270,6 +285,34 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		s.formGroup(ctx, Group{ID: held.GroupID, SKU: held.SKU}, held.CreatedAt, out.Full)
 	}
 	return held, out.Replayed, nil
+}
+
+// refusal reports the script's answers that refuse a request for the state
+// of the SKU or group today (not a fault, not the buyer's rate).
+func refusal(err error) bool {
+	for _, e := range []error{ErrSoldOut, ErrGroupFull, ErrGroupClosed, ErrAlreadyJoined, ErrLimitExceeded, ErrUnknownGroup} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// decidedRow looks a keyed request's id up in MySQL: ok with the row when
+// MySQL decided it for the same request, ErrIdempotencyMismatch when for
+// another; not ok (and no error) when MySQL has no row or cannot be asked.
+func (s *Service) decidedRow(ctx context.Context, r Reservation) (Reservation, bool, error) {
+	row, err := s.ledger.Reservation(ctx, r.ID)
+	switch {
+	case err == nil:
+		if row.Qty != r.Qty || row.UserID != r.UserID || row.GroupID != r.GroupID {
+			return row, false, ErrIdempotencyMismatch
+		}
+		return row, true, nil
+	case !errors.Is(err, ErrNotFound):
+		s.log.WarnContext(ctx, "reserve: idempotency check in mysql failed", "reservation_id", r.ID, "error", err)
+	}
+	return Reservation{}, false, nil
 }
 
 // formGroup records a full group FORMED in MySQL, then in Redis. full says

@@ -176,7 +176,9 @@ func TestReserveWithSameKeyReturnsSameReservation(t *testing.T) {
 }
 
 // Once MySQL has the row, a keyed replay is answered from it, however long
-// Redis has forgotten the hold: nothing is taken again.
+// Redis has forgotten the hold: nothing is taken again. The script runs
+// first (the buyer's attempt rate is charged before MySQL is read), and the
+// hold it took again is a stray, returned at once.
 func TestKeyedReplayAfterRedisForgotIsAnsweredFromMySQL(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 5)
@@ -187,15 +189,14 @@ func TestKeyedReplayAfterRedisForgotIsAnsweredFromMySQL(t *testing.T) {
 	}
 	f.persist(t, first)
 	f.holds.forget(first.ID) // retention passed, or a failover lost it
-	calls := f.holds.calls["Reserve"]
 
 	got, replayed, err := f.svc.Reserve(bg, req)
 	if err != nil || !replayed || got.Status != StatusConfirmed || got.ID != first.ID || got.Token != first.Token {
 		t.Fatalf("replay = %+v %v %v, want MySQL's CONFIRMED row", got, replayed, err)
 	}
-	if f.holds.calls["Reserve"] != calls || f.redis("s") != 3 || f.mysql("s") != 3 || len(f.queue.sent) != 1 {
-		t.Errorf("the replay reached Redis or the queue: calls %d->%d, redis %d, mysql %d, sent %d",
-			calls, f.holds.calls["Reserve"], f.redis("s"), f.mysql("s"), len(f.queue.sent))
+	if f.redis("s") != 3 || f.mysql("s") != 3 || len(f.queue.sent) != 1 {
+		t.Errorf("the replay took stock or reached the queue: redis %d, mysql %d, sent %d",
+			f.redis("s"), f.mysql("s"), len(f.queue.sent))
 	}
 	other := req
 	other.Qty = 3
@@ -204,6 +205,11 @@ func TestKeyedReplayAfterRedisForgotIsAnsweredFromMySQL(t *testing.T) {
 	}
 	if f.redis("s") != 3 {
 		t.Errorf("the mismatch took stock: redis %d", f.redis("s"))
+	}
+	// Sold out since: the replay is still answered with its row, not 409.
+	f.stock(t, "s", 0)
+	if got, replayed, err := f.svc.Reserve(bg, req); err != nil || !replayed || got.Status != StatusConfirmed {
+		t.Errorf("replay after the SKU sold out = %+v %v %v, want MySQL's CONFIRMED row", got, replayed, err)
 	}
 }
 
@@ -1355,5 +1361,24 @@ func TestKeyedIDsNeedTheServerKey(t *testing.T) {
 	}
 	if d := ReservationID(req, nil); d == a {
 		t.Errorf("no key gave the keyed id %s", d)
+	}
+}
+
+// A scalper's keyed attempts over the buyer's rate cost Redis, not MySQL:
+// the script (which charges the rate) runs before any MySQL read, and a
+// rate-limited attempt reads nothing.
+func TestKeyedAttemptsOverTheRateDoNotReadMySQL(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 5)
+	f.holds.fail["Reserve"] = &RateLimitedError{RetryAfter: time.Second}
+	before := f.ledger.calls["Reservation"]
+	for i := range 50 {
+		req := ReserveRequest{SKU: "s", Qty: 1, UserID: "bot", IdempotencyKey: fmt.Sprintf("k%d", i)}
+		if _, _, err := f.svc.Reserve(bg, req); !errors.Is(err, ErrRateLimited) {
+			t.Fatalf("attempt %d = %v, want ErrRateLimited", i, err)
+		}
+	}
+	if n := f.ledger.calls["Reservation"] - before; n != 0 {
+		t.Errorf("50 rate-limited keyed attempts read MySQL %d times, want 0", n)
 	}
 }
