@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -76,7 +78,11 @@ func PrepareDatabase(cfg config.Config) provision.Prepare {
 		if err != nil {
 			return provision.Report{}, err
 		}
-		if err := mysqlstore.EnsureAppUser(ctx, schema, database, app.User, app.Passwd, admin.User); err != nil {
+		// Where the password already works, it is not set again: a server
+		// with a password-reuse policy refuses the same password twice.
+		login := admin.Clone()
+		login.User, login.Passwd = app.User, app.Passwd
+		if err := mysqlstore.EnsureAppUser(ctx, schema, database, app.User, app.Passwd, admin.User, canLogIn(ctx, login)); err != nil {
 			return provision.Report{}, err
 		}
 		version, err := mysqlstore.Version(ctx, schema)
@@ -137,6 +143,32 @@ func credentials(ctx context.Context, secrets *secretsmanager.Client, id string)
 	return cred.Username, cred.Password, nil
 }
 
+// canLogIn reports whether mc's user logs in with mc's password now.
+func canLogIn(ctx context.Context, mc *mysql.Config) bool {
+	connector, err := mysql.NewConnector(mc)
+	if err != nil {
+		return false
+	}
+	db := sql.OpenDB(connector)
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return db.PingContext(ctx) == nil
+}
+
+// permanent reports connection errors that waiting does not cure: access
+// denied, and a certificate the runtime does not trust or that names
+// another host (a cluster endpoint given for the proxy's).
+func permanent(err error) bool {
+	var me *mysql.MySQLError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var verify *tls.CertificateVerificationError
+	return errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044) ||
+		errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &verify) ||
+		errors.Is(err, mysql.ErrNoTLS)
+}
+
 // openWhenReady opens one connection and retries until the server answers
 // or ctx ends: on a first deploy the proxy's target may still be
 // registering when the custom resource runs.
@@ -153,8 +185,7 @@ func openWhenReady(ctx context.Context, mc *mysql.Config) (*sql.DB, error) {
 		if err == nil {
 			return db, nil
 		}
-		var me *mysql.MySQLError
-		if errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044) { // access denied: waiting will not help
+		if permanent(err) {
 			_ = db.Close()
 			return nil, fmt.Errorf("connect as %s: %w", mc.User, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -194,5 +195,139 @@ func TestMigrateRefusesAnAccountTheSecretNames(t *testing.T) {
 	s = newMigrateStage(t, env, moto, testservices.Name("holdfast_m"), "", admin.User, "attacker-chosen-pass-01")
 	if _, err := app.PrepareDatabase(s.cfg)(context.Background()); !errors.Is(err, mysqlstore.ErrAppUserIsAdmin) {
 		t.Errorf("prepare of the master user = %v, want %v", err, mysqlstore.ErrAppUserIsAdmin)
+	}
+}
+
+// privateStage is a migrate config against a MariaDB of the test's own whose
+// master account ("hfadmin") has exactly adminGrants.
+type privateStage struct {
+	cfg  config.Config
+	root *sql.DB
+	user string
+}
+
+func newPrivateStage(t *testing.T, moto string, mariadbArgs, adminGrants []string) privateStage {
+	t.Helper()
+	ctx := context.Background()
+	m := testservices.StartMariaDB(t, mariadbArgs...)
+	root, err := sql.Open("mysql", m.RootDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = root.Close() })
+	const adminPass = "Admin-password-0123456789!"
+	for _, q := range append([]string{"CREATE USER 'hfadmin'@'127.0.0.1' IDENTIFIED BY '" + adminPass + "'"}, adminGrants...) {
+		if _, err := root.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm := secretsmanager.NewFromConfig(awsCfg, func(o *secretsmanager.Options) { o.BaseEndpoint = aws.String(moto) })
+	create := func(name, value string) string {
+		out, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{Name: aws.String(name), SecretString: aws.String(value)})
+		if err != nil {
+			t.Fatalf("create secret %s: %v", name, err)
+		}
+		return aws.ToString(out.ARN)
+	}
+	const user = "holdfast_priv"
+	vars := map[string]string{
+		"HOLDFAST_DB_HOST": m.Addr, "HOLDFAST_DB_NAME": "holdfast_priv", "HOLDFAST_DB_APP_USER": user,
+		"HOLDFAST_DB_ADMIN_SECRET_ID": create(testservices.Name("db"), `{"username":"hfadmin","password":"`+adminPass+`"}`),
+		"HOLDFAST_DB_SECRET_ID":       create(testservices.Name("db-app"), `{"username":"`+user+`","password":"App-password-0123456789!x"}`),
+		"HOLDFAST_AWS_ENDPOINT":       moto, "HOLDFAST_DB_TLS": "off",
+	}
+	cfg, err := config.LoadMigrate(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return privateStage{cfg: cfg, root: root, user: user}
+}
+
+func showGrants(t *testing.T, db *sql.DB, user string) string {
+	t.Helper()
+	rows, err := db.Query("SHOW GRANTS FOR '" + user + "'@'%'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var g string
+		if err := rows.Scan(&g); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, g)
+	}
+	return strings.Join(out, "\n")
+}
+
+// A server with a password-reuse policy (MariaDB's password_reuse_check,
+// MySQL's password_history) refuses setting the password it already has:
+// the second deploy does not try.
+func TestMigrateOnAServerThatRefusesPasswordReuse(t *testing.T) {
+	t.Parallel()
+	moto := testservices.StartMoto(t)
+	s := newPrivateStage(t, moto, []string{"--plugin-load-add=password_reuse_check"},
+		[]string{"GRANT ALL PRIVILEGES ON *.* TO 'hfadmin'@'127.0.0.1' WITH GRANT OPTION"})
+	for i := range 2 {
+		if _, err := app.PrepareDatabase(s.cfg)(context.Background()); err != nil {
+			t.Fatalf("deploy %d: %v", i+1, err)
+		}
+	}
+}
+
+// Grants added by hand in every form (column, database, global, a role) are
+// taken back, and the functions keep their own table grants throughout. (A
+// role the master user cannot administer fails the deploy, naming it.)
+func TestMigrateTakesBackEveryExtraGrant(t *testing.T) {
+	t.Parallel()
+	moto := testservices.StartMoto(t)
+	s := newPrivateStage(t, moto, nil, []string{"GRANT ALL PRIVILEGES ON *.* TO 'hfadmin'@'127.0.0.1' WITH GRANT OPTION"})
+	if _, err := app.PrepareDatabase(s.cfg)(context.Background()); err != nil {
+		t.Fatalf("first deploy: %v", err)
+	}
+	for _, q := range []string{
+		"GRANT SELECT (sku), UPDATE (available, version) ON holdfast_priv.product_stock TO '" + s.user + "'@'%'",
+		"GRANT ALL PRIVILEGES ON holdfast_priv.* TO '" + s.user + "'@'%'",
+		"GRANT PROCESS ON *.* TO '" + s.user + "'@'%'",
+		"CREATE ROLE hf_extra",
+		"GRANT hf_extra TO 'hfadmin'@'127.0.0.1' WITH ADMIN OPTION", // as the master user administers roles
+		"GRANT ALL PRIVILEGES ON holdfast_priv.* TO hf_extra",
+		"GRANT hf_extra TO '" + s.user + "'@'%'",
+		"SET DEFAULT ROLE hf_extra FOR '" + s.user + "'@'%'",
+	} {
+		if _, err := s.root.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if _, err := app.PrepareDatabase(s.cfg)(context.Background()); err != nil {
+		t.Fatalf("second deploy: %v", err)
+	}
+	grants := showGrants(t, s.root, s.user)
+	for _, extra := range []string{"(sku)", "ALL PRIVILEGES ON `holdfast_priv`.*", "PROCESS", "GRANT `hf_extra`"} {
+		if strings.Contains(grants, extra) {
+			t.Errorf("after the deploy the app user still has %s:\n%s", extra, grants)
+		}
+	}
+	if !strings.Contains(grants, "SELECT, INSERT, UPDATE, DELETE ON `holdfast_priv`.`product_stock`") {
+		t.Errorf("the functions lost their grants on product_stock:\n%s", grants)
+	}
+}
+
+// A master user that cannot read other accounts' grants fails the deploy,
+// saying so, rather than reporting success with the extras still there.
+func TestMigrateFailsWhenItCannotSeeTheGrants(t *testing.T) {
+	t.Parallel()
+	moto := testservices.StartMoto(t)
+	s := newPrivateStage(t, moto, nil, []string{
+		"GRANT CREATE USER ON *.* TO 'hfadmin'@'127.0.0.1'",
+		"GRANT ALL PRIVILEGES ON `holdfast\\_priv`.* TO 'hfadmin'@'127.0.0.1' WITH GRANT OPTION",
+	})
+	if _, err := app.PrepareDatabase(s.cfg)(context.Background()); !errors.Is(err, mysqlstore.ErrGrantsHidden) {
+		t.Errorf("prepare without read access to the mysql schema = %v, want %v", err, mysqlstore.ErrGrantsHidden)
 	}
 }

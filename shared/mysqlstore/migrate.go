@@ -4,8 +4,8 @@ import (
 	"context"
 	"crypto/sha1"
 	"database/sql"
-	"encoding/hex"
 	"embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -63,6 +64,24 @@ func migrationFiles() ([]migrationFile, error) {
 	return out, nil
 }
 
+// takeLock takes the named MySQL user lock on conn, waiting as long as ctx
+// allows (60 s without a deadline): another migrator may be running a long
+// migration.
+func takeLock(ctx context.Context, conn *sql.Conn, name string) (release func(), err error) {
+	wait := 60
+	if d, ok := ctx.Deadline(); ok {
+		wait = max(1, int(time.Until(d).Seconds()))
+	}
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, ?)`, name, wait).Scan(&got); err != nil {
+		return nil, fmt.Errorf("lock: %w", err)
+	}
+	if got.Int64 != 1 {
+		return nil, fmt.Errorf("another migrator of this database held the lock for %d s", wait)
+	}
+	return func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), `DO RELEASE_LOCK(?)`, name) }, nil
+}
+
 // Migrate applies the numbered migrations in migrations/ that the database
 // has not seen, in order, and returns the versions it applied. MySQL commits
 // DDL statement by statement, so each statement's completion is recorded
@@ -78,15 +97,11 @@ func Migrate(ctx context.Context, db *sql.DB) (applied []int, err error) {
 	if err := conn.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil || !database.Valid {
 		return nil, fmt.Errorf("migrate: no database selected (%v)", err)
 	}
-	lock := MigrateLock(database.String)
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 60)`, lock).Scan(&got); err != nil {
-		return nil, fmt.Errorf("migrate: lock: %w", err)
+	release, err := takeLock(ctx, conn, MigrateLock(database.String))
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	if got.Int64 != 1 {
-		return nil, errors.New("migrate: another migration of this database held the lock for 60 s")
-	}
-	defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), `DO RELEASE_LOCK(?)`, lock) }()
+	defer release()
 
 	for _, ddl := range []string{
 		`CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -199,17 +214,22 @@ var ErrForeignAccount = errors.New("mysqlstore: the account exists and is not th
 // ErrAppUserIsAdmin reports an app user named like the master user.
 var ErrAppUserIsAdmin = errors.New("mysqlstore: the functions' user cannot be the master user")
 
+// ErrGrantsHidden reports a master user that cannot see other accounts'
+// grants (no read access to the mysql schema): extras could not be revoked.
+var ErrGrantsHidden = errors.New("mysqlstore: the master user cannot read other accounts' grants (grant it SELECT on the mysql schema)")
+
 // EnsureAppUser creates the functions' database user for database (or, if
-// this database created it before, sets its password) and leaves it exactly
-// AppPrivileges on each of the database's tables but schema_*: missing grants
-// are added first and extra ones revoked after, so a live function never
-// loses a privilege it uses. An account this database did not create
-// (recorded in schema_app_users) is refused, never re-passworded. db is the
-// master user's connection (CREATE USER, GRANT OPTION, and read access to
-// the mysql schema, as Aurora's master user has), with the database
-// migrated and interpolated parameters (account statements cannot be
-// prepared); admin is its user name.
-func EnsureAppUser(ctx context.Context, db *sql.DB, database, user, password, admin string) error {
+// this database created it before, sets its password unless passwordSet
+// says it already works) and leaves it exactly AppPrivileges on each of the
+// database's tables but schema_*: missing grants are added first and extra
+// ones (global, database, table, column, routine grants and roles) revoked
+// after, so a live function never loses a privilege it uses. An account
+// this database did not create (recorded in schema_app_users) is refused,
+// never re-passworded. db is the master user's connection (CREATE USER,
+// GRANT OPTION, and read access to the mysql schema, as Aurora's master
+// user has), on the migrated database, with interpolated parameters
+// (account statements cannot be prepared); admin is its user name.
+func EnsureAppUser(ctx context.Context, db *sql.DB, database, user, password, admin string, passwordSet bool) error {
 	switch {
 	case !accountName.MatchString(user):
 		return fmt.Errorf("%w: user name %q (letters, digits, _ and -, at most 32)", ErrBadAccount, user)
@@ -220,33 +240,48 @@ func EnsureAppUser(ctx context.Context, db *sql.DB, database, user, password, ad
 	case strings.EqualFold(user, admin):
 		return fmt.Errorf("%w: %s", ErrAppUserIsAdmin, user)
 	}
-	account := "'" + user + "'@'%'"
-	grantee := account
-	owners := "`" + database + "`.schema_app_users"
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("app user %s: %w", user, err)
+	}
+	defer conn.Close()
+	release, err := takeLock(ctx, conn, MigrateLock(database))
+	if err != nil {
+		return fmt.Errorf("app user %s: %w", user, err)
+	}
+	defer release()
 
-	_, err := db.ExecContext(ctx, `CREATE USER `+account+` IDENTIFIED BY ?`, password)
+	account := "'" + user + "'@'%'"
+	owners := ident(database) + ".schema_app_users"
+	// The ownership record first, then the account: a run that dies between
+	// the two finds its own record and creates the account next time. A
+	// record this run added for an account that turns out to exist already
+	// is taken back: that account is not ours.
+	res, err := conn.ExecContext(ctx, `INSERT IGNORE INTO `+owners+` (user_name) VALUES (?)`, user)
+	if err != nil {
+		return fmt.Errorf("app user %s: record: %w", user, err)
+	}
+	recordedNow, _ := res.RowsAffected()
+	_, err = conn.ExecContext(ctx, `CREATE USER `+account+` IDENTIFIED BY ?`, password)
 	var me *mysql.MySQLError
 	switch {
 	case err == nil:
-		if _, err := db.ExecContext(ctx, `INSERT IGNORE INTO `+owners+` (user_name) VALUES (?)`, user); err != nil {
-			return fmt.Errorf("app user %s: record: %w", user, err)
-		}
-	case errors.As(err, &me) && me.Number == 1396: // it exists
-		var n int
-		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+owners+` WHERE user_name = ?`, user).Scan(&n); err != nil {
-			return fmt.Errorf("app user %s: %w", user, err)
-		}
-		if n == 0 {
-			return fmt.Errorf("%w: %s was not created for database %s; refusing to change its password or grants (another stage's? drop it, or deploy with another Stage)", ErrForeignAccount, user, database)
-		}
-		if _, err := db.ExecContext(ctx, `ALTER USER `+account+` IDENTIFIED BY ?`, password); err != nil {
-			return fmt.Errorf("app user %s: %w", user, err)
+	case errors.As(err, &me) && me.Number == 1396 && recordedNow == 1: // it exists, and not by us
+		_, _ = conn.ExecContext(ctx, `DELETE FROM `+owners+` WHERE user_name = ?`, user)
+		return fmt.Errorf("%w: %s was not created for database %s; refusing to change its password or grants (another stage's? drop it, or deploy with another Stage)", ErrForeignAccount, user, database)
+	case errors.As(err, &me) && me.Number == 1396: // ours, from an earlier run
+		if !passwordSet {
+			// A server with a password-reuse policy refuses setting the same
+			// password again: the caller checks a login first.
+			if _, err := conn.ExecContext(ctx, `ALTER USER `+account+` IDENTIFIED BY ?`, password); err != nil {
+				return fmt.Errorf("app user %s: %w", user, err)
+			}
 		}
 	default:
 		return fmt.Errorf("app user %s: %w", user, err)
 	}
 
-	tables, err := column(ctx, db, `SELECT table_name FROM information_schema.tables
+	tables, err := column(ctx, conn, `SELECT table_name FROM information_schema.tables
 		WHERE table_schema = ? AND table_type = 'BASE TABLE' AND table_name NOT LIKE 'schema\_%'`, database)
 	if err != nil {
 		return fmt.Errorf("app user %s: tables: %w", user, err)
@@ -254,34 +289,50 @@ func EnsureAppUser(ctx context.Context, db *sql.DB, database, user, password, ad
 	want := map[string]bool{}
 	for _, t := range tables {
 		want[t] = true
-		if _, err := db.ExecContext(ctx, `GRANT `+AppPrivileges+` ON `+ident(database)+`.`+ident(t)+` TO `+account); err != nil {
+		if _, err := conn.ExecContext(ctx, `GRANT `+AppPrivileges+` ON `+ident(database)+`.`+ident(t)+` TO `+account); err != nil {
 			return fmt.Errorf("app user %s: grant on %s: %w", user, t, err)
 		}
 	}
-	return revokeExtras(ctx, db, account, grantee, database, want)
+	return revokeExtras(ctx, conn, user, account, database, want)
 }
 
-// revokeExtras takes back every privilege account holds beyond
-// AppPrivileges on the wanted tables of database, as information_schema
-// lists them.
-func revokeExtras(ctx context.Context, db *sql.DB, account, grantee, database string, want map[string]bool) error {
+// revokeExtras takes back every privilege and role account holds beyond
+// AppPrivileges on the wanted tables of database.
+func revokeExtras(ctx context.Context, conn *sql.Conn, user, account, database string, want map[string]bool) error {
 	wantPriv := map[string]bool{}
 	for _, p := range strings.Split(AppPrivileges, ", ") {
 		wantPriv[p] = true
 	}
+	grantee := account
+	// Every account has a USAGE row at least; none means the grants are
+	// hidden from this user, and nothing could be checked.
+	var visible int
+	if err := conn.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = ?`, grantee).Scan(&visible); err != nil {
+		return fmt.Errorf("app user grants: %w", err)
+	}
+	if visible == 0 {
+		return ErrGrantsHidden
+	}
 	var revokes []string
-	rows, err := db.QueryContext(ctx, `
-		SELECT '*', '*', PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = ?
-		UNION ALL SELECT TABLE_SCHEMA, '*', PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.SCHEMA_PRIVILEGES WHERE GRANTEE = ?
-		UNION ALL SELECT TABLE_SCHEMA, TABLE_NAME, PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.TABLE_PRIVILEGES WHERE GRANTEE = ?
-		UNION ALL SELECT TABLE_SCHEMA, TABLE_NAME, 'COLUMNS', IS_GRANTABLE FROM information_schema.COLUMN_PRIVILEGES WHERE GRANTEE = ?`,
+	seen := map[string]bool{}
+	add := func(q string) {
+		if !seen[q] {
+			seen[q] = true
+			revokes = append(revokes, q)
+		}
+	}
+	rows, err := conn.QueryContext(ctx, `
+		SELECT '*', '*', '', PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = ?
+		UNION ALL SELECT TABLE_SCHEMA, '*', '', PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.SCHEMA_PRIVILEGES WHERE GRANTEE = ?
+		UNION ALL SELECT TABLE_SCHEMA, TABLE_NAME, '', PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.TABLE_PRIVILEGES WHERE GRANTEE = ?
+		UNION ALL SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, PRIVILEGE_TYPE, IS_GRANTABLE FROM information_schema.COLUMN_PRIVILEGES WHERE GRANTEE = ?`,
 		grantee, grantee, grantee, grantee)
 	if err != nil {
 		return fmt.Errorf("app user grants: %w", err)
 	}
 	for rows.Next() {
-		var schema, table, priv, grantable string
-		if err := rows.Scan(&schema, &table, &priv, &grantable); err != nil {
+		var schema, table, col, priv, grantable string
+		if err := rows.Scan(&schema, &table, &col, &priv, &grantable); err != nil {
 			rows.Close()
 			return fmt.Errorf("app user grants: %w", err)
 		}
@@ -292,32 +343,81 @@ func revokeExtras(ctx context.Context, db *sql.DB, account, grantee, database st
 				on = ident(schema) + "." + ident(table)
 			}
 		}
-		wanted := schema == database && table != "*" && want[table] && wantPriv[priv]
+		wanted := schema == database && table != "*" && col == "" && want[table] && wantPriv[priv]
 		switch {
 		case priv == "USAGE" || wanted:
-		case priv == "COLUMNS":
-			revokes = append(revokes, `REVOKE ALL PRIVILEGES ON `+on+` FROM `+account)
+		case col != "":
+			add(`REVOKE ` + priv + ` (` + ident(col) + `) ON ` + on + ` FROM ` + account)
 		default:
-			revokes = append(revokes, `REVOKE `+priv+` ON `+on+` FROM `+account)
+			add(`REVOKE ` + priv + ` ON ` + on + ` FROM ` + account)
 		}
 		if grantable == "YES" {
-			revokes = append(revokes, `REVOKE GRANT OPTION ON `+on+` FROM `+account)
+			add(`REVOKE GRANT OPTION ON ` + on + ` FROM ` + account)
 		}
 	}
 	if err := rows.Close(); err != nil {
 		return fmt.Errorf("app user grants: %w", err)
 	}
+	// Routine grants, and roles (MySQL 8: mysql.role_edges; MariaDB:
+	// mysql.roles_mapping), which information_schema does not list.
+	routines, err := conn.QueryContext(ctx, `SELECT Db, Routine_name, Routine_type FROM mysql.procs_priv WHERE User = ? AND Host = '%'`, user)
+	if err != nil {
+		return fmt.Errorf("app user routine grants: %w", err)
+	}
+	for routines.Next() {
+		var rdb, name, typ string
+		if err := routines.Scan(&rdb, &name, &typ); err != nil {
+			routines.Close()
+			return fmt.Errorf("app user routine grants: %w", err)
+		}
+		add(`REVOKE ALL PRIVILEGES ON ` + typ + ` ` + ident(rdb) + `.` + ident(name) + ` FROM ` + account)
+	}
+	if err := routines.Close(); err != nil {
+		return fmt.Errorf("app user routine grants: %w", err)
+	}
+	for _, q := range []string{
+		`SELECT FROM_USER, FROM_HOST FROM mysql.role_edges WHERE TO_USER = ? AND TO_HOST = '%'`,
+		`SELECT Role, '' FROM mysql.roles_mapping WHERE User = ? AND Host = '%' AND Role <> ''`,
+	} {
+		roles, err := conn.QueryContext(ctx, q, user)
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1146 { // this server keeps roles in the other table
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("app user roles: %w", err)
+		}
+		for roles.Next() {
+			var name, host string
+			if err := roles.Scan(&name, &host); err != nil {
+				roles.Close()
+				return fmt.Errorf("app user roles: %w", err)
+			}
+			role := ident(name) // MariaDB: a role has no host
+			if host != "" {
+				role = quote(name) + "@" + quote(host)
+			}
+			add(`REVOKE ` + role + ` FROM ` + account)
+		}
+		if err := roles.Close(); err != nil {
+			return fmt.Errorf("app user roles: %w", err)
+		}
+	}
 	for _, q := range revokes {
-		if _, err := db.ExecContext(ctx, q); err != nil {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
 			return fmt.Errorf("app user: %s: %w", q, err)
 		}
 	}
 	return nil
 }
 
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
 func ident(name string) string { return "`" + strings.ReplaceAll(name, "`", "``") + "`" }
 
-func column(ctx context.Context, db *sql.DB, q string, args ...any) ([]string, error) {
+func column(ctx context.Context, db interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, q string, args ...any) ([]string, error) {
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err

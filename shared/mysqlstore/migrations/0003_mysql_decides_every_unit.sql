@@ -36,10 +36,13 @@ CREATE TABLE user_units (
   CONSTRAINT user_units_nonnegative CHECK (units >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
+-- Resumable: a run that lost its connection after MySQL applied this
+-- statement runs it again and sets the same figures.
 INSERT INTO user_units (sku, user_id, units)
   SELECT r.sku, r.user_id, SUM(r.qty) FROM reservations r
   JOIN product_stock p ON p.sku = r.sku AND p.per_user_limit > 0
-  WHERE r.status = 'CONFIRMED' GROUP BY r.sku, r.user_id;
+  WHERE r.status = 'CONFIRMED' GROUP BY r.sku, r.user_id
+  ON DUPLICATE KEY UPDATE units = VALUES(units);
 
 -- formed_at: when the group's last slot was taken in Redis; FORMED is final.
 ALTER TABLE group_buys
