@@ -75,11 +75,14 @@ build-%Function:
 
 ## deploy: build with SAM and deploy with samconfig.toml's defaults; the first
 ## time GUIDED=1 asks for the parameters without defaults and saves them there;
-## ENV=prod deploys the [prod.*] stage
-##   make deploy GUIDED=1   then   make deploy   (or make deploy ENV=prod)
-ENV ?= default
+## SAM_ENV=prod deploys the [prod.*] stage; CONFIRM=0 skips the change-set
+## prompt (CI, no terminal)
+##   make deploy GUIDED=1   then   make deploy   (or make deploy SAM_ENV=prod)
+SAM_ENV ?= default
+CONFIRM ?= 1
 deploy:
-	sam build --config-env $(ENV) && sam deploy --config-env $(ENV) $(if $(GUIDED),--guided)
+	sam build --config-env $(SAM_ENV) && \
+		sam deploy --config-env $(SAM_ENV) $(if $(GUIDED),--guided) $(if $(filter 0,$(CONFIRM)),--no-confirm-changeset)
 
 clean:
 	rm -rf bin .holdfast

@@ -35,24 +35,6 @@ func (e BadReserveError) Valid() bool {
 	}
 }
 
-// Defines values for GatewayMessageMessage.
-const (
-	GatewayMessageMessageForbidden    GatewayMessageMessage = "Forbidden"
-	GatewayMessageMessageUnauthorized GatewayMessageMessage = "Unauthorized"
-)
-
-// Valid indicates whether the value is a known member of the GatewayMessageMessage enum.
-func (e GatewayMessageMessage) Valid() bool {
-	switch e {
-	case GatewayMessageMessageForbidden:
-		return true
-	case GatewayMessageMessageUnauthorized:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for GroupStatus.
 const (
 	FAILED GroupStatus = "FAILED"
@@ -101,6 +83,21 @@ const (
 func (e InsufficientStockError) Valid() bool {
 	switch e {
 	case InsufficientStockErrorInsufficientStock:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for InternalError.
+const (
+	InternalErrorInternal InternalError = "internal"
+)
+
+// Valid indicates whether the value is a known member of the InternalError enum.
+func (e InternalError) Valid() bool {
+	switch e {
+	case InternalErrorInternal:
 		return true
 	default:
 		return false
@@ -367,21 +364,22 @@ type BadReserveError string
 
 // CreateGroupRequest defines model for CreateGroupRequest.
 type CreateGroupRequest struct {
-	// Capacity 2 to 1000 slots
-	Capacity int    `json:"capacity"`
-	Sku      string `json:"sku"`
+	// Capacity Slots.
+	Capacity int `json:"capacity"`
+
+	// Sku Letters, digits and `._:-`, up to 64 characters; case matters.
+	//
+	// Example: demo-phone
+	Sku SkuId `json:"sku"`
 
 	// TtlSeconds Seconds until the deadline (at most the stage's maximum)
 	TtlSeconds *int `json:"ttl_seconds,omitempty"`
 }
 
-// GatewayMessage defines model for GatewayMessage.
+// GatewayMessage An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Too Many Requests", "Internal Server Error", "Service Unavailable", or IAM's reason).
 type GatewayMessage struct {
-	Message GatewayMessageMessage `json:"message"`
+	Message string `json:"message"`
 }
-
-// GatewayMessageMessage defines model for GatewayMessage.Message.
-type GatewayMessageMessage string
 
 // Group defines model for Group.
 type Group struct {
@@ -418,6 +416,15 @@ type InsufficientStock struct {
 
 // InsufficientStockError defines model for InsufficientStock.Error.
 type InsufficientStockError string
+
+// Internal defines model for Internal.
+type Internal struct {
+	Error   InternalError `json:"error"`
+	Message string        `json:"message"`
+}
+
+// InternalError defines model for Internal.Error.
+type InternalError string
 
 // InvalidRequest defines model for InvalidRequest.
 type InvalidRequest struct {
@@ -500,13 +507,15 @@ type ReserveRequest struct {
 	// GroupId Join this group-buy.
 	GroupId *string `json:"group_id,omitempty"`
 
-	// Qty 1 to the stage's HOLDFAST_MAX_QTY (10)
+	// Qty 1 to the stage's HOLDFAST_MAX_QTY (10 by default)
 	//
 	// Example: 1
 	Qty int `json:"qty"`
 
-	// Sku Example: demo-phone
-	Sku string `json:"sku"`
+	// Sku Letters, digits and `._:-`, up to 64 characters; case matters.
+	//
+	// Example: demo-phone
+	Sku SkuId `json:"sku"`
 
 	// UserId Optional; must be the buyer the token names (else 400 user_mismatch).
 	UserId *string `json:"user_id,omitempty"`
@@ -517,6 +526,11 @@ type SkuAvailability struct {
 	Available int64  `json:"available"`
 	Sku       string `json:"sku"`
 }
+
+// SkuId Letters, digits and `._:-`, up to 64 characters; case matters.
+//
+// Example: demo-phone
+type SkuId = string
 
 // StockChange Exactly one of `stock` and `add`.
 type StockChange struct {
@@ -532,12 +546,19 @@ type StockChange struct {
 	// RatePerSecond Reserve attempts per second per buyer (0 for the default).
 	RatePerSecond *int `json:"rate_per_second,omitempty"`
 
-	// Stock The new sellable figure (0 to 1e9).
+	// Stock The new sellable figure.
 	Stock *int64 `json:"stock,omitempty"`
 
 	// Version The version `stock` is based on (or If-Match).
 	Version *int64 `json:"version,omitempty"`
+	union   json.RawMessage
 }
+
+// StockChange0 defines model for StockChange.0.
+type StockChange0 = interface{}
+
+// StockChange1 defines model for StockChange.1.
+type StockChange1 = interface{}
 
 // StockLevel defines model for StockLevel.
 type StockLevel struct {
@@ -551,7 +572,7 @@ type StockLevel struct {
 
 // StockReport defines model for StockReport.
 type StockReport struct {
-	// Drift redis_available + held - mysql_available
+	// Drift mysql_available - (redis_available + held): 0 at quiescence
 	Drift int64 `json:"drift"`
 
 	// Held Units in live holds.
@@ -614,17 +635,34 @@ type IdempotencyKey = string
 // ReservationId defines model for ReservationId.
 type ReservationId = string
 
-// Sku defines model for Sku.
-type Sku = string
+// Sku Letters, digits and `._:-`, up to 64 characters; case matters.
+//
+// Example: demo-phone
+type Sku = SkuId
 
 // BadRequest defines model for BadRequest.
 type BadRequest = InvalidRequest
 
-// Forbidden defines model for Forbidden.
+// Fault defines model for Fault.
+type Fault struct {
+	union json.RawMessage
+}
+
+// Forbidden An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Too Many Requests", "Internal Server Error", "Service Unavailable", or IAM's reason).
 type Forbidden = GatewayMessage
+
+// Outage defines model for Outage.
+type Outage struct {
+	union json.RawMessage
+}
 
 // ReservationNotFound defines model for ReservationNotFound.
 type ReservationNotFound = NotFound
+
+// Throttled defines model for Throttled.
+type Throttled struct {
+	union json.RawMessage
+}
 
 // TooLarge defines model for TooLarge.
 type TooLarge = InvalidRequest
@@ -640,7 +678,7 @@ type ChangeStockParams struct {
 	// with the same result and applied at most once. Up to 128 characters.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 
-	// IfMatch The version the absolute figure is based on, as the ETag gives it.
+	// IfMatch The version the absolute figure is based on, as the ETag gives it; `*` for the SKU as it stands, whatever its version (412 if there is none).
 	IfMatch *string `json:"If-Match,omitempty"`
 }
 
@@ -659,6 +697,358 @@ type CreateGroupJSONRequestBody = CreateGroupRequest
 
 // ReserveJSONRequestBody defines body for Reserve for application/json ContentType.
 type ReserveJSONRequestBody = ReserveRequest
+
+// AsStockChange0 returns the union data inside the StockChange as a StockChange0
+func (t StockChange) AsStockChange0() (StockChange0, error) {
+	var body StockChange0
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromStockChange0 overwrites any union data inside the StockChange as the provided StockChange0
+func (t *StockChange) FromStockChange0(v StockChange0) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeStockChange0 performs a merge with any union data inside the StockChange, using the provided StockChange0
+func (t *StockChange) MergeStockChange0(v StockChange0) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsStockChange1 returns the union data inside the StockChange as a StockChange1
+func (t StockChange) AsStockChange1() (StockChange1, error) {
+	var body StockChange1
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromStockChange1 overwrites any union data inside the StockChange as the provided StockChange1
+func (t *StockChange) FromStockChange1(v StockChange1) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeStockChange1 performs a merge with any union data inside the StockChange, using the provided StockChange1
+func (t *StockChange) MergeStockChange1(v StockChange1) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t StockChange) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	object := make(map[string]json.RawMessage)
+	if t.union != nil {
+		err = json.Unmarshal(b, &object)
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	if t.Add != nil {
+		object["add"], err = json.Marshal(t.Add)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'add': %w", err)
+		}
+	}
+
+	if t.Burst != nil {
+		object["burst"], err = json.Marshal(t.Burst)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'burst': %w", err)
+		}
+	}
+
+	if t.PerUserLimit != nil {
+		object["per_user_limit"], err = json.Marshal(t.PerUserLimit)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'per_user_limit': %w", err)
+		}
+	}
+
+	if t.RatePerSecond != nil {
+		object["rate_per_second"], err = json.Marshal(t.RatePerSecond)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'rate_per_second': %w", err)
+		}
+	}
+
+	if t.Stock != nil {
+		object["stock"], err = json.Marshal(t.Stock)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'stock': %w", err)
+		}
+	}
+
+	if t.Version != nil {
+		object["version"], err = json.Marshal(t.Version)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'version': %w", err)
+		}
+	}
+	b, err = json.Marshal(object)
+	return b, err
+}
+
+func (t *StockChange) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	if err != nil {
+		return err
+	}
+	object := make(map[string]json.RawMessage)
+	err = json.Unmarshal(b, &object)
+	if err != nil {
+		return err
+	}
+
+	if raw, found := object["add"]; found {
+		err = json.Unmarshal(raw, &t.Add)
+		if err != nil {
+			return fmt.Errorf("error reading 'add': %w", err)
+		}
+	}
+
+	if raw, found := object["burst"]; found {
+		err = json.Unmarshal(raw, &t.Burst)
+		if err != nil {
+			return fmt.Errorf("error reading 'burst': %w", err)
+		}
+	}
+
+	if raw, found := object["per_user_limit"]; found {
+		err = json.Unmarshal(raw, &t.PerUserLimit)
+		if err != nil {
+			return fmt.Errorf("error reading 'per_user_limit': %w", err)
+		}
+	}
+
+	if raw, found := object["rate_per_second"]; found {
+		err = json.Unmarshal(raw, &t.RatePerSecond)
+		if err != nil {
+			return fmt.Errorf("error reading 'rate_per_second': %w", err)
+		}
+	}
+
+	if raw, found := object["stock"]; found {
+		err = json.Unmarshal(raw, &t.Stock)
+		if err != nil {
+			return fmt.Errorf("error reading 'stock': %w", err)
+		}
+	}
+
+	if raw, found := object["version"]; found {
+		err = json.Unmarshal(raw, &t.Version)
+		if err != nil {
+			return fmt.Errorf("error reading 'version': %w", err)
+		}
+	}
+
+	return err
+}
+
+// AsInternal returns the union data inside the Fault as a Internal
+func (t Fault) AsInternal() (Internal, error) {
+	var body Internal
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromInternal overwrites any union data inside the Fault as the provided Internal
+func (t *Fault) FromInternal(v Internal) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeInternal performs a merge with any union data inside the Fault, using the provided Internal
+func (t *Fault) MergeInternal(v Internal) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the Fault as a GatewayMessage
+func (t Fault) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the Fault as the provided GatewayMessage
+func (t *Fault) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the Fault, using the provided GatewayMessage
+func (t *Fault) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t Fault) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *Fault) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
+// AsUnavailable returns the union data inside the Outage as a Unavailable
+func (t Outage) AsUnavailable() (Unavailable, error) {
+	var body Unavailable
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromUnavailable overwrites any union data inside the Outage as the provided Unavailable
+func (t *Outage) FromUnavailable(v Unavailable) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeUnavailable performs a merge with any union data inside the Outage, using the provided Unavailable
+func (t *Outage) MergeUnavailable(v Unavailable) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the Outage as a GatewayMessage
+func (t Outage) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the Outage as the provided GatewayMessage
+func (t *Outage) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the Outage, using the provided GatewayMessage
+func (t *Outage) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t Outage) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *Outage) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
+// AsRateLimited returns the union data inside the Throttled as a RateLimited
+func (t Throttled) AsRateLimited() (RateLimited, error) {
+	var body RateLimited
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromRateLimited overwrites any union data inside the Throttled as the provided RateLimited
+func (t *Throttled) FromRateLimited(v RateLimited) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeRateLimited performs a merge with any union data inside the Throttled, using the provided RateLimited
+func (t *Throttled) MergeRateLimited(v RateLimited) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the Throttled as a GatewayMessage
+func (t Throttled) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the Throttled as the provided GatewayMessage
+func (t *Throttled) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the Throttled, using the provided GatewayMessage
+func (t *Throttled) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t Throttled) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *Throttled) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
 
 // AsGatewayMessage returns the union data inside the Unauthorized as a GatewayMessage
 func (t Unauthorized) AsGatewayMessage() (GatewayMessage, error) {
@@ -1623,7 +2013,7 @@ type ClientWithResponsesInterface interface {
 
 // InspectStockResponse200Headers the declared response headers of an HTTP 200 response for InspectStock
 type InspectStockResponse200Headers struct {
-	ETag *string
+	ETag string
 }
 
 // InspectStockResponse503Headers the declared response headers of an HTTP 503 response for InspectStock
@@ -1640,8 +2030,10 @@ type InspectStockResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *UnknownSku
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
+	JSON503 *Outage
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *InspectStockResponse200Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -1663,8 +2055,13 @@ func (r InspectStockResponse) GetJSON404() *UnknownSku {
 	return r.JSON404
 }
 
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r InspectStockResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r InspectStockResponse) GetJSON503() *Unavailable {
+func (r InspectStockResponse) GetJSON503() *Outage {
 	return r.JSON503
 }
 
@@ -1699,7 +2096,7 @@ func (r InspectStockResponse) ContentType() string {
 
 // ChangeStockResponse200Headers the declared response headers of an HTTP 200 response for ChangeStock
 type ChangeStockResponse200Headers struct {
-	ETag *string
+	ETag string
 }
 
 // ChangeStockResponse503Headers the declared response headers of an HTTP 503 response for ChangeStock
@@ -1728,8 +2125,10 @@ type ChangeStockResponse struct {
 	JSON422 *IdempotencyMismatch
 	// JSON428 the response for an HTTP 428 `application/json` response
 	JSON428 *PreconditionRequired
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
+	JSON503 *Outage
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *ChangeStockResponse200Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -1781,8 +2180,13 @@ func (r ChangeStockResponse) GetJSON428() *PreconditionRequired {
 	return r.JSON428
 }
 
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ChangeStockResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r ChangeStockResponse) GetJSON503() *Unavailable {
+func (r ChangeStockResponse) GetJSON503() *Outage {
 	return r.JSON503
 }
 
@@ -1838,8 +2242,10 @@ type CreateGroupResponse struct {
 	JSON404 *UnknownSku
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *TooLarge
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
+	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *CreateGroupResponse401Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -1871,8 +2277,13 @@ func (r CreateGroupResponse) GetJSON413() *TooLarge {
 	return r.JSON413
 }
 
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateGroupResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r CreateGroupResponse) GetJSON503() *Unavailable {
+func (r CreateGroupResponse) GetJSON503() *Outage {
 	return r.JSON503
 }
 
@@ -1924,8 +2335,10 @@ type GetGroupResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *UnknownGroup
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
+	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetGroupResponse401Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -1947,8 +2360,13 @@ func (r GetGroupResponse) GetJSON404() *UnknownGroup {
 	return r.JSON404
 }
 
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetGroupResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r GetGroupResponse) GetJSON503() *Unavailable {
+func (r GetGroupResponse) GetJSON503() *Outage {
 	return r.JSON503
 }
 
@@ -2016,9 +2434,11 @@ type ReserveResponse struct {
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *IdempotencyMismatch
 	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
+	JSON429 *Throttled
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
+	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ReserveResponse401Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -2068,12 +2488,17 @@ func (r ReserveResponse) GetJSON422() *IdempotencyMismatch {
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r ReserveResponse) GetJSON429() *RateLimited {
+func (r ReserveResponse) GetJSON429() *Throttled {
 	return r.JSON429
 }
 
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ReserveResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r ReserveResponse) GetJSON503() *Unavailable {
+func (r ReserveResponse) GetJSON503() *Outage {
 	return r.JSON503
 }
 
@@ -2125,8 +2550,10 @@ type CancelReservationResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ReservationNotFound
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
+	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *CancelReservationResponse401Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -2148,8 +2575,13 @@ func (r CancelReservationResponse) GetJSON404() *ReservationNotFound {
 	return r.JSON404
 }
 
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CancelReservationResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r CancelReservationResponse) GetJSON503() *Unavailable {
+func (r CancelReservationResponse) GetJSON503() *Outage {
 	return r.JSON503
 }
 
@@ -2201,8 +2633,10 @@ type GetReservationResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ReservationNotFound
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
+	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetReservationResponse401Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -2224,8 +2658,13 @@ func (r GetReservationResponse) GetJSON404() *ReservationNotFound {
 	return r.JSON404
 }
 
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetReservationResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r GetReservationResponse) GetJSON503() *Unavailable {
+func (r GetReservationResponse) GetJSON503() *Outage {
 	return r.JSON503
 }
 
@@ -2277,8 +2716,10 @@ type GetSkuResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *UnknownSku
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
+	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetSkuResponse401Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -2300,8 +2741,13 @@ func (r GetSkuResponse) GetJSON404() *UnknownSku {
 	return r.JSON404
 }
 
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetSkuResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r GetSkuResponse) GetJSON503() *Unavailable {
+func (r GetSkuResponse) GetJSON503() *Outage {
 	return r.JSON503
 }
 
@@ -2552,8 +2998,15 @@ func ParseInspectStockResponse(rsp *http.Response) (*InspectStockResponse, error
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
+		var dest Outage
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2566,10 +3019,10 @@ func ParseInspectStockResponse(rsp *http.Response) (*InspectStockResponse, error
 		var headers InspectStockResponse200Headers
 		if values := rsp.Header.Values("ETag"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.ETag = &value
+			headers.ETag = value
 		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 503:
@@ -2664,8 +3117,15 @@ func ParseChangeStockResponse(rsp *http.Response) (*ChangeStockResponse, error) 
 		}
 		response.JSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
+		var dest Outage
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2678,10 +3138,10 @@ func ParseChangeStockResponse(rsp *http.Response) (*ChangeStockResponse, error) 
 		var headers ChangeStockResponse200Headers
 		if values := rsp.Header.Values("ETag"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.ETag = &value
+			headers.ETag = value
 		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 503:
@@ -2748,8 +3208,15 @@ func ParseCreateGroupResponse(rsp *http.Response) (*CreateGroupResponse, error) 
 		}
 		response.JSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
+		var dest Outage
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2818,8 +3285,15 @@ func ParseGetGroupResponse(rsp *http.Response) (*GetGroupResponse, error) {
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
+		var dest Outage
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2924,14 +3398,21 @@ func ParseReserveResponse(rsp *http.Response) (*ReserveResponse, error) {
 		response.JSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
+		var dest Throttled
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
+		var dest Outage
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -3010,8 +3491,15 @@ func ParseCancelReservationResponse(rsp *http.Response) (*CancelReservationRespo
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
+		var dest Outage
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -3080,8 +3568,15 @@ func ParseGetReservationResponse(rsp *http.Response) (*GetReservationResponse, e
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
+		var dest Outage
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -3150,8 +3645,15 @@ func ParseGetSkuResponse(rsp *http.Response) (*GetSkuResponse, error) {
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
+		var dest Outage
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}

@@ -382,7 +382,9 @@ type gatewayRoute struct {
 // match finds the route of a request as API Gateway does (the most literal
 // segments win) and its path parameters (nil without any).
 func match(table []gatewayRoute, method, path string) (samtemplate.Route, map[string]string, bool) {
-	seg := strings.Split(strings.Trim(path, "/"), "/")
+	// The path as it is: a trailing slash is another path ("" as its last
+	// segment matches no route), as on API Gateway.
+	seg := strings.Split(strings.TrimPrefix(path, "/"), "/")
 	best, bestLiterals := -1, -1
 	var bestParams map[string]string
 	for i, r := range table {

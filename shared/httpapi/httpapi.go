@@ -300,7 +300,14 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	}
 	c := reservation.StockChange{SKU: seg[2], Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, Rate: b.RatePerSec, Burst: b.Burst, IfVersion: b.Version,
 		Key: header(req, "Idempotency-Key")}
-	if m := header(req, "If-Match"); m != "" {
+	if m := strings.TrimSpace(header(req, "If-Match")); m == "*" {
+		// RFC 9110: * matches any current representation: the SKU as it
+		// stands, whatever its version (and 412 if there is none).
+		if c.IfVersion != nil {
+			return invalid("If-Match: * and the body's version disagree")
+		}
+		c.IfExists = true
+	} else if m != "" {
 		v, err := strconv.ParseInt(strings.TrimPrefix(strings.Trim(m, `"`), "W/"), 10, 64)
 		if err != nil || strings.Contains(m, ",") {
 			return invalid(`If-Match must be one version, as the ETag gives it ("<version>")`)

@@ -633,8 +633,9 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 	if c.Key != "" && (exists || errors.Is(err, sql.ErrNoRows)) {
 		// A retried change (the same key) is answered before its
 		// precondition: the first one moved the version it was based on.
-		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to) VALUES (?, ?, ?, ?, ?)`,
-			c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit))
+		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c))
 		if isDuplicate(err) {
 			return s.replayChange(ctx, tx, c)
 		}
@@ -647,12 +648,12 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 		if c.Set == nil {
 			return reservation.StockLevel{}, reservation.ErrUnknownSKU
 		}
-		if c.IfVersion != nil && *c.IfVersion != 0 {
+		if c.IfVersion != nil && *c.IfVersion != 0 || c.IfExists {
 			return reservation.StockLevel{}, fmt.Errorf("change stock %s: no such sku: %w", c.SKU, reservation.ErrPreconditionFailed)
 		}
 	case err != nil:
 		return reservation.StockLevel{}, translate("change stock read", err)
-	case c.Set != nil && c.IfVersion == nil:
+	case c.Set != nil && c.IfVersion == nil && !c.IfExists:
 		return reservation.StockLevel{}, reservation.ErrPreconditionRequired
 	case c.IfVersion != nil && *c.IfVersion != level.Version:
 		return reservation.StockLevel{}, fmt.Errorf("change stock %s: version is %d, not %d: %w", c.SKU, level.Version, *c.IfVersion, reservation.ErrPreconditionFailed)
@@ -720,17 +721,27 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 // is the level as it stands (applied once already); another change under
 // the key is refused.
 func (s *Store) replayChange(ctx context.Context, tx *sql.Tx, c reservation.StockChange) (reservation.StockLevel, error) {
-	var set, add, limit sql.NullInt64
-	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
-		Scan(&set, &add, &limit)
+	var set, add, limit, rate, burst, version sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
+		Scan(&set, &add, &limit, &rate, &burst, &version)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock replay", err)
 	}
 	_ = tx.Rollback()
-	if set != nullInt(c.Set) || add != nullInt(c.Add) || limit != nullInt(c.Limit) {
+	if set != nullInt(c.Set) || add != nullInt(c.Add) || limit != nullInt(c.Limit) ||
+		rate != nullInt(c.Rate) || burst != nullInt(c.Burst) || version != ifVersion(c) {
 		return reservation.StockLevel{}, fmt.Errorf("change stock %s: key %q: %w", c.SKU, c.Key, reservation.ErrIdempotencyMismatch)
 	}
 	return s.Stock(ctx, c.SKU)
+}
+
+// ifVersion is the precondition a keyed change was based on: its version,
+// -1 for If-Match: *, none.
+func ifVersion(c reservation.StockChange) sql.NullInt64 {
+	if c.IfExists {
+		return sql.NullInt64{Int64: -1, Valid: true}
+	}
+	return nullInt(c.IfVersion)
 }
 
 func nullInt[T int | int64](p *T) sql.NullInt64 {

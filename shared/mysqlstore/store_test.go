@@ -480,12 +480,32 @@ func TestChangeStockPreconditions(t *testing.T) {
 			t.Fatalf("keyed add = %+v %v, want 50 available once", l, err)
 		}
 	}
-	// A keyed absolute change retried after it committed is a no-op, not a 412.
+	// A keyed absolute change retried after it committed (the same request:
+	// the same If-Match) is a no-op, not a 412.
+	based := l.Version
 	for range 2 {
-		l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(l.Version), Key: "k2"})
+		l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(based), Key: "k2"})
 		if err != nil || l.Available != 50 {
 			t.Fatalf("keyed set = %+v %v, want 50 once", l, err)
 		}
+	}
+	// The same key with any other field of the change is refused.
+	for _, other := range []reservation.StockChange{
+		{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(based), Key: "k2", Rate: ptr(3)},
+		{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(based), Key: "k2", Burst: ptr(3)},
+		{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(based + 1), Key: "k2"},
+		{SKU: "s", Set: ptr[int64](50), IfExists: true, Key: "k2"},
+	} {
+		if _, err := s.ChangeStock(ctx, other); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+			t.Errorf("key k2 with %+v = %v, want ErrIdempotencyMismatch", other, err)
+		}
+	}
+	// If-Match: * sets the figure on the SKU as it stands; on none it fails.
+	if l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](50), IfExists: true}); err != nil || l.Available != 50 {
+		t.Fatalf("set with If-Match: * = %+v %v", l, err)
+	}
+	if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "nosuch", Set: ptr[int64](5), IfExists: true}); !errors.Is(err, reservation.ErrPreconditionFailed) {
+		t.Errorf("If-Match: * on no sku = %v, want ErrPreconditionFailed", err)
 	}
 	if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Add: ptr[int64](-51)}); !errors.Is(err, reservation.ErrInsufficient) {
 		t.Errorf("remove more than available = %v, want ErrInsufficient", err)

@@ -1040,10 +1040,10 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 		if c.Set == nil {
 			return StockLevel{}, ErrUnknownSKU
 		}
-		if c.IfVersion != nil && *c.IfVersion != 0 {
+		if c.IfVersion != nil && *c.IfVersion != 0 || c.IfExists {
 			return StockLevel{}, fmt.Errorf("change stock %s: no such sku: %w", c.SKU, ErrPreconditionFailed)
 		}
-	case c.Set != nil && c.IfVersion == nil:
+	case c.Set != nil && c.IfVersion == nil && !c.IfExists:
 		return StockLevel{}, ErrPreconditionRequired
 	case c.IfVersion != nil && *c.IfVersion != level.Version:
 		return StockLevel{}, fmt.Errorf("change stock %s: version is %d, not %d: %w", c.SKU, level.Version, *c.IfVersion, ErrPreconditionFailed)

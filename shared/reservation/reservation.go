@@ -136,6 +136,9 @@ type StockChange struct {
 	Rate      *int   // new per-user attempts per second, when not nil (0: the default)
 	Burst     *int   // new per-user burst, when not nil (0: the default)
 	IfVersion *int64
+	// IfExists is If-Match: *: Set applies to the SKU as it stands, without
+	// a version, and fails (ErrPreconditionFailed) if there is none.
+	IfExists bool
 	// Key makes a retried change a no-op (an Idempotency-Key); optional.
 	Key string
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -43,6 +44,21 @@ func emittedMetrics(t *testing.T) map[string]bool {
 	}
 	return out
 }
+
+// emittedBy names the functions whose Recorder counts each holdfast metric
+// the dashboard or an alarm reads (the Function dimension is the function's
+// name): a widget reading "confirmed" by reserve would show nothing.
+var emittedBy = map[string][]string{
+	"reserved": {"reserve"}, "sold_out": {"reserve"}, "rate_limited": {"reserve"}, "publish_failed": {"reserve"},
+	"confirmed": {"persist"}, "persist_retries": {"persist"}, "strays": {"persist"},
+	"records": {"persist", "compensate"}, "batches": {"persist", "compensate"},
+	"item_failures": {"persist", "compensate"}, "poison_messages": {"persist", "compensate"},
+	"cancelled_dead_letter": {"compensate"},
+	"drift_units": {"sweeper"}, "drift_healed": {"sweeper"}, "swept_expired": {"sweeper"}, "sweep_errors": {"sweeper"},
+}
+
+// stat is a CloudWatch statistic a widget or alarm may use.
+var stat = regexp.MustCompile(`^(Sum|Average|Minimum|Maximum|SampleCount|p\d{1,2}(\.\d+)?|p100)$`)
 
 // awsMetrics are the AWS metrics the dashboard and alarms may use, with the
 // dimension each is read by and the resource type that dimension names.
@@ -93,6 +109,27 @@ func TestDashboardShowsRealMetrics(t *testing.T) {
 		titles[w.Properties.Title] = true
 		if len(w.Properties.Metrics) == 0 {
 			t.Errorf("widget %q shows nothing", w.Properties.Title)
+		}
+		ids := map[string]bool{}
+		var exprs []string
+		for _, metric := range w.Properties.Metrics {
+			opts, _ := metric[len(metric)-1].(map[string]any)
+			if id, ok := opts["id"].(string); ok {
+				ids[id] = true
+			}
+			if e, ok := opts["expression"].(string); ok {
+				exprs = append(exprs, e)
+			}
+			if st, ok := opts["stat"].(string); ok && !stat.MatchString(st) {
+				t.Errorf("widget %q: statistic %q is not one CloudWatch knows", w.Properties.Title, st)
+			}
+		}
+		for _, e := range exprs {
+			for _, ref := range regexp.MustCompile(`\b[a-z][a-z0-9]*\b`).FindAllString(e, -1) {
+				if !ids[ref] && ref != "m" && !strings.Contains("if period", ref) {
+					t.Errorf("widget %q: expression %q uses %q, which no metric of the widget is", w.Properties.Title, e, ref)
+				}
+			}
 		}
 		for _, metric := range w.Properties.Metrics {
 			if _, isExpr := metric[0].(map[string]any); isExpr {
@@ -154,6 +191,9 @@ func checkMetric(t *testing.T, where, ns, name string, dims map[string]string, e
 		}
 		if dims["Stage"] != "Stage" || dims["Function"] == "" {
 			t.Errorf("%s: holdfast metric %s by %v, want Function and this Stage", where, name, dims)
+		}
+		if fns, ok := emittedBy[name]; !ok || !slices.Contains(fns, dims["Function"]) {
+			t.Errorf("%s: holdfast metric %s by Function=%s, but it is emitted by %v", where, name, dims["Function"], fns)
 		}
 		return
 	}

@@ -48,11 +48,22 @@ func (o outcome) String() string {
 	return o.op + " " + o.status + " " + o.code
 }
 
-// notProducedLocally are documented answers make dev cannot give, with why.
-var notProducedLocally = map[outcome]string{
-	{"changeStock", "403", ""}:  "API Gateway's IAM check; make dev leaves /admin open on loopback",
-	{"inspectStock", "403", ""}: "API Gateway's IAM check; make dev leaves /admin open on loopback",
+// notProducedLocally says why a documented answer cannot be produced by make
+// dev ("" when it must be).
+func notProducedLocally(o outcome) string {
+	switch {
+	case o.status == "403":
+		return "API Gateway's IAM check; make dev leaves /admin open on loopback"
+	case o.status == "500":
+		return "a fault: the function failing (API Gateway's message) or a bug (internal)"
+	case (o.status == "429" || o.status == "503") && o.code == "":
+		return "API Gateway's own throttling or outage answer"
+	}
+	return ""
 }
+
+// headersAnyResponse may come with any response (the transport's, not the API's).
+var headersAnyResponse = map[string]bool{"Content-Type": true, "Content-Length": true, "Date": true, "Connection": true}
 
 // checker validates traffic against the document and records what it saw.
 type checker struct {
@@ -63,6 +74,8 @@ type checker struct {
 
 	mu   sync.Mutex
 	seen map[outcome]bool
+	// fields are the properties seen in responses, per component schema.
+	fields map[string]map[string]bool
 }
 
 func newChecker(t *testing.T, base string) *checker {
@@ -80,7 +93,7 @@ func newChecker(t *testing.T, base string) *checker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &checker{t: t, doc: doc, router: router, base: base, seen: map[outcome]bool{}}
+	return &checker{t: t, doc: doc, router: router, base: base, seen: map[outcome]bool{}, fields: map[string]map[string]bool{}}
 }
 
 // reply is what the API answered.
@@ -167,10 +180,55 @@ func (k *checker) do(c call) reply {
 			k.t.Errorf("%s %s answered %d without a Retry-After in seconds", c.method, c.path, r.Status)
 		}
 	}
+	resp2 := route.Operation.Responses.Status(r.Status)
+	if resp2 != nil && resp2.Value != nil {
+		declared := map[string]bool{}
+		for h := range resp2.Value.Headers {
+			declared[strings.ToLower(h)] = true
+		}
+		for name := range r.Header {
+			if !headersAnyResponse[http.CanonicalHeaderKey(name)] && !declared[strings.ToLower(name)] {
+				k.t.Errorf("%s %s answered %d with header %s, which the document does not declare", c.method, c.path, r.Status, name)
+			}
+		}
+	}
 	k.mu.Lock()
 	k.seen[outcome{route.Operation.OperationID, strconv.Itoa(r.Status), r.str("error")}] = true
+	if resp2 != nil && resp2.Value != nil {
+		if mt := resp2.Value.Content.Get("application/json"); mt != nil && mt.Schema != nil {
+			k.recordFields(mt.Schema, r.Body)
+		}
+	}
 	k.mu.Unlock()
 	return r
+}
+
+// recordFields notes which properties of the body's component schema (the
+// oneOf branch it matches) the response carried.
+func (k *checker) recordFields(ref *openapi3.SchemaRef, body map[string]any) {
+	refs := []*openapi3.SchemaRef{ref}
+	if len(ref.Value.OneOf) > 0 {
+		refs = ref.Value.OneOf
+	}
+	for _, b := range refs {
+		if b.Ref == "" || b.Value.VisitJSON(toAny(body)) != nil {
+			continue
+		}
+		name := b.Ref[strings.LastIndex(b.Ref, "/")+1:]
+		if k.fields[name] == nil {
+			k.fields[name] = map[string]bool{}
+		}
+		for f := range body {
+			k.fields[name][f] = true
+		}
+	}
+}
+
+func toAny(m map[string]any) any {
+	b, _ := json.Marshal(m)
+	var v any
+	_ = json.Unmarshal(b, &v)
+	return v
 }
 
 // documented lists every answer the document promises: each operation's
@@ -309,12 +367,18 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	expect(put(sku, `{"add":-1000}`, nil), 409, "insufficient_stock")
 	expect(put(sku, `{"add":1}`, map[string]string{"Idempotency-Key": "admin-1"}), 200, "")
 	expect(put(sku, `{"add":2}`, map[string]string{"Idempotency-Key": "admin-1"}), 422, "idempotency_mismatch")
-	expect(put(sku, `{"stock":1,"add":1}`, nil), 400, "invalid_request")
+	expect(k.do(call{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"stock":1,"add":1}`, invalid: true}), 400, "invalid_request")
 	expect(k.do(call{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"stock":"many"}`, invalid: true}), 400, "invalid_request")
 	expect(put(sku, `{"add":1,"per_user_limit":2,"rate_per_second":0,"burst":0,"version":1}`+strings.Repeat(" ", 5000), nil), 413, "invalid_request")
 	expect(put(testservices.Name("nosuch"), `{"add":1}`, nil), 404, "unknown_sku")
 	expect(k.do(call{method: "GET", path: "/admin/skus/" + testservices.Name("nosuch") + "/stock"}), 404, "unknown_sku")
-	expect(k.do(call{method: "GET", path: "/admin/skus/bad%20sku/stock"}), 404, "unknown_sku")
+	expect(k.do(call{method: "GET", path: "/admin/skus/bad%20sku/stock", invalid: true}), 404, "unknown_sku")
+	// An admin change's key covers every field; If-Match: * is the SKU as it stands.
+	expect(put(sku, `{"add":1,"rate_per_second":3}`, map[string]string{"Idempotency-Key": "admin-2"}), 200, "")
+	expect(put(sku, `{"add":1,"rate_per_second":4}`, map[string]string{"Idempotency-Key": "admin-2"}), 422, "idempotency_mismatch")
+	expect(put(sku, `{"add":1,"rate_per_second":0}`, nil), 200, "")
+	expect(put(sku, `{"stock":7}`, map[string]string{"If-Match": "*"}), 200, "")
+	expect(put(testservices.Name("nosuch"), `{"stock":7}`, map[string]string{"If-Match": "*"}), 412, "version_mismatch")
 
 	// --- buyers: reserve, poll, cancel
 	r := reserve(ann, `{"sku":"`+sku+`","qty":1}`, map[string]string{"Idempotency-Key": "ann-1"})
@@ -342,9 +406,9 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	expect(reserve(bob, `{"sku":"`+sku+`","qty":1}`, nil), 409, "limit_exceeded")
 
 	// --- groups
-	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":1}`}), 400, "invalid_request")
+	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":1}`, invalid: true}), 400, "invalid_request")
 	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `"}`, invalid: true}), 400, "invalid_request")
-	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + strings.Repeat("s", 5000) + `","capacity":2}`}), 413, "invalid_request")
+	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + strings.Repeat("s", 5000) + `","capacity":2}`, invalid: true}), 413, "invalid_request")
 	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + testservices.Name("nosuch") + `","capacity":2}`}), 404, "unknown_sku")
 	g := k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2,"ttl_seconds":3600}`})
 	expect(g, 201, "")
@@ -376,7 +440,7 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	// --- the sku, sold out, rate limited
 	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + sku}), 200, "")
 	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + testservices.Name("nosuch")}), 404, "unknown_sku")
-	expect(k.do(call{token: ann, method: "GET", path: "/skus/bad%20sku"}), 404, "unknown_sku")
+	expect(k.do(call{token: ann, method: "GET", path: "/skus/bad%20sku", invalid: true}), 404, "unknown_sku")
 	expect(reserve(mint("fay"), `{"sku":"`+sku+`","qty":9}`, nil), 409, "sold_out")
 	slow := testservices.Name("slow")
 	expect(put(slow, `{"stock":100,"rate_per_second":1,"burst":1}`, nil), 200, "")
@@ -395,7 +459,7 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		expect(k.do(c), 401, "")
 	}
 	other := start("buyer_id") // its buyers are named by a claim the dev issuer does not write
-	k2 := &checker{t: t, doc: k.doc, base: other.URL, seen: k.seen}
+	k2 := &checker{t: t, doc: k.doc, base: other.URL, seen: k.seen, fields: k.fields}
 	k2.doc.Servers = openapi3.Servers{{URL: other.URL}}
 	if k2.router, err = gorillamux.NewRouter(k2.doc); err != nil {
 		t.Fatal(err)
@@ -413,6 +477,8 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	k.do(call{token: ann, method: "GET", path: "/reservations"})
 	k.do(call{token: ann, method: "PATCH", path: "/reservations/" + id})
 	k.do(call{method: "DELETE", path: "/admin/skus/" + sku + "/stock"})
+	k.do(call{token: ann, method: "GET", path: "/skus/" + sku + "/"})
+	k.do(call{token: ann, method: "POST", path: "/reservations/", body: `{"sku":"` + sku + `","qty":1}`})
 
 	// --- the stores down: 503 with Retry-After, on every route.
 	rds.Stop()
@@ -436,8 +502,17 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	// Every documented answer was given.
 	var missing []string
 	for _, o := range k.documented() {
-		if !k.seen[o] && notProducedLocally[o] == "" {
+		if !k.seen[o] && notProducedLocally(o) == "" {
 			missing = append(missing, o.String())
+		}
+	}
+	// Every property of every schema the API answered with was seen at
+	// least once: a documented field the API never sends fails.
+	for name, seen := range k.fields {
+		for prop := range k.doc.Components.Schemas[name].Value.Properties {
+			if !seen[prop] {
+				t.Errorf("schema %s documents %q, which no response carried", name, prop)
+			}
 		}
 	}
 	if len(missing) > 0 {
