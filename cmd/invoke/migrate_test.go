@@ -23,7 +23,7 @@ type cfnAnswer struct {
 	Method, ContentType string
 	Body                struct {
 		Status, Reason, PhysicalResourceId, StackId, RequestId, LogicalResourceId string
-		Data                                                                     map[string]string
+		Data                                                                      map[string]string
 	}
 }
 
@@ -122,8 +122,8 @@ func migrateUnderTheEmulator(t *testing.T, s stage, bin string, event any, vars 
 func cfnEvent(kind, url, physical string) map[string]any {
 	ev := map[string]any{
 		"RequestType": kind, "ResponseURL": url + "/cfn-response?X-Amz-Signature=abc",
-		"StackId":      "arn:aws:cloudformation:us-east-1:123456789012:stack/holdfast-dev/1",
-		"RequestId":    "req-" + strings.ToLower(kind), "LogicalResourceId": "Schema",
+		"StackId":   "arn:aws:cloudformation:us-east-1:123456789012:stack/holdfast-dev/1",
+		"RequestId": "req-" + strings.ToLower(kind), "LogicalResourceId": "Schema",
 		"ResourceType": "AWS::CloudFormation::CustomResource",
 		"ResourceProperties": map[string]any{
 			"ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:holdfast-dev-migrate", "SchemaVersion": "5",
@@ -161,7 +161,7 @@ func TestMigrateCustomResourceUnderTheEmulator(t *testing.T) {
 		t.Errorf("create data = %v, want schema %d, user %s, database %s", a.Body.Data, mysqlstore.Latest(), s.user, s.database)
 	}
 	var versions int
-	if err := admin.QueryRow("SELECT COUNT(*) FROM `"+s.database+"`.schema_migrations").Scan(&versions); err != nil || versions != mysqlstore.Latest() {
+	if err := admin.QueryRow("SELECT COUNT(*) FROM `" + s.database + "`.schema_migrations").Scan(&versions); err != nil || versions != mysqlstore.Latest() {
 		t.Fatalf("schema_migrations has %d rows (%v), want %d", versions, err, mysqlstore.Latest())
 	}
 
@@ -206,7 +206,7 @@ func TestMigrateCustomResourceUnderTheEmulator(t *testing.T) {
 		t.Fatalf("update answer = %+v, want SUCCESS for %s", a.Body, physical)
 	}
 	denied(`ALTER TABLE product_stock ADD COLUMN x INT`)
-	if err := admin.QueryRow("SELECT COUNT(*) FROM `"+s.database+"`.schema_migrations").Scan(&versions); err != nil || versions != mysqlstore.Latest() {
+	if err := admin.QueryRow("SELECT COUNT(*) FROM `" + s.database + "`.schema_migrations").Scan(&versions); err != nil || versions != mysqlstore.Latest() {
 		t.Errorf("after update schema_migrations has %d rows (%v), want %d", versions, err, mysqlstore.Latest())
 	}
 
