@@ -11,9 +11,9 @@ import (
 
 	"github.com/holdfast/holdfast/api/client"
 	"github.com/holdfast/holdfast/internal/devauth"
+	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/devstack"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // A client generated from api/openapi.yaml completes a reservation against

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/internal/devauth"
+	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/devstack"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // make dev behaves like the deployed API: over real HTTP with real signed

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/internal/devauth"
+	"github.com/holdfast/holdfast/internal/devstack"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/devstack"
 )
 
 func main() {

@@ -13,7 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	_ "github.com/go-sql-driver/mysql"
-	"github.com/holdfast/holdfast/shared/testservices"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 )
 
 const (

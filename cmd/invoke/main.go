@@ -29,7 +29,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/holdfast/holdfast/shared/samtemplate"
+	"github.com/holdfast/holdfast/internal/samtemplate"
 )
 
 func main() {

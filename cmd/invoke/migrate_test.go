@@ -14,8 +14,8 @@ import (
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/holdfast/holdfast/shared/mysqlstore"
-	"github.com/holdfast/holdfast/shared/testservices"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 )
 
 // cfnAnswer is what the migrate function PUT on the response URL.

@@ -13,10 +13,10 @@ import (
 
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/devauth"
+	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/loadgen"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/devstack"
-	"github.com/holdfast/holdfast/shared/loadgen"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // The whole pipeline on one machine (the dev stack, wired from

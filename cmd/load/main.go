@@ -36,7 +36,7 @@ import (
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/holdfast/holdfast/internal/devauth"
-	"github.com/holdfast/holdfast/shared/loadgen"
+	"github.com/holdfast/holdfast/internal/loadgen"
 )
 
 func main() {

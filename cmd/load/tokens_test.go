@@ -14,9 +14,9 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/holdfast/holdfast/internal/devauth"
-	"github.com/holdfast/holdfast/shared/devstack"
-	"github.com/holdfast/holdfast/shared/loadgen"
-	"github.com/holdfast/holdfast/shared/samtemplate"
+	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/loadgen"
+	"github.com/holdfast/holdfast/internal/samtemplate"
 )
 
 // Each simulated buyer reaches the function as itself: through the dev

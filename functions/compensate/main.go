@@ -10,7 +10,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/consumer"
+	"github.com/holdfast/holdfast/shared/handlers/consumer"
 	"github.com/holdfast/holdfast/shared/metrics"
 )
 

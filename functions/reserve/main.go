@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/httpapi"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/metrics"
 )
 

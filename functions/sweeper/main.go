@@ -10,8 +10,8 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/handlers/schedule"
 	"github.com/holdfast/holdfast/shared/metrics"
-	"github.com/holdfast/holdfast/shared/schedule"
 )
 
 func main() {

@@ -27,8 +27,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/shared/invariant"
-	"github.com/holdfast/holdfast/shared/redisstore"
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 

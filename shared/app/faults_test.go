@@ -18,10 +18,10 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/holdfast/holdfast/shared/faultproxy"
-	"github.com/holdfast/holdfast/shared/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/faultproxy"
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 var errCrash = errors.New("injected crash")

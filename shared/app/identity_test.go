@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/holdfast/holdfast/shared/testservices"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 )
 
 // A buyer is who the verified token says: another buyer's reservation reads

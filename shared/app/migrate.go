@@ -14,9 +14,9 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/mysqlstore"
-	"github.com/holdfast/holdfast/shared/provision"
+	"github.com/holdfast/holdfast/shared/handlers/provision"
 )
 
 // PrepareDatabase returns what the migrate function runs on every Create and

@@ -52,11 +52,11 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/holdfast/holdfast/shared/invariant"
-	"github.com/holdfast/holdfast/shared/queue"
-	"github.com/holdfast/holdfast/shared/redisstore"
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/testservices"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )

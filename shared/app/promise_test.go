@@ -24,14 +24,14 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/holdfast/holdfast/internal/testkit/faultproxy"
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/app"
-	"github.com/holdfast/holdfast/shared/consumer"
-	"github.com/holdfast/holdfast/shared/faultproxy"
-	"github.com/holdfast/holdfast/shared/httpapi"
-	"github.com/holdfast/holdfast/shared/invariant"
-	"github.com/holdfast/holdfast/shared/queue"
+	"github.com/holdfast/holdfast/shared/handlers/consumer"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // promise is a stack whose reservation messages are captured instead of

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/app"
-	"github.com/holdfast/holdfast/shared/queue"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // 1,000 buyers at once for 100 units: exactly 100 are held, then exactly 100

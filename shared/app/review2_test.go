@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/shared/faultproxy"
-	"github.com/holdfast/holdfast/shared/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/faultproxy"
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // failUsers records every message like recordingEnqueuer, except those of

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/shared/testservices"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 )
 
 // hashedID is what httpapi's caller() makes of a claim that is not a valid

@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/shared/invariant"
-	"github.com/holdfast/holdfast/shared/mysqlstore"
-	"github.com/holdfast/holdfast/shared/redisstore"
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
+	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // handle sends one request straight to the handler; safe from goroutines.

@@ -10,10 +10,10 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // In AWS the functions get the database credentials and the Redis AUTH token

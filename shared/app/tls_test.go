@@ -14,8 +14,8 @@ import (
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 // tlsServers are a redis-server and a MariaDB serving TLS with a certificate

@@ -29,10 +29,10 @@ import (
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/devauth"
+	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/devstack"
-	"github.com/holdfast/holdfast/shared/mysqlstore"
-	"github.com/holdfast/holdfast/shared/testservices"
 )
 
 const document = "../../api/openapi.yaml"

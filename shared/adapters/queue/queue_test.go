@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/shared/queue"
+	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 

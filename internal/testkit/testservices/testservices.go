@@ -31,7 +31,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/go-sql-driver/mysql"
-	"github.com/holdfast/holdfast/shared/mysqlstore"
+	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/redis/go-redis/v9"
 )
 

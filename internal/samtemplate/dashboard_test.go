@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/holdfast/holdfast/shared/samtemplate"
+	"github.com/holdfast/holdfast/internal/samtemplate"
 )
 
 // emittedMetrics are the holdfast metrics the code writes: every literal

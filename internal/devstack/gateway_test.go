@@ -15,8 +15,8 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/holdfast/holdfast/internal/devauth"
-	"github.com/holdfast/holdfast/shared/devstack"
-	"github.com/holdfast/holdfast/shared/samtemplate"
+	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/samtemplate"
 )
 
 // recorder is the function behind the gateway: it keeps every event.

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/holdfast/holdfast/shared/redisstore"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/testservices"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -26,15 +26,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/holdfast/holdfast/internal/eventsource"
+	"github.com/holdfast/holdfast/internal/samtemplate"
+	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/consumer"
-	"github.com/holdfast/holdfast/shared/eventsource"
-	"github.com/holdfast/holdfast/shared/httpapi"
-	"github.com/holdfast/holdfast/shared/mysqlstore"
+	"github.com/holdfast/holdfast/shared/handlers/consumer"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
+	"github.com/holdfast/holdfast/shared/handlers/schedule"
 	"github.com/holdfast/holdfast/shared/reservation"
-	"github.com/holdfast/holdfast/shared/samtemplate"
-	"github.com/holdfast/holdfast/shared/schedule"
 )
 
 // Options configures a Stack. Zero values take the template's settings.

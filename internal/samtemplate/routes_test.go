@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/holdfast/holdfast/shared/httpapi"
-	"github.com/holdfast/holdfast/shared/samtemplate"
+	"github.com/holdfast/holdfast/internal/samtemplate"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 )
 
 // The dev gateway authorizes from Routes: every served route must be there,

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/holdfast/holdfast/shared/httpapi"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 

@@ -13,9 +13,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/holdfast/holdfast/internal/samtemplate"
+	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/mysqlstore"
-	"github.com/holdfast/holdfast/shared/samtemplate"
 )
 
 const root = "../.."

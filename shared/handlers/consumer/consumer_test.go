@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/holdfast/holdfast/shared/consumer"
-	"github.com/holdfast/holdfast/shared/queue"
+	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/handlers/consumer"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
