@@ -1,4 +1,4 @@
-package app_test
+package system_test
 
 // The promise under ordinary use (issue 9): scenarios in which buyers,
 // admins and the platform do ordinary things — a second click, a late

@@ -1,4 +1,4 @@
-package app_test
+package system_test
 
 // TestModel is a model-based (stateful property) test of the promise under
 // ordinary use (docs/design.md): rapid draws random sequences of

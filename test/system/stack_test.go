@@ -1,4 +1,4 @@
-package app_test
+package system_test
 
 import (
 	"context"

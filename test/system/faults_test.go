@@ -1,4 +1,4 @@
-package app_test
+package system_test
 
 // The fault matrix of docs/design.md: one test per row, on the real
 // redis-server, MariaDB and SQS server, with the fault injected for real —

@@ -1,4 +1,4 @@
-package app_test
+package system_test
 
 // Seeded chaos: many short schedules, each a random sale on its own SKU —
 // buyers (some retrying with the same key), group joins (some users twice),

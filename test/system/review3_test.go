@@ -1,4 +1,4 @@
-package app_test
+package system_test
 
 // Third adversarial review (identity, issue 10): each test reproduced a
 // break on the code under review; they pass since the fixes (hashed user ids

@@ -1,4 +1,4 @@
-package app_test
+package system_test
 
 // Adversarial review: each test here reproduced a sequence of ordinary
 // operations (or hostile-but-valid input) that broke holdfast's promise on

@@ -1,4 +1,4 @@
-package app_test
+package system_test
 
 // Second adversarial review: each test reproduced a sequence of ordinary
 // operations (or a single ordinary fault) that broke holdfast's promise on
