@@ -304,21 +304,28 @@ type APIHandler func(ctx context.Context, req events.APIGatewayV2HTTPRequest) (e
 // pass unchecked: SigV4 guards them in AWS, and the dev stack listens on
 // loopback only.
 func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Logger) http.Handler {
-	table := make([]gatewayRoute, len(routes))
-	for i, r := range routes {
-		table[i] = gatewayRoute{Route: r, seg: strings.Split(strings.Trim(r.Path, "/"), "/")}
+	// Routing is ServeMux's, from the document's routes (the most specific
+	// pattern wins, a trailing slash is another path), as sam local
+	// start-api routes; whatever matches none gets API Gateway's 404.
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		gatewayReply(w, http.StatusNotFound, "Not Found", nil)
+		log.Info(r.Method+" "+r.URL.Path, "status", http.StatusNotFound, "route", "none")
+	})
+	for _, route := range routes {
+		mux.Handle(pattern(route), invoke(h, route, v, log))
 	}
+	return mux
+}
+
+// invoke serves one route: the authorizer, then the function.
+func invoke(h APIHandler, route samtemplate.Route, v Verifier, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		logged := func(status int, args ...any) {
 			log.Info(r.Method+" "+r.URL.Path, append([]any{"status", status, "latency", time.Since(start).Round(time.Microsecond)}, args...)...)
 		}
-		route, params, ok := match(table, r.Method, r.URL.Path)
-		if !ok {
-			gatewayReply(w, http.StatusNotFound, "Not Found", nil)
-			logged(http.StatusNotFound, "route", "none")
-			return
-		}
+		params := params(route, r)
 		var authorizer *events.APIGatewayV2HTTPRequestContextAuthorizerDescription
 		switch route.AuthType {
 		case "NONE", "AWS_IAM":
@@ -374,66 +381,34 @@ func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Log
 	})
 }
 
-type gatewayRoute struct {
-	samtemplate.Route
-	seg []string // path segments; "{name}" matches one, "{name+}" the rest
+// pattern turns an API Gateway route into a ServeMux pattern: "{proxy+}"
+// (the rest of the path) is "{proxy...}"; ANY has no method.
+func pattern(r samtemplate.Route) string {
+	path := r.Path
+	if strings.HasSuffix(path, "+}") {
+		path = strings.TrimSuffix(path, "+}") + "...}"
+	}
+	if r.Method == "ANY" {
+		return path
+	}
+	return r.Method + " " + path
 }
 
-// match finds the route of a request as API Gateway does (the most literal
-// segments win) and its path parameters (nil without any).
-func match(table []gatewayRoute, method, path string) (samtemplate.Route, map[string]string, bool) {
-	// The path as it is: a trailing slash is another path ("" as its last
-	// segment matches no route), as on API Gateway.
-	seg := strings.Split(strings.TrimPrefix(path, "/"), "/")
-	best, bestLiterals := -1, -1
-	var bestParams map[string]string
-	for i, r := range table {
-		if r.Method != method && r.Method != "ANY" {
+// params reads the route's path parameters from the request ServeMux matched.
+func params(r samtemplate.Route, req *http.Request) map[string]string {
+	var out map[string]string
+	for _, seg := range strings.Split(r.Path, "/") {
+		name, ok := strings.CutPrefix(seg, "{")
+		if !ok {
 			continue
 		}
-		params, literals, ok := r.matches(seg)
-		if ok && literals > bestLiterals {
-			best, bestLiterals, bestParams = i, literals, params
+		name = strings.TrimSuffix(strings.TrimSuffix(name, "}"), "+")
+		if out == nil {
+			out = map[string]string{}
 		}
+		out[name] = req.PathValue(name)
 	}
-	if best < 0 {
-		return samtemplate.Route{}, nil, false
-	}
-	return table[best].Route, bestParams, true
-}
-
-func (r gatewayRoute) matches(seg []string) (map[string]string, int, bool) {
-	var params map[string]string
-	literals := 0
-	for i, p := range r.seg {
-		name, isParam := strings.CutPrefix(p, "{")
-		name, _ = strings.CutSuffix(name, "}")
-		if greedy, ok := strings.CutSuffix(name, "+"); isParam && ok && i < len(seg) {
-			if params == nil {
-				params = map[string]string{}
-			}
-			params[greedy] = strings.Join(seg[i:], "/")
-			return params, literals, true
-		}
-		if i >= len(seg) {
-			return nil, 0, false
-		}
-		switch {
-		case !isParam:
-			if p != seg[i] {
-				return nil, 0, false
-			}
-			literals++
-		case seg[i] == "":
-			return nil, 0, false
-		default:
-			if params == nil {
-				params = map[string]string{}
-			}
-			params[name] = seg[i]
-		}
-	}
-	return params, literals, len(seg) == len(r.seg)
+	return out
 }
 
 var errNoToken = errors.New("no token")

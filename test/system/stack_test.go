@@ -21,6 +21,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/eventsource"
+	"github.com/holdfast/holdfast/internal/testkit/apievent"
 	"github.com/holdfast/holdfast/internal/testkit/faultproxy"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
@@ -270,10 +271,7 @@ func (s *stack) callAs(user, method, path, body string, headers map[string]strin
 // apiRequest is the v2 event API Gateway passes for a request, with the
 // claims of user's verified token (none when user is "").
 func apiRequest(user, method, path, body string, headers map[string]string) events.APIGatewayV2HTTPRequest {
-	ev := events.APIGatewayV2HTTPRequest{
-		Version: "2.0", RouteKey: "$default", RawPath: path, Body: body, Headers: headers,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
-	}
+	ev := apievent.New(method, path, body, headers)
 	if user != "" {
 		ev.RequestContext.Authorizer = &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
 			JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{Claims: map[string]string{"sub": user}},

@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -96,48 +97,55 @@ func (h *Handler) caller(req events.APIGatewayV2HTTPRequest) (string, response, 
 
 type response = events.APIGatewayV2HTTPResponse
 
-type route struct {
-	method  string
-	pattern []string // "*" matches one path segment
-	// serve answers the request; user is the verified buyer ("" on the
-	// admin routes, which IAM guards).
-	serve func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string, user string) response
-}
+// route answers one route of the API; params are API Gateway's
+// pathParameters, user the verified buyer ("" on the admin routes, which
+// IAM guards).
+type route func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, params map[string]string, user string) response
 
-var routes = []route{
-	{http.MethodPost, []string{"reservations"}, (*Handler).reserve},
-	{http.MethodGet, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string, user string) response {
-		r, err := h.svc.Get(ctx, seg[1], user)
+// routes are keyed by API Gateway's routeKey, as api/openapi.yaml declares
+// them (a test holds the two equal). API Gateway (and make dev's gateway)
+// has matched the path already: the handler reads routeKey and
+// pathParameters, never the raw path or the stage.
+var routes = map[string]route{
+	"POST /reservations": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, _ map[string]string, user string) response {
+		return h.reserve(ctx, req, user)
+	},
+	"GET /reservations/{id}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, user string) response {
+		r, err := h.svc.Get(ctx, p["id"], user)
 		if err != nil {
 			return h.fail(ctx, err)
 		}
 		return reply(http.StatusOK, reservationBody(r))
-	}},
-	{http.MethodDelete, []string{"reservations", "*"}, func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string, user string) response {
-		r, err := h.svc.Cancel(ctx, seg[1], user)
+	},
+	"DELETE /reservations/{id}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, user string) response {
+		r, err := h.svc.Cancel(ctx, p["id"], user)
 		if err != nil {
 			return h.fail(ctx, err)
 		}
 		return reply(http.StatusOK, reservationBody(r))
-	}},
-	{http.MethodPost, []string{"groups"}, (*Handler).createGroup},
-	{http.MethodGet, []string{"groups", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string, _ string) response {
-		g, err := h.svc.Group(ctx, seg[1])
+	},
+	"POST /groups": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, _ map[string]string, _ string) response {
+		return h.createGroup(ctx, req)
+	},
+	"GET /groups/{id}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		g, err := h.svc.Group(ctx, p["id"])
 		if err != nil {
 			return h.fail(ctx, err)
 		}
 		return reply(http.StatusOK, groupBody(g))
-	}},
-	{http.MethodGet, []string{"skus", "*"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string, _ string) response {
-		n, err := h.svc.Available(ctx, seg[1])
+	},
+	"GET /skus/{sku}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		n, err := h.svc.Available(ctx, p["sku"])
 		if err != nil {
 			return h.fail(ctx, err)
 		}
-		return reply(http.StatusOK, map[string]any{"sku": seg[1], "available": n})
-	}},
-	{http.MethodPut, []string{"admin", "skus", "*", "stock"}, (*Handler).setStock},
-	{http.MethodGet, []string{"admin", "skus", "*", "stock"}, func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, seg []string, _ string) response {
-		r, err := h.svc.InspectStock(ctx, seg[2])
+		return reply(http.StatusOK, map[string]any{"sku": p["sku"], "available": n})
+	},
+	"PUT /admin/skus/{sku}/stock": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		return h.setStock(ctx, req, p["sku"])
+	},
+	"GET /admin/skus/{sku}/stock": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		r, err := h.svc.InspectStock(ctx, p["sku"])
 		if err != nil {
 			return h.fail(ctx, err)
 		}
@@ -147,65 +155,41 @@ var routes = []route{
 		})
 		resp.Headers["ETag"] = etag(r.Version)
 		return resp
-	}},
+	},
 }
 
-// Routes lists the API's routes as "METHOD /path/*" (one * per path parameter).
+// Routes lists the route keys the handler serves ("GET /reservations/{id}"),
+// sorted.
 func Routes() []string {
-	out := make([]string, len(routes))
-	for i, r := range routes {
-		out[i] = r.method + " /" + strings.Join(r.pattern, "/")
+	out := make([]string, 0, len(routes))
+	for k := range routes {
+		out = append(out, k)
 	}
+	sort.Strings(out)
 	return out
-}
-
-func (r route) matches(seg []string) bool {
-	if len(seg) != len(r.pattern) {
-		return false
-	}
-	for i, p := range r.pattern {
-		if p != "*" && p != seg[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Handle serves one request. It never returns an error: every failure is a
 // response, so API Gateway never answers a bare 500.
 func (h *Handler) Handle(ctx context.Context, req events.APIGatewayV2HTTPRequest) (response, error) {
-	method := req.RequestContext.HTTP.Method
-	path := req.RawPath
-	if path == "" {
-		path = req.RequestContext.HTTP.Path
+	key := req.RouteKey
+	if key == "" {
+		key = req.RequestContext.RouteKey
 	}
-	// A named stage prefixes rawPath (/dev/reservations); routes do not carry it.
-	if st := req.RequestContext.Stage; st != "" && st != "$default" {
-		path = strings.TrimPrefix(path, "/"+st)
+	serve, ok := routes[key]
+	if !ok {
+		// API Gateway invokes the function only for the document's routes.
+		return errorReply(http.StatusNotFound, "not_found", "no route "+key), nil
 	}
-	seg := strings.Split(strings.Trim(path, "/"), "/")
-	pathKnown := false
-	for _, r := range routes {
-		if !r.matches(seg) {
-			continue
+	var user string
+	if !strings.Contains(key, " /admin/") { // buyer routes: API Gateway's JWT authorizer (admin: IAM)
+		var resp response
+		var ok bool
+		if user, resp, ok = h.caller(req); !ok {
+			return resp, nil
 		}
-		if r.method == method {
-			var user string
-			if r.pattern[0] != "admin" { // buyer routes: API Gateway's JWT authorizer (admin: IAM)
-				var resp response
-				var ok bool
-				if user, resp, ok = h.caller(req); !ok {
-					return resp, nil
-				}
-			}
-			return r.serve(h, ctx, req, seg, user), nil
-		}
-		pathKnown = true
 	}
-	if pathKnown {
-		return errorReply(http.StatusMethodNotAllowed, "method_not_allowed", method+" is not allowed on "+path), nil
-	}
-	return errorReply(http.StatusNotFound, "not_found", "no route "+method+" "+path), nil
+	return serve(h, ctx, req, req.PathParameters, user), nil
 }
 
 type reserveBody struct {
@@ -215,7 +199,7 @@ type reserveBody struct {
 	GroupID string `json:"group_id"`
 }
 
-func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string, user string) response {
+func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPRequest, user string) response {
 	var b reserveBody
 	if resp, ok := decode(req, &b); !ok {
 		return resp
@@ -254,7 +238,7 @@ type groupRequest struct {
 	TTLSeconds *int   `json:"ttl_seconds"`
 }
 
-func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRequest, _ []string, _ string) response {
+func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRequest) response {
 	var b groupRequest
 	if resp, ok := decode(req, &b); !ok {
 		return resp
@@ -290,7 +274,7 @@ type stockRequest struct {
 // setStock changes a SKU's sellable stock: {"stock": n} is an absolute
 // figure, guarded on an existing SKU by the version it was based on
 // (If-Match: "<version>" or "version" in the body); {"add": n} is relative.
-func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPRequest, seg []string, user string) response {
+func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPRequest, sku string) response {
 	var b stockRequest
 	if resp, ok := decode(req, &b); !ok {
 		return resp
@@ -298,7 +282,7 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	if (b.Stock == nil) == (b.Add == nil) {
 		return invalid("give exactly one of stock (the new figure) and add (units to add or remove)")
 	}
-	c := reservation.StockChange{SKU: seg[2], Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, Rate: b.RatePerSec, Burst: b.Burst, IfVersion: b.Version,
+	c := reservation.StockChange{SKU: sku, Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, Rate: b.RatePerSec, Burst: b.Burst, IfVersion: b.Version,
 		Key: header(req, "Idempotency-Key")}
 	if m := strings.TrimSpace(header(req, "If-Match")); m == "*" {
 		// RFC 9110: * matches any current representation: the SKU as it

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/holdfast/holdfast/internal/testkit/apievent"
 	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
@@ -74,10 +75,7 @@ func request(method, path, body string, headers map[string]string) events.APIGat
 }
 
 func anonymous(method, path, body string, headers map[string]string) events.APIGatewayV2HTTPRequest {
-	return events.APIGatewayV2HTTPRequest{
-		RawPath: path, Body: body, Headers: headers,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path}},
-	}
+	return apievent.New(method, path, body, headers)
 }
 
 func do(t *testing.T, svc *stub, req events.APIGatewayV2HTTPRequest) (int, map[string]any) {
@@ -118,7 +116,7 @@ func TestBadInputIsA4xxThatNamesTheProblemAndReachesNothing(t *testing.T) {
 		{"stock missing", "PUT", "/admin/skus/s/stock", `{}`, 400, "exactly one of stock"},
 		{"stock and add", "PUT", "/admin/skus/s/stock", `{"stock":1,"add":1}`, 400, "exactly one of stock"},
 		{"unknown route", "GET", "/nope", ``, 404, "no route"},
-		{"wrong method", "PATCH", "/reservations", ``, 405, "not allowed"},
+		{"a route API Gateway does not have", "PATCH", "/reservations", ``, 404, "no route"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -185,10 +183,18 @@ func TestRoutes(t *testing.T) {
 	if svc.last.IdempotencyKey != "abc" {
 		t.Errorf("Idempotency-Key not passed (case-insensitively): %q", svc.last.IdempotencyKey)
 	}
-	staged := request("GET", "/dev/skus/s", "", nil)
-	staged.RequestContext.Stage = "dev"
+	// A named stage prefixes rawPath; the handler reads routeKey and
+	// pathParameters, never the path.
+	staged := request("GET", "/skus/s", "", nil)
+	staged.RawPath, staged.RequestContext.HTTP.Path, staged.RequestContext.Stage = "/dev/skus/s", "/dev/skus/s", "dev"
 	if code, body := do(t, svc, staged); code != 200 || body["sku"] != "s" {
 		t.Errorf("GET /dev/skus/s on stage dev = %d %v, want the sku route", code, body)
+	}
+	// The parameter is API Gateway's (decoded), whatever the raw path says.
+	odd := request("GET", "/skus/s", "", nil)
+	odd.PathParameters = map[string]string{"sku": "a b"}
+	if code, body := do(t, svc, odd); code != 200 || body["sku"] != "a b" {
+		t.Errorf("GET with pathParameters sku=\"a b\" = %d %v, want the parameter as given", code, body)
 	}
 	b64 := base64.StdEncoding.EncodeToString([]byte(`{"sku":"s","qty":1,"user_id":"u"}`))
 	req := request("POST", "/reservations", b64, nil)
