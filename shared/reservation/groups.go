@@ -158,3 +158,27 @@ func (s *Service) cancelMember(ctx context.Context, id string) error {
 	}
 	return err
 }
+
+// formGroup records a full group FORMED in MySQL, then in Redis. full says
+// the caller knows every slot is taken; otherwise Redis is asked.
+func (s *Service) formGroup(ctx context.Context, g Group, at time.Time, full bool) {
+	if !full {
+		rg, err := s.holds.Group(ctx, g.SKU, g.ID)
+		if err != nil || rg.Status != GroupOpen || rg.Remaining > 0 {
+			return
+		}
+	}
+	if err := s.recordFormed(ctx, g, at); err != nil {
+		s.log.WarnContext(ctx, "group formation not recorded yet; the sweeper decides at the deadline", "group_id", g.ID, "error", err)
+	}
+}
+
+// recordFormed records a full group FORMED: MySQL decides (it refuses while
+// a member's cancellation is still on its way to Redis), then Redis follows.
+func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error {
+	formed, err := s.ledger.FormGroup(ctx, g.ID, at)
+	if err == nil && formed {
+		_, err = s.holds.FormGroup(ctx, g, at)
+	}
+	return err
+}

@@ -1,0 +1,311 @@
+package reservation
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"time"
+)
+
+// Reserve: the buyer's path (one script call, one send), and the reads a
+// buyer makes (Get, Available).
+
+// ReserveRequest is a buyer's "buy" or "join group".
+type ReserveRequest struct {
+	SKU            string
+	Qty            int
+	UserID         string
+	GroupID        string
+	IdempotencyKey string // optional; the same key from the same user for the same SKU is the same reservation
+}
+
+// ReservationID returns the id of a request — "<sku>.<26 base32>" —
+// derived from the idempotency key when there is one (so a retry lands on
+// the same hold), random otherwise. A derived id is a keyed MAC of the
+// buyer, the SKU and the key with the server's secret, so nobody can compute
+// another buyer's id from a guessable key. The id names its SKU: see SKUOf.
+func ReservationID(req ReserveRequest, secret []byte) string {
+	var b [16]byte
+	if req.IdempotencyKey == "" {
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	} else {
+		mac := hmac.New(sha256.New, secret)
+		mac.Write([]byte(req.UserID + "\x00" + req.SKU + "\x00" + req.IdempotencyKey))
+		copy(b[:], mac.Sum(nil)[:16])
+	}
+	return req.SKU + "." + idEncoding.EncodeToString(b[:])
+}
+
+// idEncoding is base32 in lower case without padding: 26 characters for 128 bits.
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newToken names one incarnation of a hold (see Reservation.Token).
+func newToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Reserve holds stock for a buyer and hands the reservation to persist.
+// The result is HELD, or, for a replayed request, the reservation's current
+// state (replayed true). A keyed request is judged against MySQL whenever
+// Redis has no answer of its own (a new hold, or a refusal): once MySQL has
+// the row, the same request answers its decided state and takes nothing (a
+// hold Redis took again is returned), and a different one is
+// ErrIdempotencyMismatch, however long Redis has forgotten the hold. The
+// buyer's attempt rate is charged before MySQL is asked. If the hand-off of a request without a key fails,
+// the reservation is cancelled through the fenced decision before Reserve
+// returns ErrUnavailable, so the caller holds nothing (if even that cannot be
+// decided, MySQL down, the hold stays for the sweeper); a keyed request's
+// hold stays for its retry.
+func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation, bool, error) {
+	if len(req.IdempotencyKey) > 128 {
+		return Reservation{}, false, invalid("Idempotency-Key", "must be at most 128 characters")
+	}
+	now := s.clock.Now()
+	r := Reservation{
+		ID: ReservationID(req, s.idSecret), SKU: req.SKU, Qty: req.Qty, UserID: req.UserID, GroupID: req.GroupID,
+		Token: newToken(), Status: StatusHeld,
+	}
+	if err := r.Validate(s.cfg.MaxQty); err != nil {
+		return Reservation{}, false, err
+	}
+	keyed := req.IdempotencyKey != ""
+	// A sold-out SKU is answered here for a short while. Not for a request
+	// with an idempotency key: it may be the replay of a reservation that exists.
+	if until, ok := s.soldOut.Load(r.SKU); ok && !keyed && now.Before(until.(time.Time)) {
+		s.metrics.Count("sold_out", 1)
+		return Reservation{}, false, ErrSoldOut
+	}
+	// The script runs first, so the buyer's attempt rate is charged before
+	// any MySQL read: a scalper's thousands of fresh keys cost Redis, not the
+	// arbiter. MySQL is asked only when Redis has no answer of its own for a
+	// keyed request: a new hold, or a refusal.
+	held, out, err := s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
+	if errors.Is(err, ErrUnknownSKU) {
+		// Redis may have lost the SKU (failover, flush): warm it from MySQL
+		// once and try again; MySQL says whether the SKU exists at all.
+		if _, werr := s.warm(ctx, r.SKU); werr != nil {
+			return Reservation{}, false, werr
+		}
+		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
+	}
+	if err != nil && keyed && refusal(err) {
+		// Redis may have forgotten a reservation MySQL decided: a replay of
+		// it is answered with its row, not refused for today's stock.
+		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
+			if rerr != nil {
+				return Reservation{}, false, rerr
+			}
+			return row, true, nil
+		}
+	}
+	if err == nil && keyed && !held.Status.Final() {
+		// A held answer to a keyed request (a new hold, or one Redis took
+		// again while MySQL was unreachable): if MySQL already decided this
+		// id, the hold is a stray. Follow returns it, and the row answers.
+		// MySQL unreachable: go on; persist recognises a stray by its token
+		// and returns it.
+		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
+			s.follow(ctx, row, 0)
+			if rerr != nil {
+				return Reservation{}, false, rerr
+			}
+			return row, true, nil
+		}
+	}
+	if err != nil {
+		if errors.Is(err, ErrRateLimited) {
+			s.metrics.Count("rate_limited", 1)
+		}
+		if errors.Is(err, ErrSoldOut) {
+			s.metrics.Count("sold_out", 1)
+			if s.cfg.SoldOutTTL > 0 && r.GroupID == "" {
+				s.soldOut.Store(r.SKU, now.Add(s.cfg.SoldOutTTL))
+			}
+		}
+		if errors.Is(err, ErrUnavailable) && !keyed {
+			s.abandon(ctx, r)
+		}
+		return Reservation{}, false, err
+	}
+	if out.Replayed && held.Status.Final() {
+		return held, true, nil
+	}
+	if h := s.hooks.AfterHold; h != nil {
+		if err := h(held); err != nil {
+			return Reservation{}, false, err
+		}
+	}
+	// A replay of a HELD hold sends again: the first attempt may have crashed
+	// between the deduct and the send. Persist takes each id at most once.
+	// If that re-send fails, the first send (or, failing it, the sweeper)
+	// still decides the hold, so the replay answers HELD and cancels nothing.
+	// A keyed request's failed send is not fenced either: the 503 tells the
+	// client to retry with the same key, and that retry replays and re-sends
+	// this hold (or the sweeper expires it). Fencing would turn the retry into
+	// a CANCELLED answer for good, and could cancel a reservation an earlier
+	// attempt with the key was told 202 for.
+	if err := s.queue.Enqueue(ctx, held); err != nil {
+		s.metrics.Count("publish_failed", 1)
+		if out.Replayed {
+			s.log.WarnContext(ctx, "reserve: re-send of a replayed hold failed", "reservation_id", held.ID, "error", err)
+			return held, true, nil
+		}
+		if keyed {
+			s.log.WarnContext(ctx, "reserve: send failed; the hold waits for a retry with the same key", "reservation_id", held.ID, "error", err)
+			return Reservation{}, false, Unavailable("reserve enqueue", err)
+		}
+		final, serr := s.settle(ctx, held, ReasonPublishFailed)
+		if serr != nil {
+			s.log.ErrorContext(ctx, "reserve: enqueue failed and the hold is left to the sweeper",
+				"reservation_id", held.ID, "enqueue_error", err, "settle_error", serr)
+			return Reservation{}, false, Unavailable("reserve enqueue", err)
+		}
+		if final.Status == StatusConfirmed {
+			// The send that reported failure went through and was persisted.
+			return final, true, nil
+		}
+		return Reservation{}, false, Unavailable("reserve enqueue", err)
+	}
+	if !out.Replayed {
+		s.metrics.Count("reserved", 1)
+	}
+	if held.GroupID != "" && (out.Full || out.Replayed) {
+		// An accepted join that took the last slot forms the group: MySQL
+		// records it (unless a member's cancellation is still on its way to
+		// Redis), then Redis. If this fails the sweeper decides at the deadline.
+		s.formGroup(ctx, Group{ID: held.GroupID, SKU: held.SKU}, held.CreatedAt, out.Full)
+	}
+	return held, out.Replayed, nil
+}
+
+// refusal reports the script's answers that refuse a request for the state
+// of the SKU or group today (not a fault, not the buyer's rate).
+func refusal(err error) bool {
+	for _, e := range []error{ErrSoldOut, ErrGroupFull, ErrGroupClosed, ErrAlreadyJoined, ErrLimitExceeded, ErrUnknownGroup} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// decidedRow looks a keyed request's id up in MySQL: ok with the row when
+// MySQL decided it for the same request, ErrIdempotencyMismatch when for
+// another; not ok (and no error) when MySQL has no row or cannot be asked.
+func (s *Service) decidedRow(ctx context.Context, r Reservation) (Reservation, bool, error) {
+	row, err := s.ledger.Reservation(ctx, r.ID)
+	switch {
+	case err == nil:
+		if row.Qty != r.Qty || row.UserID != r.UserID || row.GroupID != r.GroupID {
+			return row, false, ErrIdempotencyMismatch
+		}
+		return row, true, nil
+	case !errors.Is(err, ErrNotFound):
+		s.log.WarnContext(ctx, "reserve: idempotency check in mysql failed", "reservation_id", r.ID, "error", err)
+	}
+	return Reservation{}, false, nil
+}
+
+// abandon settles a reservation without an idempotency key whose Redis call
+// failed with an unknown outcome (a timeout, a reset): the script may have
+// run and left a hold that no message will ever settle. Its id is random, so
+// no earlier attempt can have been accepted under it: fence and release it
+// now, within a short bound, so the 503 holds nothing; if Redis or MySQL is
+// still down the sweeper finds the hold at its deadline. A keyed request is
+// never abandoned: an earlier attempt with the same key may have been told
+// 202, and its hold must stand.
+func (s *Service) abandon(ctx context.Context, r Reservation) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, err := s.settle(ctx, r, ReasonHoldFailed); err != nil {
+		s.log.WarnContext(ctx, "reserve: abandoned hold left to the sweeper", "reservation_id", r.ID, "error", err)
+	}
+}
+
+// maxWarmHolds bounds the HELD holds a warm-up checks against MySQL; past
+// it the warm-up counts them all as undecided (Redis shows fewer units until
+// their confirms arrive: the safe side).
+const maxWarmHolds = 5000
+
+// warm loads a SKU Redis has no stock for from MySQL, counting every unit
+// once: the HELD holds Redis still has are read first, then MySQL's level
+// and which of them it has confirmed in one consistent read, then the
+// script refuses a level older than a confirm it has already seen (it
+// would miss that confirm's deduction): read again.
+func (s *Service) warm(ctx context.Context, sku string) (warmed bool, err error) {
+	for range 3 {
+		ids, err := s.holds.HeldIDs(ctx, sku, maxWarmHolds)
+		if err != nil {
+			return false, err
+		}
+		level, confirmed, err := s.ledger.Snapshot(ctx, sku, ids)
+		if err != nil {
+			return false, err
+		}
+		res, err := s.holds.Warm(ctx, level, ids, confirmed)
+		if err != nil {
+			return false, err
+		}
+		if res == SyncWarmed {
+			s.metrics.Count("warmed", 1)
+			s.log.InfoContext(ctx, "warmed sku from mysql", "sku", sku, "available", level.Available, "holds", len(ids))
+		}
+		if res != SyncStale {
+			return res == SyncWarmed, nil
+		}
+	}
+	return false, Unavailable("warm "+sku, errors.New("mysql level keeps moving"))
+}
+
+// Get returns a reservation of user's: MySQL's row once MySQL has decided
+// it, the Redis hold (HELD) until then. ErrNotFound if neither store knows
+// the id, or it is another user's (the same answer, so ids cannot be
+// probed). With MySQL unreachable, Redis's view is the answer.
+func (s *Service) Get(ctx context.Context, id, user string) (Reservation, error) {
+	if !ValidReservationID(id, "") {
+		return Reservation{}, ErrNotFound
+	}
+	row, err := s.ledger.Reservation(ctx, id)
+	if err == nil {
+		return owned(row, user)
+	}
+	h, herr := s.holds.Hold(ctx, id)
+	switch {
+	case herr == nil:
+		return owned(h, user)
+	case !errors.Is(err, ErrNotFound):
+		return Reservation{}, err
+	default:
+		return Reservation{}, herr
+	}
+}
+
+// owned returns r if user owns it, else ErrNotFound (never "forbidden":
+// another buyer's id must look like an unknown one).
+func owned(r Reservation, user string) (Reservation, error) {
+	if r.UserID != user {
+		return Reservation{}, ErrNotFound
+	}
+	return r, nil
+}
+
+// Available returns the units buyers can still reserve (the Redis figure).
+func (s *Service) Available(ctx context.Context, sku string) (int64, error) {
+	if !ValidID(sku) {
+		return 0, ErrUnknownSKU
+	}
+	rs, err := s.holds.Stock(ctx, sku)
+	if errors.Is(err, ErrUnknownSKU) {
+		if _, werr := s.warm(ctx, sku); werr != nil {
+			return 0, werr
+		}
+		rs, err = s.holds.Stock(ctx, sku)
+	}
+	return rs.Available, err
+}
