@@ -97,6 +97,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer a.Close()
+	defer func() {
+		for _, c := range b.closers {
+			_ = c()
+		}
+	}()
 	if _, err := mysqlstore.Migrate(ctx, a.DB); err != nil {
 		return err
 	}
@@ -137,6 +142,7 @@ type bench struct {
 	checks  []string
 	load    *loadgen.Report
 	cold    map[string]time.Duration
+	closers []func() error // services built for a part, closed at the end
 }
 
 func (b *bench) log(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
@@ -226,9 +232,10 @@ func (b *bench) reserve(ctx context.Context) error {
 	}, redisCheck); err != nil {
 		return err
 	}
-	noSend := reservation.NewService(b.cfg.Protocol, reservation.Deps{
-		Holds: redisstore.New(rdb, b.cfg.HoldRetention, redisstore.WithUserRate(b.cfg.UserRate, b.cfg.UserBurst)), Ledger: mysqlstore.New(db), Queue: nopQueue{}, Notifier: nopNotifier{},
-	})
+	noSend, err := b.service(ctx, b.cfg, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
+	if err != nil {
+		return err
+	}
 	if err := run("holdfast, no send", setStock, func(sku string, w, i int) error {
 		_, _, err := noSend.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
 		return err
@@ -269,9 +276,17 @@ type nopQueue struct{}
 
 func (nopQueue) Enqueue(context.Context, reservation.Reservation) error { return nil }
 
-type nopNotifier struct{}
-
-func (nopNotifier) Cancelled(context.Context, reservation.Reservation) error { return nil }
+// service is another service on the same stores, wired by app.Build as the
+// functions are, with o's overrides; closed when the bench ends.
+func (b *bench) service(ctx context.Context, cfg config.Config, o app.Options) (*reservation.Service, error) {
+	o.Function, o.Out = "bench", io.Discard
+	a, err := app.Build(ctx, cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, a.Close)
+	return a.Service, nil
+}
 
 // persist: a backlog of messages on one hot SKU, textbook consumer vs holdfast.
 func (b *bench) persist(ctx context.Context) error {
@@ -373,9 +388,10 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers int, prefix st
 		msgs[i] = reservation.Reservation{ID: fmt.Sprintf("%s-%d-%d", prefix, now.UnixNano()%1e9, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d", i), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	}
 	rec := &counter{}
-	svc := reservation.NewService(b.cfg.Protocol, reservation.Deps{
-		Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention, redisstore.WithUserRate(b.cfg.UserRate, b.cfg.UserBurst)), Ledger: mysqlstore.New(db), Notifier: nopNotifier{}, Metrics: rec,
-	})
+	svc, err := b.service(ctx, b.cfg, app.Options{Metrics: rec})
+	if err != nil {
+		return result{}, 0, 0, err
+	}
 	b.log("persist: holdfast, %d messages, %d consumers …", n, consumers)
 	var next, failed atomic.Int64
 	var wg sync.WaitGroup
@@ -429,11 +445,12 @@ func (c *counter) get(name string) int { c.mu.Lock(); defer c.mu.Unlock(); retur
 // soldOut: a storm on a sold-out SKU, with and without the per-instance flag.
 func (b *bench) soldOut(ctx context.Context) error {
 	for _, ttl := range []time.Duration{0, reservation.DefaultConfig().SoldOutTTL} {
-		cfg := b.cfg.Protocol
-		cfg.SoldOutTTL = ttl
-		svc := reservation.NewService(cfg, reservation.Deps{
-			Holds: redisstore.New(b.app.Redis, b.cfg.HoldRetention, redisstore.WithUserRate(b.cfg.UserRate, b.cfg.UserBurst)), Ledger: mysqlstore.New(b.app.DB), Queue: nopQueue{}, Notifier: nopNotifier{},
-		})
+		cfg := b.cfg
+		cfg.Protocol.SoldOutTTL = ttl
+		svc, err := b.service(ctx, cfg, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
+		if err != nil {
+			return err
+		}
 		sku := fmt.Sprintf("bench-soldout-%d", time.Now().UnixNano())
 		if _, err := svc.ChangeStock(ctx, reservation.SetTo(sku, 0)); err != nil {
 			return err
@@ -536,7 +553,7 @@ func (b *bench) find(name string) result {
 func (b *bench) ratios() []string {
 	floor, hf, hfSend, pureDB := b.find("raw EVALSHA floor"), b.find("holdfast, no send"), b.find("holdfast with SQS send"), b.find("pure DB: UPDATE ... WHERE available >= 1")
 	tb, hp := b.find("textbook optimistic consumer"), b.find("holdfast batch persist")
-	so0, so1 := b.results[len(b.results)-2], b.results[len(b.results)-1]
+	so0, so1 := b.find("sold-out storm, no flag"), b.find(fmt.Sprintf("sold-out storm, %v flag", reservation.DefaultConfig().SoldOutTTL))
 	return []string{
 		fmt.Sprintf("holdfast reserve / raw script floor = %.2f (goal ≥ 0.90)", hf.rate()/floor.rate()),
 		fmt.Sprintf("holdfast reserve / pure-DB design = %.1f× (goal ≥ 8×)", hf.rate()/pureDB.rate()),

@@ -10,7 +10,6 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/handlers/consumer"
 	"github.com/holdfast/holdfast/shared/metrics"
 )
 
@@ -31,6 +30,6 @@ func run(ctx context.Context, getenv func(string) string) error {
 		return err
 	}
 	defer a.Close()
-	lambda.StartWithOptions(metrics.Flushing(a.Metrics, consumer.New("compensate", a.Service.Compensate, a.Metrics, a.Log).Handle), lambda.WithContext(ctx))
+	lambda.StartWithOptions(metrics.Flushing(a.Metrics, a.Handlers(nil).Compensate.Handle), lambda.WithContext(ctx))
 	return nil
 }

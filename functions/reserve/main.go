@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
-	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/metrics"
 )
 
@@ -35,6 +34,6 @@ func run(ctx context.Context, getenv func(string) string) error {
 		return err
 	}
 	defer a.Close()
-	lambda.StartWithOptions(metrics.Flushing(a.Metrics, httpapi.New(a.Service, a.Log, httpapi.WithUserClaim(cfg.UserClaim)).Handle), lambda.WithContext(ctx))
+	lambda.StartWithOptions(metrics.Flushing(a.Metrics, a.Handlers(nil).API.Handle), lambda.WithContext(ctx))
 	return nil
 }

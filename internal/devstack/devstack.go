@@ -129,10 +129,10 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Stack{App: a, cancel: cancel}
 	quiet := slog.New(slog.DiscardHandler)
-	api := httpapi.New(a.Service, o.Log, httpapi.WithUserClaim(cfg.UserClaim))
-	s.Persist = consumer.NewBatch("persist", a.Service.PersistBatch, a.Metrics, quiet)
-	compensate := consumer.New("compensate", a.Service.Compensate, a.Metrics, quiet)
-	s.Sweeper = schedule.New(a.Service, quiet)
+	api := a.Handlers(o.Log).API // warnings of the API show in make dev
+	h := a.Handlers(quiet)
+	s.Persist, s.Sweeper = h.Persist, h.Sweeper
+	compensate := h.Compensate
 
 	vis := func(q samtemplate.Queue) int32 {
 		if o.Visibility > 0 {

@@ -29,6 +29,9 @@ import (
 	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/handlers/consumer"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
+	"github.com/holdfast/holdfast/shared/handlers/schedule"
 	"github.com/holdfast/holdfast/shared/metrics"
 	"github.com/holdfast/holdfast/shared/reservation"
 	"github.com/redis/go-redis/v9"
@@ -43,6 +46,7 @@ type App struct {
 	DB      *sql.DB
 	SQS     *sqs.Client
 
+	cfg     config.Config
 	closers []func() error
 }
 
@@ -60,6 +64,9 @@ type Options struct {
 	Enqueuer func(sqs reservation.Enqueuer) reservation.Enqueuer
 	// Hooks are crash points for fault-injection tests; nil in production.
 	Hooks reservation.Hooks
+	// Metrics, when set, also receives every count the service makes
+	// (bench and tests read them); EMF lines are written either way.
+	Metrics reservation.Metrics
 }
 
 // Build connects to Redis, MySQL, SQS and the event bus as cfg says and
@@ -86,7 +93,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		secrets = secretsmanager.NewFromConfig(awsCfg)
 	}
 
-	a := &App{Log: log, Metrics: rec}
+	a := &App{Log: log, Metrics: rec, cfg: cfg}
 	rdb, err := redisClient(ctx, cfg, secrets)
 	if err != nil {
 		return nil, err
@@ -136,7 +143,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		Ledger:   mysqlstore.New(db),
 		Queue:    enq,
 		Notifier: notifier,
-		Metrics:  rec,
+		Metrics:  teeMetrics(rec, opt.Metrics),
 		Clock:    opt.Clock,
 		Log:      log,
 		Hooks:    opt.Hooks,
@@ -173,6 +180,41 @@ func idSecret(ctx context.Context, cfg config.Config, secrets *secretsmanager.Cl
 	}
 	return []byte(key), nil
 }
+
+// Handlers are the Lambda handlers of the four functions, wired one way
+// for the mains, make dev's stack, the system tests and bench.
+type Handlers struct {
+	API        *httpapi.Handler  // reserve (API Gateway)
+	Persist    *consumer.Handler // persist (the reservation queue, in batches)
+	Compensate *consumer.Handler // compensate (the DLQ)
+	Sweeper    *schedule.Handler // sweeper (the schedule)
+}
+
+// Handlers returns the handlers over the app's service, logging to log
+// (the app's own when nil).
+func (a *App) Handlers(log *slog.Logger) Handlers {
+	if log == nil {
+		log = a.Log
+	}
+	return Handlers{
+		API:        httpapi.New(a.Service, log, httpapi.WithUserClaim(a.cfg.UserClaim)),
+		Persist:    consumer.NewBatch("persist", a.Service.PersistBatch, a.Metrics, log),
+		Compensate: consumer.New("compensate", a.Service.Compensate, a.Metrics, log),
+		Sweeper:    schedule.New(a.Service, log),
+	}
+}
+
+// teeMetrics counts into the recorder and, when set, extra.
+func teeMetrics(rec *metrics.Recorder, extra reservation.Metrics) reservation.Metrics {
+	if extra == nil {
+		return rec
+	}
+	return tee{rec, extra}
+}
+
+type tee [2]reservation.Metrics
+
+func (t tee) Count(name string, n int) { t[0].Count(name, n); t[1].Count(name, n) }
 
 // Close closes the clients.
 func (a *App) Close() error {

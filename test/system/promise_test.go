@@ -301,7 +301,7 @@ func (p *promise) lambdaWithClock(clock reservation.Clock) *httpapi.Handler {
 		p.t.Fatal(err)
 	}
 	p.t.Cleanup(func() { _ = a.Close() })
-	return httpapi.New(a.Service, a.Log)
+	return a.Handlers(nil).API
 }
 
 // refundedThenForgotten: a reservation of 2 of 10 units is confirmed, the

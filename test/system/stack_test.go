@@ -227,10 +227,8 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 	t.Cleanup(func() { _ = a.Close() })
 	s.app = a
 	s.db = direct
-	s.api = httpapi.New(a.Service, a.Log)
-	s.persist = consumer.NewBatch("persist", a.Service.PersistBatch, a.Metrics, a.Log)
-	s.compensate = consumer.New("compensate", a.Service.Compensate, a.Metrics, a.Log)
-	s.sweeper = schedule.New(a.Service, a.Log)
+	h := a.Handlers(nil)
+	s.api, s.persist, s.compensate, s.sweeper = h.API, h.Persist, h.Compensate, h.Sweeper
 	return s
 }
 
