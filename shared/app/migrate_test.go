@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,18 +112,16 @@ func TestMigrateWaitsForAnotherMigrator(t *testing.T) {
 	if err := holder.QueryRowContext(context.Background(), `SELECT GET_LOCK(?, 0)`, lock).Scan(&got); err != nil || got != 1 {
 		t.Fatalf("take the lock: %d %v", got, err)
 	}
-	released := make(chan struct{})
+	var lettingGo atomic.Bool
 	go func() {
 		// Longer than a driver read timeout of 10 s would have allowed.
 		time.Sleep(11 * time.Second)
+		lettingGo.Store(true) // before the release: the migrator cannot run earlier
 		_, _ = holder.ExecContext(context.Background(), `DO RELEASE_LOCK(?)`, lock)
 		_ = holder.Close()
-		close(released)
 	}()
 	rep, err := app.PrepareDatabase(s.cfg)(context.Background())
-	select {
-	case <-released:
-	default:
+	if !lettingGo.Load() {
 		t.Errorf("prepared before the other migrator let go of the lock")
 	}
 	if err != nil || rep.SchemaVersion != mysqlstore.Latest() {

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/internal/services"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -202,9 +204,8 @@ func StartRedis(t testing.TB, extraArgs ...string) *Redis {
 func (r *Redis) start() {
 	r.t.Helper()
 	_, port, _ := net.SplitHostPort(r.Addr)
-	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
-		"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"}, r.extra...)
-	r.cmd = exec.Command("redis-server", args...)
+	p, _ := strconv.Atoi(port)
+	r.cmd = exec.Command("redis-server", append(services.RedisArgs(p, r.dir), r.extra...)...)
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatalf("start redis-server: %v", err)
 	}
@@ -376,25 +377,14 @@ func StartMariaDB(t testing.TB, extraArgs ...string) *MariaDB {
 	}
 	dir := t.TempDir()
 	data, sock := filepath.Join(dir, "data"), filepath.Join(dir, "mysql.sock")
-	if out, err := exec.Command("mariadb-install-db", "--no-defaults", "--basedir=/usr", "--datadir="+data,
-		"--user=root", "--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput(); err != nil {
-		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := services.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	args := append([]string{"--no-defaults", "--user=root", "--datadir=" + data, "--socket=" + sock,
-		"--port=" + port, "--bind-address=127.0.0.1", "--skip-name-resolve", "--skip-log-bin",
-		"--pid-file=" + filepath.Join(dir, "mysql.pid")}, extraArgs...)
-	cmd := exec.Command("mariadbd", args...)
-	var log strings.Builder
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start mariadbd: %v", err)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	cmd, err := services.StartMariaDB(data, sock, filepath.Join(dir, "mariadb.log"), port, false, extraArgs...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	m := &MariaDB{Addr: addr, RootDSN: "root@unix(" + sock + ")/", cmd: cmd}
 	t.Cleanup(m.Stop)
