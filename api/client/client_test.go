@@ -10,10 +10,8 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/api/client"
-	"github.com/holdfast/holdfast/internal/devauth"
-	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/testkit/devstacktest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
-	"github.com/holdfast/holdfast/shared/config"
 )
 
 // A client generated from api/openapi.yaml completes a reservation against
@@ -23,32 +21,8 @@ import (
 func TestGeneratedClientCompletesAReservation(t *testing.T) {
 	env := testservices.Require(t)
 	ctx := context.Background()
-	q := env.CreateQueues(t, env.SQS(t), 5)
-	vars := map[string]string{
-		"HOLDFAST_REDIS_ADDR": env.RedisAddr, "HOLDFAST_DB_DSN": env.Database(t), "HOLDFAST_QUEUE_URL": q.URL,
-		"HOLDFAST_EVENTS_QUEUE_URL": q.EventsURL, "HOLDFAST_AWS_ENDPOINT": env.SQSEndpoint, "HOLDFAST_LOG_LEVEL": "error",
-		"HOLDFAST_ID_SECRET_FILE": os.Getenv("HOLDFAST_ID_SECRET_FILE"),
-	}
-	cfg, err := config.Load(func(k string) string { return vars[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	issuer, err := devauth.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	stack, err := devstack.Start(ctx, cfg, devstack.Options{
-		Addr: "127.0.0.1:0", Template: "../../template.yaml", DLQURL: q.DLQURL,
-		Visibility: 2 * time.Second, SweepEvery: time.Hour, Verifier: issuer.Verifier(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stack.Stop()
-	token, err := issuer.Mint("ann", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stack := devstacktest.Start(t, env, nil)
+	token := stack.Token("ann")
 	bearer := client.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
 		req.Header.Set("Authorization", "Bearer "+token)
 		return nil

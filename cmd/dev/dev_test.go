@@ -5,15 +5,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/internal/devauth"
-	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/testkit/devstacktest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
-	"github.com/holdfast/holdfast/shared/config"
 )
 
 // make dev behaves like the deployed API: over real HTTP with real signed
@@ -25,38 +22,9 @@ import (
 func TestDevStackBuyersAreWhoTheirTokenSays(t *testing.T) {
 	env := testservices.Require(t)
 	ctx := context.Background()
-	q := env.CreateQueues(t, env.SQS(t), 5)
-	vars := map[string]string{
-		"HOLDFAST_REDIS_ADDR": env.RedisAddr, "HOLDFAST_DB_DSN": env.Database(t), "HOLDFAST_QUEUE_URL": q.URL,
-		"HOLDFAST_EVENTS_QUEUE_URL": q.EventsURL, "HOLDFAST_LOG_LEVEL": "warn",
-		"HOLDFAST_ID_SECRET_FILE": os.Getenv("HOLDFAST_ID_SECRET_FILE"),
-		"HOLDFAST_USER_RATE":      "5", "HOLDFAST_USER_BURST": "10",
-	}
-	cfg, err := config.Load(func(k string) string { return vars[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	issuer, err := devauth.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	stack, err := devstack.Start(ctx, cfg, devstack.Options{
-		Addr: "127.0.0.1:0", Template: "../../template.yaml", DLQURL: q.DLQURL,
-		Visibility: 2 * time.Second, SweepEvery: time.Hour, Verifier: issuer.Verifier(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stack.Stop()
-
-	mint := func(sub string) string {
-		t.Helper()
-		tok, err := issuer.Mint(sub, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
-	}
+	stack := devstacktest.Start(t, env, map[string]string{"HOLDFAST_USER_RATE": "5", "HOLDFAST_USER_BURST": "10", "HOLDFAST_LOG_LEVEL": "warn"})
+	issuer := stack.Issuer
+	mint := stack.Token
 	do := func(token, method, path, body string) (int, map[string]any, http.Header) {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, method, stack.URL+path, strings.NewReader(body))

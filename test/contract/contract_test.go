@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -28,11 +27,9 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	_ "github.com/go-sql-driver/mysql"
-	"github.com/holdfast/holdfast/internal/devauth"
-	"github.com/holdfast/holdfast/internal/devstack"
+	"github.com/holdfast/holdfast/internal/testkit/devstacktest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
-	"github.com/holdfast/holdfast/shared/config"
 )
 
 const document = "../../api/openapi.yaml"
@@ -306,33 +303,9 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	issuer, err := devauth.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := func(claim string) *devstack.Stack {
-		q := env.CreateQueues(t, env.SQS(t), 5)
-		vars := map[string]string{
-			"HOLDFAST_REDIS_ADDR": rds.Addr, "HOLDFAST_DB_DSN": dsn, "HOLDFAST_QUEUE_URL": q.URL,
-			"HOLDFAST_EVENTS_QUEUE_URL": q.EventsURL, "HOLDFAST_AWS_ENDPOINT": env.SQSEndpoint, "HOLDFAST_LOG_LEVEL": "error",
-			"HOLDFAST_ID_SECRET_FILE": os.Getenv("HOLDFAST_ID_SECRET_FILE"), "HOLDFAST_USER_CLAIM": claim,
-			"HOLDFAST_USER_RATE": "0",
-		}
-		cfg, err := config.Load(func(k string) string { return vars[k] })
-		if err != nil {
-			t.Fatal(err)
-		}
-		stack, err := devstack.Start(ctx, cfg, devstack.Options{
-			Addr: "127.0.0.1:0", Template: "../../template.yaml", DLQURL: q.DLQURL,
-			Visibility: 2 * time.Second, SweepEvery: time.Hour, Verifier: issuer.Verifier(),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(stack.Stop)
-		return stack
-	}
-	stack := start("sub")
+	base := map[string]string{"HOLDFAST_REDIS_ADDR": rds.Addr, "HOLDFAST_DB_DSN": dsn, "HOLDFAST_USER_RATE": "0"}
+	stack := devstacktest.Start(t, env, base)
+	issuer := stack.Issuer
 	k := newChecker(t, stack.URL)
 	mint := func(sub string) string {
 		tok, err := issuer.Mint(sub, time.Hour)
@@ -458,7 +431,9 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		c.invalid = true // the document requires the token
 		expect(k.do(c), 401, "")
 	}
-	other := start("buyer_id") // its buyers are named by a claim the dev issuer does not write
+	// Its buyers are named by a claim the dev issuer does not write.
+	base["HOLDFAST_USER_CLAIM"] = "buyer_id"
+	other := devstacktest.StartTrusting(t, env, base, issuer)
 	k2 := &checker{t: t, doc: k.doc, base: other.URL, seen: k.seen, fields: k.fields}
 	k2.doc.Servers = openapi3.Servers{{URL: other.URL}}
 	if k2.router, err = gorillamux.NewRouter(k2.doc); err != nil {
