@@ -15,7 +15,9 @@ import (
 	"github.com/holdfast/holdfast/internal/devauth"
 	"github.com/holdfast/holdfast/internal/devstack"
 	"github.com/holdfast/holdfast/internal/loadgen"
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/config"
 )
 
@@ -108,6 +110,16 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 		if dup := one(`SELECT COUNT(*) - COUNT(DISTINCT user_id) FROM reservations WHERE group_id = ? AND status = 'CONFIRMED'`, g.ID); dup != 0 {
 			t.Errorf("group %s has a user twice", g.ID)
 		}
+	}
+	// And the invariants (I1–I5) the fault and chaos tests check, on both stores.
+	vs, err := invariant.Check(ctx, db, redisstore.New(env.Redis(t), 0), invariant.Expect{
+		Sellable: map[string]int64{sku: 150}, Quiescent: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vs) > 0 {
+		t.Errorf("invariants broken after the sale:\n%s", invariant.Violations(vs))
 	}
 	chart := filepath.Join(t.TempDir(), "load.svg")
 	if err := loadgen.WriteChart(rep, chart); err != nil {

@@ -1,0 +1,212 @@
+package loadgen
+
+// What a run found: the report, its checks against the promise, and how it prints.
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Percentiles of a latency distribution.
+type Percentiles struct {
+	P50, P90, P99, Max time.Duration
+	N                  int
+}
+
+// GroupResult is one group-buy round.
+type GroupResult struct {
+	ID            string
+	Capacity      int
+	Joins         int // requests
+	Accepted      int
+	DistinctUsers int // among accepted joins
+	Status        string
+	Members       int // confirmed members (MySQL)
+}
+
+// Check is one PASS/FAIL line of the invariant report.
+type Check struct {
+	Name   string
+	Pass   bool
+	Detail string
+}
+
+// Bucket is one slice of the timeline.
+type Bucket struct {
+	At       time.Duration
+	Width    time.Duration
+	Accepted int
+	P99      time.Duration
+}
+
+// StockView is GET /admin/skus/{sku}/stock.
+type StockView struct {
+	MySQLAvailable int64 `json:"mysql_available"`
+	RedisAvailable int64 `json:"redis_available"`
+	Held           int64 `json:"held"`
+	Drift          int64 `json:"drift"`
+	Version        int64 `json:"version"`
+}
+
+// Report is what a run measured and checked.
+type Report struct {
+	SKU            string
+	Stock          int
+	Requests       int
+	Accepted       int
+	SoldOut        int
+	Rejected       int // other 4xx
+	Failed         int // 5xx and transport errors
+	Confirmed      int // reservations of the hot SKU
+	ConfirmedUnits int
+	Cancelled      map[string]int // by reason
+	Pending        int            // accepted but not final when the wait ended
+	Final          StockView
+	GroupSKU       string
+	GroupStock     int
+	GroupFinal     StockView
+	GroupUnits     int // confirmed units of group joins
+	Groups         []GroupResult
+	Duration       time.Duration
+	Throughput     float64 // requests/s
+	Latency        Percentiles
+	Lag            Percentiles // accept → seen CONFIRMED (polling resolution)
+	Timeline       []Bucket
+	Checks         []Check
+
+	lags []time.Duration // every accept → CONFIRMED lag, for the chart
+}
+
+// Passed reports whether every check passed.
+func (r *Report) Passed() bool {
+	for _, c := range r.Checks {
+		if !c.Pass {
+			return false
+		}
+	}
+	return len(r.Checks) > 0
+}
+
+func checks(rep *Report) []Check {
+	var cs []Check
+	add := func(name string, pass bool, format string, args ...any) {
+		cs = append(cs, Check{Name: name, Pass: pass, Detail: fmt.Sprintf(format, args...)})
+	}
+	add("no oversell", rep.Final.MySQLAvailable >= 0 && rep.ConfirmedUnits <= rep.Stock,
+		"confirmed %d of %d units, MySQL available %d", rep.ConfirmedUnits, rep.Stock, rep.Final.MySQLAvailable)
+	add("conservation", int64(rep.Stock) == rep.Final.MySQLAvailable+int64(rep.ConfirmedUnits) &&
+		rep.Final.Drift == 0 && rep.Final.Held == 0 && rep.Final.RedisAvailable == rep.Final.MySQLAvailable,
+		"stock %d = MySQL available %d + confirmed %d; Redis %d, held %d, drift %d",
+		rep.Stock, rep.Final.MySQLAvailable, rep.ConfirmedUnits, rep.Final.RedisAvailable, rep.Final.Held, rep.Final.Drift)
+	add("every accepted reservation final", rep.Pending == 0, "%d still HELD", rep.Pending)
+	if len(rep.Groups) > 0 {
+		ok := int64(rep.GroupStock) == rep.GroupFinal.MySQLAvailable+int64(rep.GroupUnits) && rep.GroupFinal.Held == 0
+		detail := []string{fmt.Sprintf("group stock %d = MySQL %d + confirmed %d", rep.GroupStock, rep.GroupFinal.MySQLAvailable, rep.GroupUnits)}
+		for _, g := range rep.Groups {
+			if g.Accepted > g.Capacity || g.DistinctUsers != g.Accepted || g.Members > g.Capacity {
+				ok = false
+				detail = append(detail, fmt.Sprintf("%s: %d accepted, %d users, %d members for %d slots", g.ID, g.Accepted, g.DistinctUsers, g.Members, g.Capacity))
+			}
+		}
+		add("group capacity respected", ok, "%s", strings.Join(detail, "; "))
+	}
+	return cs
+}
+
+func percentiles(d []time.Duration) Percentiles {
+	if len(d) == 0 {
+		return Percentiles{}
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	at := func(q float64) time.Duration { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return Percentiles{P50: at(0.50), P90: at(0.90), P99: at(0.99), Max: s[len(s)-1], N: len(s)}
+}
+
+// timeline buckets the requests by start time, about 50 buckets a run
+// (at least 5 ms each).
+func timeline(outs []outcome, start time.Time) []Bucket {
+	var span time.Duration
+	for _, o := range outs {
+		span = max(span, o.start.Sub(start))
+	}
+	width := max(5*time.Millisecond, span/50)
+	byBucket := map[int][]outcome{}
+	last := 0
+	for _, o := range outs {
+		i := int(o.start.Sub(start) / width)
+		byBucket[i] = append(byBucket[i], o)
+		last = max(last, i)
+	}
+	var out []Bucket
+	for i := 0; i <= last; i++ {
+		b := Bucket{At: time.Duration(i) * width, Width: width}
+		var lat []time.Duration
+		for _, o := range byBucket[i] {
+			lat = append(lat, o.latency)
+			if o.status == http.StatusAccepted {
+				b.Accepted++
+			}
+		}
+		b.P99 = percentiles(lat).P99
+		out = append(out, b)
+	}
+	return out
+}
+
+func progress(w io.Writer, label string, done *atomic.Int64, total int, start time.Time, stop <-chan struct{}) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			progressLine(w, label, int(done.Load()), total, start)
+		}
+	}
+}
+
+func progressLine(w io.Writer, label string, done, total int, start time.Time) {
+	const width = 40
+	filled := width * done / max(total, 1)
+	rate := float64(done) / max(time.Since(start).Seconds(), 1e-9)
+	fmt.Fprintf(w, "\r%s [%s%s] %d/%d %6.0f req/s", label, strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total, rate)
+}
+
+// Print writes the report as a person reads it.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "\nholdfast load report — sku %s, %d units\n", r.SKU, r.Stock)
+	fmt.Fprintf(w, "  requests %d in %v (%.0f req/s): accepted %d, sold out %d, rejected %d, failed %d\n",
+		r.Requests, r.Duration.Round(time.Millisecond), r.Throughput, r.Accepted, r.SoldOut, r.Rejected, r.Failed)
+	fmt.Fprintf(w, "  latency  p50 %v  p90 %v  p99 %v  max %v\n", r.Latency.P50, r.Latency.P90, r.Latency.P99, r.Latency.Max)
+	fmt.Fprintf(w, "  decided  confirmed %d (%d units)", r.Confirmed, r.ConfirmedUnits)
+	reasons := make([]string, 0, len(r.Cancelled))
+	for k := range r.Cancelled {
+		reasons = append(reasons, k)
+	}
+	sort.Strings(reasons)
+	for _, k := range reasons {
+		fmt.Fprintf(w, ", cancelled %s %d", k, r.Cancelled[k])
+	}
+	fmt.Fprintf(w, ", pending %d\n", r.Pending)
+	fmt.Fprintf(w, "  accept → CONFIRMED  p50 %v  p90 %v  p99 %v  max %v (100 ms polling)\n", r.Lag.P50, r.Lag.P90, r.Lag.P99, r.Lag.Max)
+	fmt.Fprintf(w, "  stock    Redis available %d, MySQL available %d, live holds %d, drift %d\n",
+		r.Final.RedisAvailable, r.Final.MySQLAvailable, r.Final.Held, r.Final.Drift)
+	for _, g := range r.Groups {
+		fmt.Fprintf(w, "  group %s: %d joins, %d accepted (%d users) for %d slots, %s with %d members\n",
+			g.ID, g.Joins, g.Accepted, g.DistinctUsers, g.Capacity, g.Status, g.Members)
+	}
+	for _, c := range r.Checks {
+		verdict := "PASS"
+		if !c.Pass {
+			verdict = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s  %s — %s\n", verdict, c.Name, c.Detail)
+	}
+}
