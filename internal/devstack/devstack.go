@@ -29,6 +29,7 @@ import (
 	"github.com/holdfast/holdfast/internal/eventsource"
 	"github.com/holdfast/holdfast/internal/samtemplate"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
+	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
 	"github.com/holdfast/holdfast/shared/handlers/consumer"
@@ -265,7 +266,7 @@ func createQueues(ctx context.Context, c *sqs.Client, cfg config.Config, dlqURL 
 	if err != nil {
 		return fmt.Errorf("dlq arn: %w", err)
 	}
-	redrive := fmt.Sprintf(`{"maxReceiveCount":"%d","deadLetterTargetArn":"%s"}`, mainQ.MaxReceiveCount, out.Attributes["QueueArn"])
+	redrive := queue.RedrivePolicy(mainQ.MaxReceiveCount, out.Attributes["QueueArn"])
 	if err := create(cfg.QueueURL, map[string]string{
 		"VisibilityTimeout": fmt.Sprint(mainQ.VisibilityTimeout), "RedrivePolicy": redrive,
 	}); err != nil {

@@ -26,7 +26,7 @@ func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, erro
 			if attempt >= s.cfg.PersistAttempts {
 				return r, fmt.Errorf("persist %s after %d attempts: %w", r.ID, attempt, ErrContended)
 			}
-			s.sleep(ctx, backoff(attempt))
+			s.sleep(ctx, Backoff(attempt))
 			if ctx.Err() != nil {
 				return r, fmt.Errorf("persist %s: %w", r.ID, ctx.Err())
 			}
@@ -98,7 +98,7 @@ func (s *Service) applyBatch(ctx context.Context, sku string, batch []Reservatio
 			return results, err
 		}
 		s.metrics.Count("persist_retries", 1)
-		s.sleep(ctx, backoff(attempt))
+		s.sleep(ctx, Backoff(attempt))
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -150,8 +150,10 @@ func reasonOf(res ApplyResult) Reason {
 	}
 }
 
-// backoff is full jitter over an exponential ceiling: 2ms, 4ms, … capped at 100ms.
-func backoff(attempt int) time.Duration {
+// Backoff is full jitter over an exponential ceiling (1ms, 2ms, 4ms, …
+// capped at 100ms): the pause before retry attempt+1 of a contended write,
+// here and in the adapters.
+func Backoff(attempt int) time.Duration {
 	ceiling := min(time.Duration(1<<attempt)*time.Millisecond, 100*time.Millisecond)
 	return time.Duration(mrand.Int64N(int64(ceiling)) + 1)
 }

@@ -17,7 +17,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/pem"
-	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -34,6 +33,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/services"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
+	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -152,7 +152,7 @@ func (e Env) CreateQueues(t testing.TB, client *sqs.Client, maxReceive int) Queu
 	q.DLQURL = create(base+"-dlq", nil)
 	q.EventsURL = create(base+"-events", nil)
 	q.URL = create(base, map[string]string{
-		"RedrivePolicy": fmt.Sprintf(`{"maxReceiveCount":"%d","deadLetterTargetArn":"%s"}`, maxReceive, q.DLQARN),
+		"RedrivePolicy": queue.RedrivePolicy(maxReceive, q.DLQARN),
 	})
 	return q
 }

@@ -10,7 +10,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -72,7 +71,7 @@ func retryDeadlocks(ctx context.Context, fn func() error) error {
 		if err = fn(); !errors.Is(err, reservation.ErrVersionConflict) {
 			return err
 		}
-		t := time.NewTimer(time.Duration(rand.Int64N(int64(2*time.Millisecond) << attempt)))
+		t := time.NewTimer(reservation.Backoff(attempt + 1))
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -122,3 +122,10 @@ func (p *Publisher) Enqueue(ctx context.Context, r reservation.Reservation) erro
 	}
 	return nil
 }
+
+// RedrivePolicy is the RedrivePolicy attribute of a queue that moves a
+// message to dlqARN after maxReceive receives (template.yaml declares it for
+// AWS; make dev and the tests create their queues with it).
+func RedrivePolicy(maxReceive int, dlqARN string) string {
+	return fmt.Sprintf(`{"maxReceiveCount":"%d","deadLetterTargetArn":"%s"}`, maxReceive, dlqARN)
+}
