@@ -3,13 +3,11 @@ package redisstore_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/holdfast/holdfast/internal/testkit/reservationtest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/reservation"
@@ -19,17 +17,17 @@ import (
 // The contract suite runs against miniredis (fast, always) and the real
 // redis-server that make test starts.
 func TestContractMiniredis(t *testing.T) {
-	contract(t, func(t *testing.T) redis.UniversalClient {
+	reservationtest.Holds(t, factory(func(t *testing.T) redis.UniversalClient {
 		m := miniredis.RunT(t)
 		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 		t.Cleanup(func() { _ = c.Close() })
 		return c
-	})
+	}))
 }
 
 func TestContractRedisServer(t *testing.T) {
 	env := testservices.Require(t)
-	contract(t, func(t *testing.T) redis.UniversalClient { return env.Redis(t) })
+	reservationtest.Holds(t, factory(func(t *testing.T) redis.UniversalClient { return env.Redis(t) }))
 }
 
 // t0 is now: group keys expire at an absolute time (deadline + retention).
@@ -37,561 +35,53 @@ func TestContractRedisServer(t *testing.T) {
 // (a CROSSSLOT error would fail the suite).
 func TestContractRedisCluster(t *testing.T) {
 	addrs := testservices.StartCluster(t)
-	contract(t, func(t *testing.T) redis.UniversalClient {
+	reservationtest.Holds(t, factory(func(t *testing.T) redis.UniversalClient {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 		t.Cleanup(func() { _ = c.Close() })
 		return c
-	})
+	}))
 }
 
-var t0 = time.Now().UTC().Truncate(time.Millisecond)
-
-// clock is a test clock the scripts read instead of Redis's TIME.
-type clock struct{ now time.Time }
-
-func (c *clock) Now() time.Time { return c.now }
-
-const ttl = time.Minute
-
-func hold(sku, id, user string, qty int) reservation.Reservation {
-	return reservation.Reservation{ID: id, SKU: sku, Qty: qty, UserID: user, Token: "t-" + id}
-}
-
-// row is MySQL's decided row for a hold.
-func row(h reservation.Reservation, status reservation.Status, refunded bool) reservation.Reservation {
-	h.Status, h.Refunded = status, refunded
-	if status == reservation.StatusCancelled {
-		h.Reason = reservation.ReasonBuyer
+// factory makes the suite's Holds: a Store on client with the suite's
+// clock and rate.
+func factory(client func(t *testing.T) redis.UniversalClient) reservationtest.HoldsFactory {
+	return func(t *testing.T, c reservation.Clock, rate, burst int) reservationtest.HoldsUnderTest {
+		opts := []redisstore.Option{redisstore.WithClock(c)}
+		if rate > 0 {
+			opts = append(opts, redisstore.WithUserRate(rate, burst))
+		}
+		return redisstore.New(client(t), time.Hour, opts...)
 	}
-	return h
 }
 
-func contract(t *testing.T, client func(t *testing.T) redis.UniversalClient) {
+// Without a test clock the scripts read Redis's TIME.
+func TestScriptsReadRedisTime(t *testing.T) {
+	env := testservices.Require(t)
 	ctx := context.Background()
-	setup := func(t *testing.T, stock int64, limit int) (*redisstore.Store, string, *clock) {
-		c := &clock{now: t0}
-		s := redisstore.New(client(t), time.Hour, redisstore.WithClock(c))
-		sku := testservices.Name("sku")
-		if res, err := s.Sync(ctx, reservation.StockLevel{SKU: sku, Version: 1}); err != nil || res != reservation.SyncMissing {
-			t.Fatalf("Sync of a new sku = %v %v, want missing", res, err)
-		}
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: stock, Version: 1, PerUserLimit: limit}, nil, nil); err != nil || res != reservation.SyncWarmed {
-			t.Fatalf("Warm = %v %v, want warmed", res, err)
-		}
-		return s, sku, c
+	const ttl = time.Minute
+	s := redisstore.New(env.Redis(t), time.Hour)
+	sku := testservices.Name("sku")
+	if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 5, Version: 1}, nil, nil); err != nil {
+		t.Fatal(err)
 	}
-	stockOf := func(t *testing.T, s *redisstore.Store, sku string) (int64, int64) {
-		t.Helper()
-		rs, err := s.Stock(ctx, sku)
-		if err != nil {
-			t.Fatalf("Stock(%s): %v", sku, err)
-		}
-		return rs.Available, rs.Held
+	now, err := s.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	reserve := func(t *testing.T, s *redisstore.Store, r reservation.Reservation) reservation.Reservation {
-		t.Helper()
-		h, out, err := s.Reserve(ctx, r, ttl)
-		if err != nil || out.Replayed {
-			t.Fatalf("Reserve(%s) = %v %+v", r.ID, err, out)
-		}
-		return h
+	h, _, err := s.Reserve(ctx, reservation.Reservation{ID: "r", SKU: sku, Qty: 1, UserID: "u", Token: "t-r"}, ttl)
+	if err != nil {
+		t.Fatal(err)
 	}
-	follow := func(t *testing.T, s *redisstore.Store, r reservation.Reservation) bool {
-		t.Helper()
-		got, err := s.Follow(ctx, r, 0)
-		if err != nil {
-			t.Fatalf("Follow(%s %s): %v", r.ID, r.Status, err)
-		}
-		return got
+	if d := h.ExpiresAt.Sub(now.Add(ttl)); d < -time.Second || d > 5*time.Second {
+		t.Errorf("deadline %v is %v from Redis's now + ttl (%v)", h.ExpiresAt, d, now.Add(ttl))
 	}
-
-	t.Run("reserve deducts, sets the deadline by the script's clock, and replays without taking twice", func(t *testing.T) {
-		s, sku, _ := setup(t, 5, 0)
-		r := hold(sku, reservation.ReservationID(reservation.ReserveRequest{SKU: sku, UserID: "u", IdempotencyKey: "k"}, nil), "u", 2)
-		h := reserve(t, s, r)
-		if !h.ExpiresAt.Equal(t0.Add(ttl)) || !h.CreatedAt.Equal(t0) || h.Token != r.Token {
-			t.Errorf("hold = %+v, want deadline %v created %v", h, t0.Add(ttl), t0)
-		}
-		got, out, err := s.Reserve(ctx, r, ttl)
-		if err != nil || !out.Replayed || got.Status != reservation.StatusHeld || got.Qty != 2 || !got.ExpiresAt.Equal(h.ExpiresAt) || got.Token != r.Token {
-			t.Fatalf("replay = %+v %+v %v", got, out, err)
-		}
-		if a, h := stockOf(t, s, sku); a != 3 || h != 2 {
-			t.Errorf("stock = %d/%d, want 3 available 2 held", a, h)
-		}
-		other := r
-		other.Qty = 1
-		if _, _, err := s.Reserve(ctx, other, ttl); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
-			t.Errorf("same id, other qty = %v, want ErrIdempotencyMismatch", err)
-		}
-		if h, err := s.Hold(ctx, r.ID); err != nil || h.SKU != sku || h.UserID != "u" {
-			t.Errorf("Hold(%s) = %+v %v", r.ID, h, err)
-		}
-		if _, err := s.Hold(ctx, "no-sku-in-this-id"); !errors.Is(err, reservation.ErrNotFound) {
-			t.Errorf("Hold(bad id) = %v, want ErrNotFound", err)
-		}
-	})
-
-	t.Run("without a test clock the scripts read Redis's TIME", func(t *testing.T) {
-		s := redisstore.New(client(t), time.Hour)
-		sku := testservices.Name("sku")
-		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 5, Version: 1}, nil, nil); err != nil {
-			t.Fatal(err)
-		}
-		now, err := s.Now(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := reserve(t, s, hold(sku, "r", "u", 1))
-		if d := h.ExpiresAt.Sub(now.Add(ttl)); d < -time.Second || d > 5*time.Second {
-			t.Errorf("deadline %v is %v from Redis's now + ttl (%v)", h.ExpiresAt, d, now.Add(ttl))
-		}
-	})
-
-	t.Run("refusals take nothing", func(t *testing.T) {
-		s, sku, _ := setup(t, 3, 2)
-		if _, _, err := s.Reserve(ctx, hold(sku, "a", "u", 4), ttl); !errors.Is(err, reservation.ErrSoldOut) {
-			t.Errorf("over stock = %v, want ErrSoldOut", err)
-		}
-		reserve(t, s, hold(sku, "b", "u", 2))
-		if _, _, err := s.Reserve(ctx, hold(sku, "c", "u", 1), ttl); !errors.Is(err, reservation.ErrLimitExceeded) {
-			t.Errorf("over per-user limit = %v, want ErrLimitExceeded", err)
-		}
-		if _, _, err := s.Reserve(ctx, hold("nosuch"+sku, "d", "u", 1), ttl); !errors.Is(err, reservation.ErrUnknownSKU) {
-			t.Errorf("unknown sku = %v, want ErrUnknownSKU", err)
-		}
-		if a, h := stockOf(t, s, sku); a != 1 || h != 2 {
-			t.Errorf("stock = %d/%d, want 1/2", a, h)
-		}
-	})
-
-	t.Run("a fence's release returns a held hold once and leaves a tombstone", func(t *testing.T) {
-		s, sku, _ := setup(t, 5, 1)
-		r := reserve(t, s, hold(sku, "r1", "u", 1))
-		cancelled := row(r, reservation.StatusCancelled, false)
-		for i, want := range []bool{true, false, false} {
-			if got := follow(t, s, cancelled); got != want {
-				t.Fatalf("Follow(CANCELLED) #%d = %v, want %v", i, got, want)
-			}
-		}
-		cancelled.Released = true // MySQL acknowledged it
-		if follow(t, s, cancelled) {
-			t.Fatal("released row gave stock again")
-		}
-		if a, h := stockOf(t, s, sku); a != 5 || h != 0 {
-			t.Errorf("stock = %d/%d, want 5/0", a, h)
-		}
-		got, out, err := s.Reserve(ctx, hold(sku, "r1", "u", 1), ttl)
-		if err != nil || !out.Replayed || got.Status != reservation.StatusCancelled || got.Reason != reservation.ReasonBuyer {
-			t.Errorf("reserve after release = %+v %+v %v, want the CANCELLED hold", got, out, err)
-		}
-		// The per-user units came back too.
-		reserve(t, s, hold(sku, "r2", "u", 1))
-		// A fence of a hold Redis never saw leaves a tombstone: a late reserve takes nothing.
-		ghost := row(hold(sku, "ghost", "v", 2), reservation.StatusCancelled, false)
-		if follow(t, s, ghost) {
-			t.Errorf("Follow(missing, fence) returned stock")
-		}
-		if got, out, _ := s.Reserve(ctx, hold(sku, "ghost", "v", 2), ttl); !out.Replayed || got.Status != reservation.StatusCancelled {
-			t.Errorf("reserve of a tombstone = %v %+v, want replayed CANCELLED", got.Status, out)
-		}
-	})
-
-	t.Run("confirm keeps stock deducted; a refund returns it once, also after Redis forgot the hold", func(t *testing.T) {
-		s, sku, _ := setup(t, 5, 0)
-		r := reserve(t, s, hold(sku, "r1", "u", 2))
-		for range 2 {
-			follow(t, s, row(r, reservation.StatusConfirmed, false))
-		}
-		if a, h := stockOf(t, s, sku); a != 3 || h != 0 {
-			t.Errorf("after confirm = %d/%d, want 3/0", a, h)
-		}
-		refund := row(r, reservation.StatusCancelled, true)
-		for i, want := range []bool{true, false} {
-			if got := follow(t, s, refund); got != want {
-				t.Fatalf("refund #%d = %v, want %v", i, got, want)
-			}
-		}
-		if a, h := stockOf(t, s, sku); a != 5 || h != 0 {
-			t.Errorf("after refund = %d/%d, want 5/0", a, h)
-		}
-		// Retention passed (the hold is gone) and MySQL says released: nothing moves, ever.
-		if err := s.Forget(ctx, r); err != nil {
-			t.Fatal(err)
-		}
-		refund.Released = true
-		for range 3 {
-			if follow(t, s, refund) {
-				t.Fatal("a released refund gave stock again after the hold was forgotten")
-			}
-		}
-		if a, _ := stockOf(t, s, sku); a != 5 {
-			t.Errorf("after forgotten repeats = %d, want 5", a)
-		}
-		// A refund whose hold is gone but whose release is still owed returns once.
-		r2 := reserve(t, s, hold(sku, "r2", "u", 1))
-		follow(t, s, row(r2, reservation.StatusConfirmed, false))
-		if err := s.Forget(ctx, r2); err != nil {
-			t.Fatal(err)
-		}
-		owed := row(r2, reservation.StatusCancelled, true)
-		for i, want := range []bool{true, false} {
-			if got := follow(t, s, owed); got != want {
-				t.Fatalf("owed refund #%d = %v, want %v", i, got, want)
-			}
-		}
-		if a, _ := stockOf(t, s, sku); a != 5 {
-			t.Errorf("after owed refund = %d, want 5", a)
-		}
-	})
-
-	t.Run("a stray hold of another token is returned, never confirmed", func(t *testing.T) {
-		s, sku, _ := setup(t, 10, 0)
-		id := sku + ".kkkkkkkkkkkkkkkkkkkkkkkkkk"
-		first := reserve(t, s, hold(sku, id, "u", 1))
-		follow(t, s, row(first, reservation.StatusConfirmed, false))
-		if err := s.Forget(ctx, first); err != nil {
-			t.Fatal(err)
-		}
-		stray := hold(sku, id, "u", 5)
-		stray.Token = "t-stray"
-		reserve(t, s, stray) // Redis forgot: it takes the id again
-		if a, h := stockOf(t, s, sku); a != 4 || h != 5 {
-			t.Fatalf("with the stray = %d/%d, want 4/5", a, h)
-		}
-		if !follow(t, s, row(first, reservation.StatusConfirmed, false)) {
-			t.Fatal("the stray's stock did not come back")
-		}
-		if a, h := stockOf(t, s, sku); a != 9 || h != 0 {
-			t.Errorf("after the stray = %d/%d, want 9/0", a, h)
-		}
-		if h, err := s.Hold(ctx, id); err != nil || h.Status != reservation.StatusConfirmed || h.Qty != 1 || h.Token != first.Token {
-			t.Errorf("hold = %+v %v, want MySQL's CONFIRMED qty 1", h, err)
-		}
-	})
-
-	t.Run("expired lists held holds past deadline plus grace, by the script's clock", func(t *testing.T) {
-		s, sku, c := setup(t, 10, 0)
-		early := reserve(t, s, hold(sku, "e", "u", 1))
-		c.now = t0.Add(time.Hour)
-		reserve(t, s, hold(sku, "l", "u", 1))
-		c.now = t0
-		done := reserve(t, s, hold(sku, "d", "u", 1))
-		follow(t, s, row(done, reservation.StatusConfirmed, false))
-		c.now = t0.Add(ttl + 3*time.Second)
-		if got, err := s.Expired(ctx, sku, 5*time.Second, 10); err != nil || len(got) != 0 {
-			t.Errorf("Expired within the grace = %+v %v, want none", got, err)
-		}
-		c.now = t0.Add(ttl + 6*time.Second)
-		got, err := s.Expired(ctx, sku, 5*time.Second, 10)
-		if err != nil || len(got) != 1 || got[0].ID != early.ID || got[0].Token != early.Token {
-			t.Errorf("Expired = %+v %v, want only e", got, err)
-		}
-	})
-
-	t.Run("sync applies each admin change once, in any order, keeping holds", func(t *testing.T) {
-		s, sku, _ := setup(t, 100, 0)
-		reserve(t, s, hold(sku, "r", "u", 4))
-		// Two admin changes: -20 (v2, delta sum -20), then +10 (v3, delta sum -10).
-		v2 := reservation.StockLevel{SKU: sku, Available: 80, Version: 2, AdminDelta: -20}
-		v3 := reservation.StockLevel{SKU: sku, Available: 90, Version: 3, AdminDelta: -10, PerUserLimit: 2}
-		for _, l := range []reservation.StockLevel{v3, v2, v3, v2} { // the newer first, then replays
-			if _, err := s.Sync(ctx, l); err != nil {
-				t.Fatal(err)
-			}
-		}
-		rs, err := s.Stock(ctx, sku)
-		if err != nil || rs.Available != 86 || rs.Held != 4 || rs.AdminDelta != -10 || rs.Version != 3 {
-			t.Errorf("after the changes = %+v %v, want 86 available, 4 held, admin delta -10, version 3", rs, err)
-		}
-		if _, _, err := s.Reserve(ctx, hold(sku, "x", "u", 3), ttl); !errors.Is(err, reservation.ErrLimitExceeded) {
-			t.Errorf("the new per-user limit did not apply: %v", err)
-		}
-	})
-
-	t.Run("warm-up refuses a level older than a confirm it has seen", func(t *testing.T) {
-		s, sku, _ := setup(t, 10, 0)
-		r := reserve(t, s, hold(sku, "r", "u", 2))
-		if _, err := s.Follow(ctx, row(r, reservation.StatusConfirmed, false), 7); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.ForgetStock(ctx, sku); err != nil {
-			t.Fatal(err)
-		}
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 10, Version: 6}, nil, nil); err != nil || res != reservation.SyncStale {
-			t.Errorf("warm from a level before the confirm = %v %v, want stale", res, err)
-		}
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 8, Version: 7}, nil, nil); err != nil || res != reservation.SyncWarmed {
-			t.Errorf("warm from a fresh level = %v %v, want warmed", res, err)
-		}
-		if a, h := stockOf(t, s, sku); a != 8 || h != 0 {
-			t.Errorf("after warm = %d/%d, want 8/0", a, h)
-		}
-	})
-
-	t.Run("warm-up counts a hold MySQL confirmed but Redis still holds once", func(t *testing.T) {
-		s, sku, _ := setup(t, 10, 0)
-		a := reserve(t, s, hold(sku, "a", "u", 2))
-		b := reserve(t, s, hold(sku, "b", "v", 3))
-		if err := s.ForgetStock(ctx, sku); err != nil {
-			t.Fatal(err)
-		}
-		// MySQL confirmed a (8 left); b is undecided; a's confirm has not reached Redis.
-		held := []string{a.ID, b.ID}
-		confirmed := []reservation.Reservation{row(a, reservation.StatusConfirmed, false)}
-		// b moved after MySQL was read (released here): the level is stale.
-		follow(t, s, row(b, reservation.StatusCancelled, false))
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 8, Version: 2}, held, confirmed); err != nil || res != reservation.SyncStale {
-			t.Fatalf("Warm after a listed hold moved = %v %v, want stale", res, err)
-		}
-		held = []string{a.ID}
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 8, Version: 2}, held, confirmed); err != nil || res != reservation.SyncWarmed {
-			t.Fatalf("Warm = %v %v", res, err)
-		}
-		follow(t, s, row(a, reservation.StatusConfirmed, false))
-		if av, h := stockOf(t, s, sku); av != 8 || h != 0 {
-			t.Errorf("after warm and confirm = %d/%d, want 8/0 (8 in MySQL; b released)", av, h)
-		}
-	})
-
-	t.Run("a refund the warm-up already counted is not given back again", func(t *testing.T) {
-		s, sku, _ := setup(t, 10, 0)
-		a := reserve(t, s, hold(sku, "a", "u", 2))
-		follow(t, s, row(a, reservation.StatusConfirmed, false))
-		if err := s.ForgetStock(ctx, sku); err != nil {
-			t.Fatal(err)
-		}
-		refund := row(a, reservation.StatusCancelled, true)
-		refund.RefundVersion = 3
-		if _, err := s.Follow(ctx, refund, 0); !errors.Is(err, reservation.ErrUnknownSKU) {
-			t.Fatalf("a refund while Redis has no stock = %v, want ErrUnknownSKU (warm first)", err)
-		}
-		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 10, Version: 3}, nil, nil); err != nil {
-			t.Fatal(err)
-		}
-		if follow(t, s, refund) {
-			t.Error("a refund at the warm-up's version gave stock again")
-		}
-		if av, _ := stockOf(t, s, sku); av != 10 {
-			t.Errorf("stock = %d, want 10", av)
-		}
-	})
-
-	t.Run("groups: slots, one join per user, FORMED is final, close", func(t *testing.T) {
-		s, sku, c := setup(t, 10, 0)
-		g := reservation.Group{ID: "g1", SKU: sku, Capacity: 2, Remaining: 2, Status: reservation.GroupOpen, Deadline: t0.Add(time.Hour)}
-		if err := s.CreateGroup(ctx, g); err != nil {
-			t.Fatal(err)
-		}
-		join := func(id, user string) (reservation.Reservation, reservation.ReserveOutcome, error) {
-			r := hold(sku, id, user, 1)
-			r.GroupID = "g1"
-			return s.Reserve(ctx, r, ttl)
-		}
-		a, out, err := join("a", "u1")
-		if err != nil || out.Full {
-			t.Fatalf("first join = %v %+v", err, out)
-		}
-		if _, _, err := join("b", "u1"); !errors.Is(err, reservation.ErrAlreadyJoined) {
-			t.Errorf("same user twice = %v, want ErrAlreadyJoined", err)
-		}
-		if _, out, err := join("c", "u2"); err != nil || !out.Full {
-			t.Fatalf("last slot = %v %+v, want full", err, out)
-		}
-		if _, _, err := join("d", "u3"); !errors.Is(err, reservation.ErrGroupFull) {
-			t.Errorf("third join = %v, want ErrGroupFull", err)
-		}
-		if gr, err := s.Group(ctx, sku, "g1"); err != nil || gr.Remaining != 0 || gr.Status != reservation.GroupOpen {
-			t.Errorf("Group = %+v %v, want OPEN with 0 remaining until MySQL records it FORMED", gr, err)
-		}
-		c.now = t0.Add(2 * time.Hour)
-		if cl, err := s.CloseGroup(ctx, g); err != nil || !cl.Full || !cl.FullAt.Equal(t0) {
-			t.Errorf("CloseGroup of a full group = %+v %v, want full (MySQL decides)", cl, err)
-		}
-		c.now = t0
-		if ok, err := s.FormGroup(ctx, g, t0); err != nil || !ok {
-			t.Fatalf("FormGroup = %v %v", ok, err)
-		}
-		if gr, err := s.Group(ctx, sku, "g1"); err != nil || gr.Remaining != 0 || gr.Status != reservation.GroupFormed || !gr.FormedAt.Equal(t0) {
-			t.Errorf("Group = %+v %v, want FORMED at t0 with 0 remaining", gr, err)
-		}
-		// Releasing a member of a FORMED group does not reopen it.
-		if !follow(t, s, row(a, reservation.StatusCancelled, false)) {
-			t.Fatal("the member's stock did not come back")
-		}
-		if gr, _ := s.Group(ctx, sku, "g1"); gr.Remaining != 0 || gr.Status != reservation.GroupFormed {
-			t.Errorf("after release = %+v, want still FORMED", gr)
-		}
-		c.now = t0.Add(2 * time.Hour)
-		if cl, err := s.CloseGroup(ctx, g); err != nil || cl.Status != reservation.GroupFormed {
-			t.Errorf("CloseGroup of a formed group = %+v %v, want FORMED", cl, err)
-		}
-	})
-
-	t.Run("groups: an unfilled group closes only after its deadline, and releases reopen slots while OPEN", func(t *testing.T) {
-		s, sku, c := setup(t, 10, 0)
-		g := reservation.Group{ID: "g2", SKU: sku, Capacity: 3, Remaining: 3, Status: reservation.GroupOpen, Deadline: t0.Add(time.Hour)}
-		if err := s.CreateGroup(ctx, g); err != nil {
-			t.Fatal(err)
-		}
-		join := func(id, user string) (reservation.Reservation, error) {
-			r := hold(sku, id, user, 1)
-			r.GroupID = "g2"
-			h, _, err := s.Reserve(ctx, r, ttl)
-			return h, err
-		}
-		a, err := join("a", "u1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := join("b", "u2"); err != nil {
-			t.Fatal(err)
-		}
-		follow(t, s, row(a, reservation.StatusCancelled, false))
-		if gr, _ := s.Group(ctx, sku, "g2"); gr.Remaining != 2 || gr.Status != reservation.GroupOpen {
-			t.Errorf("after release = %+v, want OPEN with 2 remaining", gr)
-		}
-		if cl, err := s.CloseGroup(ctx, g); err != nil || !cl.NotDue {
-			t.Errorf("CloseGroup before the deadline = %+v %v, want not due", cl, err)
-		}
-		c.now = t0.Add(time.Hour)
-		cl, err := s.CloseGroup(ctx, g)
-		if err != nil || cl.Status != reservation.GroupFailed || len(cl.Holders) != 1 || cl.Holders[0] != "b" {
-			t.Errorf("CloseGroup = %+v %v, want FAILED held by [b]", cl, err)
-		}
-		c.now = t0
-		if _, err := join("e", "u4"); !errors.Is(err, reservation.ErrGroupClosed) {
-			t.Errorf("join closed group = %v, want ErrGroupClosed", err)
-		}
-		other := hold(sku, "x", "u9", 1)
-		other.GroupID = "nosuch"
-		if _, _, err := s.Reserve(ctx, other, ttl); !errors.Is(err, reservation.ErrUnknownGroup) {
-			t.Errorf("unknown group = %v, want ErrUnknownGroup", err)
-		}
-		if cl, err := s.CloseGroup(ctx, reservation.Group{ID: "nosuch", SKU: sku}); err != nil || !cl.Unknown {
-			t.Errorf("CloseGroup(unknown) = %+v %v", cl, err)
-		}
-	})
-
-	t.Run("a join past the deadline is refused by the script's clock", func(t *testing.T) {
-		s, sku, c := setup(t, 10, 0)
-		g := reservation.Group{ID: "g3", SKU: sku, Capacity: 2, Remaining: 2, Status: reservation.GroupOpen, Deadline: t0.Add(time.Minute)}
-		if err := s.CreateGroup(ctx, g); err != nil {
-			t.Fatal(err)
-		}
-		c.now = t0.Add(time.Minute)
-		late := hold(sku, "y", "u8", 1)
-		late.GroupID = "g3"
-		if _, _, err := s.Reserve(ctx, late, ttl); !errors.Is(err, reservation.ErrGroupClosed) {
-			t.Errorf("join at the deadline = %v, want ErrGroupClosed", err)
-		}
-	})
-
-	t.Run("heal moves stock only for a persistent drift Redis did not move under", func(t *testing.T) {
-		s, sku, c := setup(t, 10, 0)
-		heal := func(avail, held, drift int64, at time.Time) bool {
-			t.Helper()
-			c.now = at
-			ok, err := s.Heal(ctx, reservation.RedisStock{SKU: sku, Available: avail, Held: held}, drift, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return ok
-		}
-		if heal(10, 0, 3, t0) || heal(10, 0, 3, t0.Add(30*time.Second)) {
-			t.Fatal("healed on the first sighting or too early")
-		}
-		if heal(9, 0, 3, t0.Add(2*time.Minute)) {
-			t.Fatal("healed although Redis moved since the measurement")
-		}
-		if heal(10, 0, 3, t0.Add(3*time.Minute)) {
-			t.Fatal("the mismatch must have forgotten the sighting")
-		}
-		if !heal(10, 0, 3, t0.Add(5*time.Minute)) {
-			t.Fatal("a persistent drift was not healed")
-		}
-		if a, _ := stockOf(t, s, sku); a != 13 {
-			t.Errorf("stock after heal = %d, want 13", a)
-		}
-	})
-
-	t.Run("a user past the attempt rate is refused and holds nothing; others are not", func(t *testing.T) {
-		c := &clock{now: t0}
-		s := redisstore.New(client(t), time.Hour, redisstore.WithClock(c), redisstore.WithUserRate(2, 3))
-		sku := testservices.Name("sku")
-		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 100, Version: 1}, nil, nil); err != nil {
-			t.Fatal(err)
-		}
-		try := func(id, user string) error {
-			_, _, err := s.Reserve(ctx, hold(sku, id, user, 1), ttl)
-			return err
-		}
-		for i := range 3 {
-			if err := try(fmt.Sprintf("b%d", i), "bot"); err != nil {
-				t.Fatalf("attempt %d within the burst = %v", i, err)
-			}
-		}
-		err := try("b3", "bot")
-		var rl *reservation.RateLimitedError
-		if !errors.As(err, &rl) || !errors.Is(err, reservation.ErrRateLimited) || rl.RetryAfter != 500*time.Millisecond {
-			t.Fatalf("past the burst = %v, want rate limited for 500ms", err)
-		}
-		if a, h := stockOf(t, s, sku); a != 97 || h != 3 {
-			t.Errorf("stock = %d/%d, want 97/3 (the refused attempt holds nothing)", a, h)
-		}
-		if err := try("a0", "ann"); err != nil {
-			t.Errorf("another buyer = %v, want a hold", err)
-		}
-		c.now = t0.Add(500 * time.Millisecond)
-		if err := try("b4", "bot"); err != nil {
-			t.Errorf("after the refill = %v", err)
-		}
-		// A SKU's own rate (set with the stock) wins over the default.
-		if _, err := s.Sync(ctx, reservation.StockLevel{SKU: sku, Version: 2, UserRate: 1000, UserBurst: 1000}); err != nil {
-			t.Fatal(err)
-		}
-		c.now = t0.Add(1500 * time.Millisecond) // the bucket refills at the new rate
-		for i := range 20 {
-			if err := try(fmt.Sprintf("c%d", i), "bot"); err != nil {
-				t.Fatalf("with the sku's own rate, attempt %d = %v", i, err)
-			}
-		}
-	})
-
-	t.Run("concurrent reserves never oversell", func(t *testing.T) {
-		s, sku, _ := setup(t, 50, 0)
-		var ok, sold atomic.Int64
-		var wg sync.WaitGroup
-		for i := range 200 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, _, err := s.Reserve(ctx, hold(sku, fmt.Sprintf("r%d", i), fmt.Sprintf("u%d", i), 1), ttl)
-				switch {
-				case err == nil:
-					ok.Add(1)
-				case errors.Is(err, reservation.ErrSoldOut):
-					sold.Add(1)
-				default:
-					t.Errorf("reserve: %v", err)
-				}
-			}()
-		}
-		wg.Wait()
-		if ok.Load() != 50 || sold.Load() != 150 {
-			t.Errorf("ok %d sold out %d, want 50 and 150", ok.Load(), sold.Load())
-		}
-		if a, h := stockOf(t, s, sku); a != 0 || h != 50 {
-			t.Errorf("stock = %d/%d, want 0/50", a, h)
-		}
-	})
 }
 
 func TestUnreachableRedisIsUnavailable(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	defer c.Close()
 	s := redisstore.New(c, time.Hour)
-	_, _, err := s.Reserve(context.Background(), hold("s", "r", "u", 1), ttl)
+	_, _, err := s.Reserve(context.Background(), reservation.Reservation{ID: "r", SKU: "s", Qty: 1, UserID: "u", Token: "t-r"}, time.Minute)
 	if !errors.Is(err, reservation.ErrUnavailable) {
 		t.Errorf("Reserve on a dead Redis = %v, want ErrUnavailable", err)
 	}
