@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -81,6 +82,16 @@ type memHolds struct {
 	lost    map[string]error             // method -> error returned after the script ran (reply lost)
 	calls   map[string]int               // method -> calls
 	follows []Reservation                // rows Follow was called with, in order
+	// rate and burst are the per-user attempt defaults (reserve.lua's ARGV
+	// 9 and 10; 0: none); buckets are the users' token buckets per SKU.
+	rate, burst int
+	buckets     map[string]*bucket
+}
+
+// bucket mirrors reserve.lua's attempt bucket hash (tokens, at).
+type bucket struct {
+	tokens float64
+	at     int64
 }
 
 func newMemHolds(c Clock) *memHolds {
@@ -89,7 +100,39 @@ func newMemHolds(c Clock) *memHolds {
 		exp: map[string]map[string]int64{}, users: map[string]map[string]int64{},
 		holds: map[string]*memHold{}, groups: map[string]*memGroup{}, members: map[string]map[string]string{},
 		fail: map[string]error{}, lost: map[string]error{}, calls: map[string]int{},
+		buckets: map[string]*bucket{},
 	}
+}
+
+// charge mirrors reserve.lua's charge(): one token per attempt; the wait
+// until the next one when there is none (0: charged).
+func (m *memHolds) charge(sku, user string, now int64) int64 {
+	rate, burst := float64(m.metaOf(sku)["rate"]), float64(m.metaOf(sku)["burst"])
+	if rate <= 0 {
+		rate = float64(m.rate)
+	}
+	if burst <= 0 {
+		burst = float64(m.burst)
+	}
+	if rate <= 0 || burst <= 0 {
+		return 0
+	}
+	key := sku + "\x00" + user
+	b := m.buckets[key]
+	if b == nil {
+		b = &bucket{tokens: burst, at: now}
+		m.buckets[key] = b
+	}
+	if now < b.at {
+		b.at = now
+	}
+	b.tokens = min(burst, b.tokens+float64(now-b.at)*rate/1000)
+	b.at = now
+	if b.tokens < 1 {
+		return int64(math.Ceil((1 - b.tokens) * 1000 / rate))
+	}
+	b.tokens--
+	return 0
 }
 
 func groupKey(sku, gid string) string { return sku + "\x00" + gid }
@@ -175,7 +218,15 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
 			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
+		if h.token != r.Token && h.state == StatusHeld {
+			if wait := m.charge(r.SKU, r.UserID, m.nowMS()); wait > 0 {
+				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
+			}
+		}
 		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
+	}
+	if wait := m.charge(r.SKU, r.UserID, m.nowMS()); wait > 0 {
+		return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 	}
 	avail, ok := m.stock[r.SKU]
 	if !ok {
@@ -421,6 +472,7 @@ func (m *memHolds) Sync(_ context.Context, level StockLevel) (SyncResult, error)
 	}
 	added := meta["added"] // a SKU written before meta.added existed counts as 0 applied
 	meta["ver"], meta["added"], meta["limit"] = level.Version, level.AdminDelta, int64(level.PerUserLimit)
+	meta["rate"], meta["burst"] = int64(level.UserRate), int64(level.UserBurst)
 	d := level.AdminDelta - added
 	if d == 0 {
 		return SyncNone, nil
@@ -486,6 +538,7 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	}
 	m.stock[level.SKU] = level.Available - held
 	meta["ver"], meta["added"], meta["limit"], meta["wver"] = level.Version, level.AdminDelta, int64(level.PerUserLimit), level.Version
+	meta["rate"], meta["burst"] = int64(level.UserRate), int64(level.UserBurst)
 	return SyncWarmed, nil
 }
 

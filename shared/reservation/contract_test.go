@@ -1,0 +1,16 @@
+package reservation_test
+
+import (
+	"testing"
+
+	"github.com/holdfast/holdfast/internal/testkit/reservationtest"
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// The in-memory Holds behind the protocol's unit tests keeps the contract
+// the Redis adapter keeps: the same suite runs on both.
+func TestFakeHoldsKeepTheContract(t *testing.T) {
+	reservationtest.Holds(t, func(t *testing.T, c reservation.Clock, rate, burst int) reservationtest.HoldsUnderTest {
+		return reservation.NewFakeHolds(c, rate, burst)
+	})
+}
