@@ -14,3 +14,8 @@ func TestFakeHoldsKeepTheContract(t *testing.T) {
 		return reservation.NewFakeHolds(c, rate, burst)
 	})
 }
+
+// The in-memory Ledger keeps the contract the MySQL adapter keeps.
+func TestFakeLedgerKeepsTheContract(t *testing.T) {
+	reservationtest.Ledger(t, func(t *testing.T) reservation.Ledger { return reservation.NewFakeLedger() })
+}

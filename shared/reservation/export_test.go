@@ -17,3 +17,7 @@ func (m *memHolds) Forget(_ context.Context, r Reservation) error { m.forget(r.I
 
 // ForgetStock drops a SKU's stock figure only.
 func (m *memHolds) ForgetStock(_ context.Context, sku string) error { m.forgetStock(sku); return nil }
+
+// NewFakeLedger exposes the in-memory Ledger the unit tests use to the
+// contract suite.
+func NewFakeLedger() *memLedger { return newMemLedger() }

@@ -696,7 +696,7 @@ type memLedger struct {
 	stock     map[string]*StockLevel       // product_stock
 	rows      map[string]*memRow           // reservations
 	units     map[string]map[string]int64  // user_units: sku -> user -> confirmed units
-	keys      map[string]bool              // stock_change_keys: sku + "\x00" + key
+	keys      map[string]string            // stock_change_keys: sku + "\x00" + key -> the change it recorded
 	groups    map[string]*memGroupRow      // group_buys
 	members   map[string]map[string]string // group_members: group -> user -> reservation id
 	fail      map[string]error             // method -> error returned before anything runs
@@ -711,7 +711,7 @@ type memLedger struct {
 func newMemLedger() *memLedger {
 	return &memLedger{
 		stock: map[string]*StockLevel{}, rows: map[string]*memRow{}, units: map[string]map[string]int64{},
-		keys: map[string]bool{}, groups: map[string]*memGroupRow{}, members: map[string]map[string]string{},
+		keys: map[string]string{}, groups: map[string]*memGroupRow{}, members: map[string]map[string]string{},
 		fail: map[string]error{}, calls: map[string]int{},
 	}
 }
@@ -1088,6 +1088,18 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	if exists {
 		level = *st
 	}
+	// A retried change (the same key) is answered before its precondition:
+	// the first one moved the version it was based on. The key records every
+	// field of the change (stock_change_keys).
+	key := c.SKU + "\x00" + c.Key
+	if c.Key != "" {
+		if prev, ok := l.keys[key]; ok {
+			if prev != changeFingerprint(c) {
+				return StockLevel{}, fmt.Errorf("change stock %s: key %q: %w", c.SKU, c.Key, ErrIdempotencyMismatch)
+			}
+			return level, nil
+		}
+	}
 	switch {
 	case !exists:
 		if c.Set == nil {
@@ -1101,10 +1113,6 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	case c.IfVersion != nil && *c.IfVersion != level.Version:
 		return StockLevel{}, fmt.Errorf("change stock %s: version is %d, not %d: %w", c.SKU, level.Version, *c.IfVersion, ErrPreconditionFailed)
 	}
-	key := c.SKU + "\x00" + c.Key
-	if c.Key != "" && l.keys[key] {
-		return *st, nil // a retried change: applied once already
-	}
 	var delta int64
 	switch {
 	case c.Set != nil:
@@ -1115,12 +1123,21 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	if level.Available+delta < 0 {
 		return StockLevel{}, fmt.Errorf("change stock %s: %d available, cannot remove %d: %w", c.SKU, level.Available, -delta, ErrInsufficient)
 	}
+	if level.Available+delta > 1_000_000_000 {
+		return StockLevel{}, &InvalidError{Field: "add", Msg: "passes the most a sku can hold"}
+	}
 	if c.Key != "" {
-		l.keys[key] = true
+		l.keys[key] = changeFingerprint(c)
 	}
 	oldLimit := level.PerUserLimit
 	if c.Limit != nil {
 		level.PerUserLimit = *c.Limit
+	}
+	if c.Rate != nil {
+		level.UserRate = *c.Rate
+	}
+	if c.Burst != nil {
+		level.UserBurst = *c.Burst
 	}
 	level.Available += delta
 	level.AdminDelta += delta
@@ -1135,6 +1152,24 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 		}
 	}
 	return level, nil
+}
+
+// changeFingerprint is what stock_change_keys records of a change.
+func changeFingerprint(c StockChange) string {
+	v := func(p any) string {
+		switch x := p.(type) {
+		case *int64:
+			if x != nil {
+				return fmt.Sprint(*x)
+			}
+		case *int:
+			if x != nil {
+				return fmt.Sprint(*x)
+			}
+		}
+		return "-"
+	}
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists)
 }
 
 // Stock mirrors `SELECT … FROM product_stock WHERE sku = ?`.

@@ -1,0 +1,435 @@
+package reservationtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// LedgerFactory returns a fresh, empty Ledger.
+type LedgerFactory func(t *testing.T) reservation.Ledger
+
+var now = time.Date(2026, 11, 11, 12, 0, 0, 0, time.UTC)
+
+func res(id, sku string, qty int) reservation.Reservation {
+	return reservation.Reservation{ID: id, SKU: sku, Qty: qty, UserID: "u-" + id, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
+}
+
+func available(t *testing.T, s reservation.Ledger, sku string) int64 {
+	t.Helper()
+	l, err := s.Stock(context.Background(), sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Available
+}
+
+// apply retries version conflicts (optimistically, in fresh transactions).
+func apply(ctx context.Context, s reservation.Ledger, r reservation.Reservation) (reservation.ApplyResult, error) {
+	for {
+		out, err := s.Apply(ctx, r, reservation.Optimistic, now)
+		if errors.Is(err, reservation.ErrVersionConflict) {
+			continue
+		}
+		return out.Result, err
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Ledger is the contract of reservation.Ledger (MySQL's), run against the
+// MySQL adapter on MariaDB and against the in-memory fake.
+func Ledger(t *testing.T, newLedger LedgerFactory) {
+	t.Run("apply outcomes", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 5)); err != nil {
+			t.Fatal(err)
+		}
+		check := func(name string, r reservation.Reservation, want reservation.ApplyResult) {
+			t.Helper()
+			got, err := s.Apply(ctx, r, reservation.Optimistic, now)
+			if err != nil || got.Result != want {
+				t.Errorf("%s: Apply = %v %v, want %v", name, got, err, want)
+			}
+		}
+		check("first", res("a", "s", 2), reservation.Applied)
+		check("redelivery", res("a", "s", 2), reservation.AlreadyConfirmed)
+		if _, inserted, err := s.Fence(ctx, res("b", "s", 1), reservation.ReasonExpired, now); err != nil || !inserted {
+			t.Fatalf("Fence = %v %v", inserted, err)
+		}
+		check("fenced", res("b", "s", 1), reservation.AlreadyCancelled)
+		check("too much", res("c", "s", 4), reservation.Insufficient)
+		check("unknown sku", res("d", "nosuch", 1), reservation.NoSuchSKU)
+		if got := available(t, s, "s"); got != 3 {
+			t.Errorf("available = %d, want 3", got)
+		}
+		if _, err := s.Reservation(ctx, "c"); !errors.Is(err, reservation.ErrNotFound) {
+			t.Errorf("a refused apply left a row: %v", err)
+		}
+	})
+
+	t.Run("fence never overwrites a confirmed row", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 5)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := apply(ctx, s, res("a", "s", 2)); err != nil {
+			t.Fatal(err)
+		}
+		row, inserted, err := s.Fence(ctx, res("a", "s", 2), reservation.ReasonDeadLetter, now)
+		if err != nil || inserted || row.Status != reservation.StatusConfirmed {
+			t.Errorf("Fence of confirmed = %v %v %v, want the CONFIRMED row untouched", row.Status, inserted, err)
+		}
+	})
+
+	t.Run("apply and fence race decide one outcome", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		const n = 60
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", n)); err != nil {
+			t.Fatal(err)
+		}
+		var confirmed int64
+		for i := range n {
+			r := res(fmt.Sprintf("r%d", i), "s", 1)
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				if _, err := apply(ctx, s, r); err != nil {
+					t.Errorf("apply: %v", err)
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				if _, _, err := s.Fence(ctx, r, reservation.ReasonExpired, now); err != nil {
+					t.Errorf("fence: %v", err)
+				}
+			}()
+			wg.Wait()
+			row, err := s.Reservation(ctx, r.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if row.Status == reservation.StatusConfirmed {
+				confirmed++
+			}
+		}
+		if got := available(t, s, "s"); got != n-confirmed {
+			t.Errorf("available = %d with %d confirmed, want %d", got, confirmed, n-confirmed)
+		}
+	})
+
+	t.Run("refund returns stock once under concurrency", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 5)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := apply(ctx, s, res("a", "s", 3)); err != nil {
+			t.Fatal(err)
+		}
+		var refunded atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					_, ok, err := s.Refund(ctx, "a", reservation.ReasonBuyer, now)
+					if errors.Is(err, reservation.ErrVersionConflict) {
+						continue
+					}
+					if err != nil {
+						t.Errorf("refund: %v", err)
+					}
+					if ok {
+						refunded.Add(1)
+					}
+					return
+				}
+			}()
+		}
+		wg.Wait()
+		if refunded.Load() != 1 || available(t, s, "s") != 5 {
+			t.Errorf("refunded %d times, available %d; want once and 5", refunded.Load(), available(t, s, "s"))
+		}
+		row, _ := s.Reservation(ctx, "a")
+		if row.Status != reservation.StatusCancelled || !row.Refunded || row.Notified {
+			t.Errorf("row = %+v, want CANCELLED, refunded, event pending", row)
+		}
+	})
+
+	t.Run("group capacity and one join per user", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 100)); err != nil {
+			t.Fatal(err)
+		}
+		g := reservation.Group{ID: "g", SKU: "s", Capacity: 3, Status: reservation.GroupOpen, Deadline: now.Add(time.Hour), CreatedAt: now}
+		if err := s.CreateGroup(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CreateGroup(ctx, reservation.Group{ID: "g2", SKU: "nosuch", Capacity: 3, Deadline: now, CreatedAt: now}); !errors.Is(err, reservation.ErrUnknownSKU) {
+			t.Errorf("group on unknown sku = %v", err)
+		}
+		users := []string{"a", "b", "a", "c", "d", "e"}
+		results := make([]reservation.ApplyResult, len(users))
+		var wg sync.WaitGroup
+		for i, u := range users {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := res(fmt.Sprintf("j%d", i), "s", 1)
+				r.UserID, r.GroupID = u, "g"
+				got, err := apply(ctx, s, r)
+				if err != nil {
+					t.Errorf("apply: %v", err)
+				}
+				results[i] = got
+			}()
+		}
+		wg.Wait()
+		applied := 0
+		for _, r := range results {
+			if r == reservation.Applied {
+				applied++
+			}
+		}
+		got, _ := s.Group(ctx, "g")
+		if applied != 3 || got.Members != 3 || got.Status != reservation.GroupFormed {
+			t.Errorf("applied %d, group %+v; want 3 members FORMED", applied, got)
+		}
+		if av := available(t, s, "s"); av != 97 {
+			t.Errorf("available = %d, want 97 (refused joins take nothing)", av)
+		}
+	})
+
+	t.Run("pessimistic apply never conflicts", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("hot", 100)); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var conflicts atomic.Int64
+		for i := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, err := s.Apply(ctx, res(fmt.Sprintf("p%d", i), "hot", 1), reservation.Pessimistic, now)
+				if errors.Is(err, reservation.ErrVersionConflict) {
+					conflicts.Add(1)
+				} else if err != nil || got.Result != reservation.Applied {
+					t.Errorf("locking apply = %v %v", got, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if conflicts.Load() != 0 || available(t, s, "hot") != 36 {
+			t.Errorf("conflicts %d, available %d; want 0 and 36", conflicts.Load(), available(t, s, "hot"))
+		}
+	})
+
+	t.Run("change stock preconditions", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		l, err := s.ChangeStock(ctx, reservation.SetTo("s", 100))
+		if err != nil || l.Available != 100 || l.Version != 1 || l.AdminDelta != 100 {
+			t.Fatalf("create = %+v %v", l, err)
+		}
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 90)); !errors.Is(err, reservation.ErrPreconditionRequired) {
+			t.Errorf("set without a version = %v, want ErrPreconditionRequired", err)
+		}
+		if _, err := apply(ctx, s, res("a", "s", 5)); err != nil { // a sale moves the version
+			t.Fatal(err)
+		}
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](60), IfVersion: ptr[int64](1)}); !errors.Is(err, reservation.ErrPreconditionFailed) {
+			t.Errorf("set from a stale version = %v, want ErrPreconditionFailed", err)
+		}
+		if got := available(t, s, "s"); got != 95 {
+			t.Fatalf("a refused change moved stock: %d", got)
+		}
+		l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](60), IfVersion: ptr[int64](2), Limit: ptr(1)})
+		if err != nil || l.Available != 60 || l.Version != 3 || l.AdminDelta != 65 || l.PerUserLimit != 1 {
+			t.Fatalf("set from the fresh version = %+v %v", l, err)
+		}
+		for range 2 {
+			l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Add: ptr[int64](-10), Key: "k1"})
+			if err != nil || l.Available != 50 || l.AdminDelta != 55 {
+				t.Fatalf("keyed add = %+v %v, want 50 available once", l, err)
+			}
+		}
+		// A keyed absolute change retried after it committed (the same request:
+		// the same If-Match) is a no-op, not a 412.
+		based := l.Version
+		for range 2 {
+			l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(based), Key: "k2"})
+			if err != nil || l.Available != 50 {
+				t.Fatalf("keyed set = %+v %v, want 50 once", l, err)
+			}
+		}
+		// The same key with any other field of the change is refused.
+		for _, other := range []reservation.StockChange{
+			{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(based), Key: "k2", Rate: ptr(3)},
+			{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(based), Key: "k2", Burst: ptr(3)},
+			{SKU: "s", Set: ptr[int64](50), IfVersion: ptr(based + 1), Key: "k2"},
+			{SKU: "s", Set: ptr[int64](50), IfExists: true, Key: "k2"},
+		} {
+			if _, err := s.ChangeStock(ctx, other); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+				t.Errorf("key k2 with %+v = %v, want ErrIdempotencyMismatch", other, err)
+			}
+		}
+		// If-Match: * sets the figure on the SKU as it stands; on none it fails.
+		if l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr[int64](50), IfExists: true}); err != nil || l.Available != 50 {
+			t.Fatalf("set with If-Match: * = %+v %v", l, err)
+		}
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "nosuch", Set: ptr[int64](5), IfExists: true}); !errors.Is(err, reservation.ErrPreconditionFailed) {
+			t.Errorf("If-Match: * on no sku = %v, want ErrPreconditionFailed", err)
+		}
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Add: ptr[int64](-51)}); !errors.Is(err, reservation.ErrInsufficient) {
+			t.Errorf("remove more than available = %v, want ErrInsufficient", err)
+		}
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "nosuch", Add: ptr[int64](1)}); !errors.Is(err, reservation.ErrUnknownSKU) {
+			t.Errorf("add to an unknown sku = %v, want ErrUnknownSKU", err)
+		}
+	})
+
+	t.Run("per-user limit holds", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 100)); err != nil {
+			t.Fatal(err)
+		}
+		mine := func(id string, qty int) reservation.Reservation {
+			r := res(id, "s", qty)
+			r.UserID = "ann"
+			return r
+		}
+		if got, err := apply(ctx, s, mine("a", 1)); err != nil || got != reservation.Applied {
+			t.Fatalf("before the limit = %v %v", got, err)
+		}
+		l, _ := s.Stock(ctx, "s")
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Add: ptr[int64](0), Limit: ptr(2), IfVersion: ptr(l.Version)}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := apply(ctx, s, mine("b", 2)); err != nil || got != reservation.OverLimit {
+			t.Errorf("past the limit = %v %v, want OverLimit", got, err)
+		}
+		out, err := s.ApplyBatch(ctx, "s", []reservation.Reservation{mine("c", 1), mine("d", 1), res("e", "s", 2)}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Result != reservation.Applied || out[1].Result != reservation.OverLimit || out[2].Result != reservation.Applied {
+			t.Errorf("batch = %v %v %v, want Applied OverLimit Applied", out[0].Result, out[1].Result, out[2].Result)
+		}
+		if _, _, err := s.Refund(ctx, "a", reservation.ReasonBuyer, now); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := apply(ctx, s, mine("f", 1)); err != nil || got != reservation.Applied {
+			t.Errorf("after a refund = %v %v, want Applied", got, err)
+		}
+		if got := available(t, s, "s"); got != 96 {
+			t.Errorf("available = %d, want 96 (a, c, e, f taken; a refunded)", got)
+		}
+	})
+
+	t.Run("release outbox and formed groups", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 10)); err != nil {
+			t.Fatal(err)
+		}
+		row, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now)
+		if err != nil || row.Released || row.Notified {
+			t.Fatalf("fence = %+v %v, want unreleased and unnotified", row, err)
+		}
+		if n, err := s.Unreleased(ctx, "s"); err != nil || n != 1 {
+			t.Errorf("Unreleased = %d %v, want 1", n, err)
+		}
+		if got, err := s.Outbox(ctx, now.Add(time.Second), 10); err != nil || len(got) != 1 || got[0].ID != "f" {
+			t.Errorf("Outbox = %+v %v", got, err)
+		}
+		if err := s.MarkReleased(ctx, "f"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.MarkNotified(ctx, "f"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Outbox(ctx, now.Add(time.Second), 10); len(got) != 0 {
+			t.Errorf("Outbox after both marks = %+v", got)
+		}
+
+		g := reservation.Group{ID: "g", SKU: "s", Capacity: 2, Status: reservation.GroupOpen, Deadline: now.Add(time.Hour), CreatedAt: now}
+		if err := s.CreateGroup(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		join := func(id, user string) reservation.ApplyResult {
+			r := res(id, "s", 1)
+			r.UserID, r.GroupID = user, "g"
+			got, err := apply(ctx, s, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		if got := join("m1", "u1"); got != reservation.Applied {
+			t.Fatalf("join = %v", got)
+		}
+		// Redis took the last slot before the deadline: FORMED, and a late member still joins.
+		if formed, err := s.FormGroup(ctx, "g", now.Add(time.Minute)); err != nil || !formed {
+			t.Fatalf("FormGroup = %v %v", formed, err)
+		}
+		if gr, _ := s.FailGroup(ctx, "g", now.Add(2*time.Hour)); gr.Status != reservation.GroupFormed {
+			t.Errorf("FailGroup of a formed group = %v", gr.Status)
+		}
+		if got := join("m2", "u2"); got != reservation.Applied {
+			t.Fatalf("late member of a formed group = %v, want Applied", got)
+		}
+		row, refunded, err := s.Refund(ctx, "m1", reservation.ReasonBuyer, now)
+		if err != nil || !refunded || row.Released {
+			t.Fatalf("refund = %+v %v %v, want refunded and unreleased", row, refunded, err)
+		}
+		gr, _ := s.Group(ctx, "g")
+		if gr.Status != reservation.GroupFormed || gr.Members != 1 {
+			t.Errorf("group after a member's refund = %+v, want FORMED with 1 member", gr)
+		}
+		if got := join("m3", "u3"); got != reservation.Applied {
+			t.Errorf("no slot is given twice, but a late holder of a formed group still joins: %v", got)
+		}
+	})
+
+	t.Run("form group waits for unreleased members", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", 10)); err != nil {
+			t.Fatal(err)
+		}
+		g := reservation.Group{ID: "g", SKU: "s", Capacity: 2, Status: reservation.GroupOpen, Deadline: now.Add(time.Hour), CreatedAt: now}
+		if err := s.CreateGroup(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		r := res("m1", "s", 1)
+		r.GroupID = "g"
+		if _, _, err := s.Fence(ctx, r, reservation.ReasonBuyer, now); err != nil {
+			t.Fatal(err)
+		}
+		if formed, err := s.FormGroup(ctx, "g", now); err != nil || formed {
+			t.Fatalf("FormGroup with an unreleased member = %v %v, want not formed", formed, err)
+		}
+		if err := s.MarkReleased(ctx, "m1"); err != nil {
+			t.Fatal(err)
+		}
+		if formed, err := s.FormGroup(ctx, "g", now); err != nil || !formed {
+			t.Fatalf("FormGroup once released = %v %v, want formed", formed, err)
+		}
+	})
+}
