@@ -1,0 +1,320 @@
+package mysqlstore
+
+// Persist's decisions: a reservation, or a batch of one SKU, applied once, with its per-user units and group slot.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// Apply implements reservation.Ledger.
+func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reservation.Locking, now time.Time) (reservation.BatchResult, error) {
+	out := reservation.BatchResult{Row: r}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return out, translate("apply begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
+		(reservation_id, sku, qty, user_id, group_id, hold_token, status, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?)`,
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+	if isDuplicate(err) {
+		_ = tx.Rollback()
+		row, err := s.Reservation(ctx, r.ID)
+		if err != nil {
+			return out, err
+		}
+		if row.Status == reservation.StatusConfirmed {
+			return reservation.BatchResult{Result: reservation.AlreadyConfirmed, Row: row}, nil
+		}
+		return reservation.BatchResult{Result: reservation.AlreadyCancelled, Row: row}, nil
+	}
+	if err != nil {
+		return out, translate("apply insert", err)
+	}
+
+	read := `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ?`
+	if lock == reservation.Pessimistic {
+		read += ` FOR UPDATE`
+	}
+	var available, version int64
+	var limit int
+	err = tx.QueryRowContext(ctx, read, r.SKU).Scan(&available, &version, &limit)
+	if errors.Is(err, sql.ErrNoRows) {
+		out.Result = reservation.NoSuchSKU
+		return out, nil
+	}
+	if err != nil {
+		return out, translate("apply read stock", err)
+	}
+	if available < int64(r.Qty) {
+		out.Result = reservation.Insufficient
+		return out, nil
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
+		WHERE sku = ? AND version = ? AND available >= ?`, r.Qty, r.SKU, version, r.Qty)
+	if err != nil {
+		return out, translate("apply update stock", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return out, translate("apply update stock", err)
+	} else if n == 0 {
+		return out, fmt.Errorf("apply %s: %w", r.ID, reservation.ErrVersionConflict)
+	}
+	if limit > 0 {
+		have, err := userUnits(ctx, tx, r.SKU, []any{r.UserID})
+		if err != nil {
+			return out, err
+		}
+		if have[r.UserID]+int64(r.Qty) > int64(limit) {
+			out.Result = reservation.OverLimit
+			return out, nil
+		}
+		if err := addUserUnits(ctx, tx, r.SKU, map[string]int64{r.UserID: int64(r.Qty)}); err != nil {
+			return out, err
+		}
+	}
+
+	if r.GroupID != "" {
+		result, err := joinGroup(ctx, tx, r, now)
+		if err != nil || result != reservation.Applied {
+			out.Result = result
+			return out, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return out, translate("apply commit", err)
+	}
+	out.Result, out.Version = reservation.Applied, version+1
+	return out, nil
+}
+
+// userUnits reads the confirmed units of users of a SKU with a per-user
+// limit, locking their rows (lock order: after product_stock).
+func userUnits(ctx context.Context, tx *sql.Tx, sku string, users []any) (map[string]int64, error) {
+	type uu struct {
+		user  string
+		units int64
+	}
+	rows, err := queryAll(ctx, tx, "read user units", func(row interface{ Scan(...any) error }) (uu, error) {
+		var u uu
+		err := row.Scan(&u.user, &u.units)
+		return u, err
+	}, `SELECT user_id, units FROM user_units WHERE sku = ? AND user_id IN (?`+strings.Repeat(",?", len(users)-1)+`) FOR UPDATE`,
+		append([]any{sku}, users...)...)
+	if err != nil {
+		return nil, err
+	}
+	have := make(map[string]int64, len(rows))
+	for _, u := range rows {
+		have[u.user] = u.units
+	}
+	return have, nil
+}
+
+// addUserUnits adds confirmed units to users of a SKU in one statement.
+func addUserUnits(ctx context.Context, tx *sql.Tx, sku string, add map[string]int64) error {
+	if len(add) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 3*len(add))
+	for user, n := range add {
+		args = append(args, sku, user, n)
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO user_units (sku, user_id, units) VALUES `+
+		strings.TrimSuffix(strings.Repeat(`(?, ?, ?),`, len(add)), ",")+
+		` ON DUPLICATE KEY UPDATE units = units + VALUES(units)`, args...)
+	if err != nil {
+		return translate("add user units", err)
+	}
+	return nil
+}
+
+// ApplyBatch implements reservation.Ledger: the hot-SKU path of persist.
+// One transaction: the rows of ids not yet present are inserted in one
+// statement, then the stock row is read FOR UPDATE (after the inserts, so the
+// lock order stays reservations → product_stock, as everywhere), the
+// reservations that fit are kept — the rows of those that do not are deleted
+// again — and their summed quantity is taken with one version-checked update.
+// Reading under the lock means concurrent batches queue on the hot row instead
+// of wasting optimistic attempts; the version check still guards the update.
+func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Reservation, now time.Time) ([]reservation.BatchResult, error) {
+	out := make([]reservation.BatchResult, len(rs))
+	if len(rs) == 0 {
+		return out, nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, translate("batch begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	ids := make([]any, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
+	}
+	existing, err := queryAll(ctx, tx, "batch read rows", scanReservation,
+		`SELECT `+reservationColumns+` FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(ids)-1)+`)`, ids...)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]reservation.Reservation{}
+	for _, row := range existing {
+		have[row.ID] = row
+	}
+	var fresh []int // indexes of reservations to insert, each id once
+	seen := map[string]bool{}
+	for i, r := range rs {
+		switch row, ok := have[r.ID]; {
+		case ok && row.Status == reservation.StatusConfirmed:
+			out[i] = reservation.BatchResult{Result: reservation.AlreadyConfirmed, Row: row}
+		case ok:
+			out[i] = reservation.BatchResult{Result: reservation.AlreadyCancelled, Row: row}
+		case seen[r.ID]: // the same message twice in one batch: decided with its twin below
+			out[i] = reservation.BatchResult{Result: reservation.AlreadyConfirmed, Row: r}
+		default:
+			seen[r.ID] = true
+			fresh = append(fresh, i)
+		}
+	}
+	if len(fresh) == 0 {
+		return out, nil
+	}
+	args := make([]any, 0, len(fresh)*8)
+	for _, i := range fresh {
+		r := rs[i]
+		args = append(args, r.ID, r.SKU, r.Qty, r.UserID, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
+		(reservation_id, sku, qty, user_id, hold_token, status, expires_at, created_at, updated_at) VALUES `+
+		strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, len(fresh)), ","), args...)
+	if isDuplicate(err) {
+		// A fence (or another persist) wrote one of these rows since the read.
+		return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
+	}
+	if err != nil {
+		return nil, translate("batch insert", err)
+	}
+	var available, version int64
+	var limit int
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ? FOR UPDATE`, sku).Scan(&available, &version, &limit)
+	if errors.Is(err, sql.ErrNoRows) {
+		for i := range out {
+			out[i].Result = reservation.NoSuchSKU
+		}
+		return out, nil // rolled back
+	}
+	if err != nil {
+		return nil, translate("batch read stock", err)
+	}
+	var units map[string]int64 // confirmed units per user, when the SKU has a limit
+	if limit > 0 {
+		users := make([]any, 0, len(fresh))
+		listed := map[string]bool{}
+		for _, i := range fresh {
+			if u := rs[i].UserID; !listed[u] {
+				listed[u] = true
+				users = append(users, u)
+			}
+		}
+		if units, err = userUnits(ctx, tx, sku, users); err != nil {
+			return nil, err
+		}
+	}
+	var sum int64
+	var refused []any
+	added := map[string]int64{}
+	for _, i := range fresh {
+		r := rs[i]
+		switch {
+		case sum+int64(r.Qty) > available:
+			out[i] = reservation.BatchResult{Result: reservation.Insufficient, Row: r}
+		case limit > 0 && units[r.UserID]+added[r.UserID]+int64(r.Qty) > int64(limit):
+			out[i] = reservation.BatchResult{Result: reservation.OverLimit, Row: r}
+		default:
+			sum += int64(r.Qty)
+			if limit > 0 {
+				added[r.UserID] += int64(r.Qty)
+			}
+			out[i] = reservation.BatchResult{Result: reservation.Applied, Row: r, Version: version + 1}
+			continue
+		}
+		refused = append(refused, r.ID)
+	}
+	for i, r := range rs { // a twin follows its first copy
+		if out[i].Result == reservation.AlreadyConfirmed && !have[r.ID].Status.Final() {
+			for _, j := range fresh {
+				if rs[j].ID == r.ID {
+					out[i] = out[j]
+				}
+			}
+		}
+	}
+	if len(refused) > 0 {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(refused)-1)+`)`, refused...); err != nil {
+			return nil, translate("batch drop refused", err)
+		}
+	}
+	if sum > 0 {
+		res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
+			WHERE sku = ? AND version = ? AND available >= ?`, sum, sku, version, sum)
+		if err != nil {
+			return nil, translate("batch update stock", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return nil, translate("batch update stock", err)
+		} else if n == 0 {
+			return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
+		}
+	}
+	if err := addUserUnits(ctx, tx, sku, added); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, translate("batch commit", err)
+	}
+	return out, nil
+}
+
+// joinGroup takes a slot of r's group inside the persist transaction. A
+// FORMED group still admits the members whose slots Redis gave before the
+// deadline and whose messages arrive late (members < capacity bounds them).
+// The status assignment comes first so that it reads members before the increment.
+func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time) (reservation.ApplyResult, error) {
+	_, err := tx.ExecContext(ctx, `INSERT INTO group_members (group_id, user_id, reservation_id) VALUES (?, ?, ?)`,
+		r.GroupID, r.UserID, r.ID)
+	if isDuplicate(err) {
+		return reservation.GroupDuplicate, nil
+	}
+	if err != nil {
+		return 0, translate("apply join group", err)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE group_buys
+		SET status = IF(members + 1 >= capacity, 'FORMED', status), members = members + 1, updated_at = ?
+		WHERE group_id = ? AND sku = ? AND status IN ('OPEN', 'FORMED') AND members < capacity`, utc(now), r.GroupID, r.SKU)
+	if err != nil {
+		return 0, translate("apply take slot", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return 0, translate("apply take slot", err)
+	} else if n == 1 {
+		return reservation.Applied, nil
+	}
+	var status string
+	err = tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ? AND sku = ?`, r.GroupID, r.SKU).Scan(&status)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && status == string(reservation.GroupFailed)) {
+		return reservation.GroupNotOpen, nil
+	}
+	if err != nil {
+		return 0, translate("apply read group", err)
+	}
+	return reservation.GroupNoSlot, nil
+}

@@ -1,0 +1,91 @@
+package mysqlstore
+
+// Group-buys: created, read, formed, failed, settled.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// CreateGroup implements reservation.Ledger.
+func (s *Store) CreateGroup(ctx context.Context, g reservation.Group) error {
+	res, err := s.db.ExecContext(ctx, `INSERT INTO group_buys (group_id, sku, capacity, members, status, deadline, created_at, updated_at)
+		SELECT ?, sku, ?, 0, 'OPEN', ?, ?, ? FROM product_stock WHERE sku = ?`,
+		g.ID, g.Capacity, utc(g.Deadline), utc(g.CreatedAt), utc(g.CreatedAt), g.SKU)
+	if err != nil {
+		return translate("create group", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return translate("create group", err)
+	} else if n == 0 {
+		return reservation.ErrUnknownSKU
+	}
+	return nil
+}
+
+const groupColumns = `group_id, sku, capacity, members, status, deadline, formed_at, created_at`
+
+func scanGroup(row interface{ Scan(...any) error }) (reservation.Group, error) {
+	var g reservation.Group
+	var status string
+	var formed sql.NullTime
+	err := row.Scan(&g.ID, &g.SKU, &g.Capacity, &g.Members, &status, &g.Deadline, &formed, &g.CreatedAt)
+	g.Status, g.FormedAt = reservation.GroupStatus(status), formed.Time
+	return g, err
+}
+
+// Group implements reservation.Ledger.
+func (s *Store) Group(ctx context.Context, id string) (reservation.Group, error) {
+	g, err := scanGroup(s.db.QueryRowContext(ctx, `SELECT `+groupColumns+` FROM group_buys WHERE group_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return g, reservation.ErrUnknownGroup
+	}
+	if err != nil {
+		return g, translate("read group", err)
+	}
+	return g, nil
+}
+
+// DueGroups implements reservation.Ledger.
+func (s *Store) DueGroups(ctx context.Context, t time.Time, limit int) ([]reservation.Group, error) {
+	return queryAll(ctx, s.db, "due groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
+		WHERE (status = 'OPEN' AND deadline <= ?) OR (status = 'FAILED' AND settled_at IS NULL)
+		ORDER BY deadline LIMIT ?`, utc(t), limit)
+}
+
+// FormGroup implements reservation.Ledger.
+func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) (bool, error) {
+	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys g SET status = 'FORMED', formed_at = ?, updated_at = ?
+		WHERE group_id = ? AND status = 'OPEN' AND NOT EXISTS (SELECT 1 FROM reservations r
+			WHERE r.group_id = g.group_id AND r.status = 'CANCELLED' AND r.released = 0)`,
+		utc(formedAt), utc(formedAt), id); err != nil {
+		return false, translate("form group", err)
+	}
+	var status string
+	if err := s.db.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ?`, id).Scan(&status); err != nil {
+		return false, translate("form group read", err)
+	}
+	return status == string(reservation.GroupFormed), nil
+}
+
+// FailGroup implements reservation.Ledger.
+func (s *Store) FailGroup(ctx context.Context, id string, now time.Time) (reservation.Group, error) {
+	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys SET status = 'FAILED', updated_at = ?
+		WHERE group_id = ? AND status = 'OPEN' AND deadline <= ?`, utc(now), id, utc(now)); err != nil {
+		return reservation.Group{}, translate("fail group", err)
+	}
+	return s.Group(ctx, id)
+}
+
+// GroupSettled implements reservation.Ledger.
+func (s *Store) GroupSettled(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys SET settled_at = CURRENT_TIMESTAMP(3)
+		WHERE group_id = ? AND status = 'FAILED' AND settled_at IS NULL`, id); err != nil {
+		return translate("settle group", err)
+	}
+	return nil
+}

@@ -1,0 +1,200 @@
+package mysqlstore
+
+// Cancellations and their outboxes: the fence, the refund, the release and event flags, the rows read back.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// Fence implements reservation.Ledger. The insert waits on the row lock of
+// an in-flight persist of the same id, so exactly one of the two writes the row.
+func (s *Store) Fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (row reservation.Reservation, inserted bool, err error) {
+	err = retryDeadlocks(ctx, func() error {
+		row, inserted, err = s.fence(ctx, r, reason, now)
+		return err
+	})
+	return row, inserted, err
+}
+
+func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+	res, err := s.db.ExecContext(ctx, `INSERT INTO reservations
+		(reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, released, notified, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, 0, ?, ?, ?)
+		ON DUPLICATE KEY UPDATE reservation_id = reservation_id`,
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), nullString(r.Token), string(reason), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+	if err != nil {
+		return r, false, translate("fence", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return r, false, translate("fence", err)
+	}
+	row, err := s.Reservation(ctx, r.ID)
+	if err != nil {
+		return r, false, err
+	}
+	return row, n == 1, nil
+}
+
+// Refund implements reservation.Ledger. Lock order (reservations,
+// product_stock, group_members, group_buys) matches Apply's.
+func (s *Store) Refund(ctx context.Context, id string, reason reservation.Reason, now time.Time) (row reservation.Reservation, refunded bool, err error) {
+	err = retryDeadlocks(ctx, func() error {
+		row, refunded, err = s.refund(ctx, id, reason, now)
+		return err
+	})
+	return row, refunded, err
+}
+
+func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return reservation.Reservation{}, false, translate("refund begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	row, err := scanReservation(tx.QueryRowContext(ctx, `SELECT `+reservationColumns+`
+		FROM reservations WHERE reservation_id = ? FOR UPDATE`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return reservation.Reservation{}, false, reservation.ErrNotFound
+	}
+	if err != nil {
+		return reservation.Reservation{}, false, translate("refund read", err)
+	}
+	if row.Status != reservation.StatusConfirmed {
+		return row, false, nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available + ?, version = version + 1 WHERE sku = ?`, row.Qty, row.SKU); err != nil {
+		return reservation.Reservation{}, false, translate("refund stock", err)
+	}
+	var version int64
+	if err := tx.QueryRowContext(ctx, `SELECT version FROM product_stock WHERE sku = ?`, row.SKU).Scan(&version); err != nil {
+		return reservation.Reservation{}, false, translate("refund read version", err)
+	}
+	stmts := []stmt{
+		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, refunded = 1, released = 0, refund_version = ?, notified = 0, updated_at = ?
+			WHERE reservation_id = ?`, []any{string(reason), version, utc(now), id}},
+		{`UPDATE user_units SET units = GREATEST(units - ?, 0) WHERE sku = ? AND user_id = ?`, []any{row.Qty, row.SKU, row.UserID}},
+	}
+	if row.GroupID != "" {
+		// A FORMED group stays FORMED (final): the member leaves, the group
+		// does not reopen. An OPEN one gets its slot back.
+		stmts = append(stmts,
+			stmt{`DELETE FROM group_members WHERE group_id = ? AND reservation_id = ?`, []any{row.GroupID, id}},
+			stmt{`UPDATE group_buys SET members = members - 1, updated_at = ? WHERE group_id = ? AND members > 0`,
+				[]any{utc(now), row.GroupID}},
+		)
+	}
+	for _, st := range stmts {
+		if _, err := tx.ExecContext(ctx, st.q, st.args...); err != nil {
+			return reservation.Reservation{}, false, translate("refund", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return reservation.Reservation{}, false, translate("refund commit", err)
+	}
+	row.Status, row.Reason, row.Refunded, row.Released, row.Notified = reservation.StatusCancelled, reason, true, false, false
+	row.RefundVersion = version
+	return row, true, nil
+}
+
+// Reservation implements reservation.Ledger.
+func (s *Store) Reservation(ctx context.Context, id string) (reservation.Reservation, error) {
+	return s.reservation(ctx, s.db, id)
+}
+
+func (s *Store) reservation(ctx context.Context, q querier, id string) (reservation.Reservation, error) {
+	r, err := scanReservation(q.QueryRowContext(ctx, `SELECT `+reservationColumns+` FROM reservations WHERE reservation_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, reservation.ErrNotFound
+	}
+	if err != nil {
+		return r, translate("read reservation", err)
+	}
+	return r, nil
+}
+
+// MarkNotified implements reservation.Ledger.
+func (s *Store) MarkNotified(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE reservations SET notified = 1 WHERE reservation_id = ? AND notified = 0`, id); err != nil {
+		return translate("mark notified", err)
+	}
+	return nil
+}
+
+// MarkReleased implements reservation.Ledger.
+func (s *Store) MarkReleased(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE reservations SET released = 1 WHERE reservation_id = ? AND released = 0`, id); err != nil {
+		return translate("mark released", err)
+	}
+	return nil
+}
+
+// Outbox implements reservation.Ledger: two index range reads, merged.
+func (s *Store) Outbox(ctx context.Context, t time.Time, limit int) ([]reservation.Reservation, error) {
+	unreleased, err := s.reservations(ctx, "release outbox", `SELECT `+reservationColumns+` FROM reservations
+		WHERE released = 0 AND updated_at < ? AND status = 'CANCELLED' LIMIT ?`, utc(t), limit)
+	if err != nil {
+		return nil, err
+	}
+	unnotified, err := s.reservations(ctx, "event outbox", `SELECT `+reservationColumns+` FROM reservations
+		WHERE notified = 0 AND updated_at < ? AND status = 'CANCELLED' LIMIT ?`, utc(t), limit)
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]bool, len(unreleased))
+	for _, r := range unreleased {
+		seen[r.ID] = true
+	}
+	for _, r := range unnotified {
+		if !seen[r.ID] {
+			unreleased = append(unreleased, r)
+		}
+	}
+	return unreleased, nil
+}
+
+// Unreleased implements reservation.Ledger.
+func (s *Store) Unreleased(ctx context.Context, sku string) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE released = 0 AND sku = ?`, sku).Scan(&n); err != nil {
+		return 0, translate("count unreleased", err)
+	}
+	return n, nil
+}
+
+// GroupMembers implements reservation.Ledger.
+func (s *Store) GroupMembers(ctx context.Context, id string) ([]reservation.Reservation, error) {
+	return s.reservations(ctx, "group members", `SELECT `+reservationColumns+` FROM reservations
+		WHERE group_id = ? AND status = 'CONFIRMED'`, id)
+}
+
+func (s *Store) reservations(ctx context.Context, op, q string, args ...any) ([]reservation.Reservation, error) {
+	return queryAll(ctx, s.db, op, scanReservation, q, args...)
+}
+
+// queryAll runs q and scans every row with scan.
+func queryAll[T any](ctx context.Context, q querier, op string, scan func(interface{ Scan(...any) error }) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, translate(op, err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, translate(op, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, translate(op, err)
+	}
+	return out, nil
+}

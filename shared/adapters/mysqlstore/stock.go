@@ -1,0 +1,219 @@
+package mysqlstore
+
+// Stock: the admin's changes (preconditions, keys, admin_delta) and the reads of a SKU's level.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// ChangeStock implements reservation.Ledger. The row is read FOR UPDATE,
+// so the precondition, the new figure and admin_delta are one decision.
+// Turning a per-user limit on rebuilds user_units from the confirmed rows
+// under the same lock (no persist can commit in between: each takes it).
+func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (level reservation.StockLevel, err error) {
+	// Two first changes of one new SKU both take the gap lock of the missing
+	// row and deadlock on the insert: InnoDB rolls one back; run it again.
+	err = retryDeadlocks(ctx, func() error {
+		level, err = s.changeStock(ctx, c)
+		return err
+	})
+	return level, err
+}
+
+// maxStock bounds a SKU's available units (an INT column).
+const maxStock = 1_000_000_000
+
+func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return reservation.StockLevel{}, translate("change stock begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	level := reservation.StockLevel{SKU: c.SKU}
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
+	exists := err == nil
+	if c.Key != "" && (exists || errors.Is(err, sql.ErrNoRows)) {
+		// A retried change (the same key) is answered before its
+		// precondition: the first one moved the version it was based on.
+		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c))
+		if isDuplicate(err) {
+			return s.replayChange(ctx, tx, c)
+		}
+		if err != nil {
+			return reservation.StockLevel{}, translate("change stock key", err)
+		}
+	}
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if c.Set == nil {
+			return reservation.StockLevel{}, reservation.ErrUnknownSKU
+		}
+		if c.IfVersion != nil && *c.IfVersion != 0 || c.IfExists {
+			return reservation.StockLevel{}, fmt.Errorf("change stock %s: no such sku: %w", c.SKU, reservation.ErrPreconditionFailed)
+		}
+	case err != nil:
+		return reservation.StockLevel{}, translate("change stock read", err)
+	case c.Set != nil && c.IfVersion == nil && !c.IfExists:
+		return reservation.StockLevel{}, reservation.ErrPreconditionRequired
+	case c.IfVersion != nil && *c.IfVersion != level.Version:
+		return reservation.StockLevel{}, fmt.Errorf("change stock %s: version is %d, not %d: %w", c.SKU, level.Version, *c.IfVersion, reservation.ErrPreconditionFailed)
+	}
+	var delta int64
+	switch {
+	case c.Set != nil:
+		delta = *c.Set - level.Available
+	case c.Add != nil:
+		delta = *c.Add
+	}
+	if level.Available+delta < 0 {
+		return reservation.StockLevel{}, fmt.Errorf("change stock %s: %d available, cannot remove %d: %w", c.SKU, level.Available, -delta, reservation.ErrInsufficient)
+	}
+	if level.Available+delta > maxStock {
+		return reservation.StockLevel{}, &reservation.InvalidError{Field: "add",
+			Msg: fmt.Sprintf("%d available: adding %d passes the most a sku can hold (%d)", level.Available, delta, maxStock)}
+	}
+	oldLimit := level.PerUserLimit
+	if c.Limit != nil {
+		level.PerUserLimit = *c.Limit
+	}
+	if c.Rate != nil {
+		level.UserRate = *c.Rate
+	}
+	if c.Burst != nil {
+		level.UserBurst = *c.Burst
+	}
+	level.Available += delta
+	level.AdminDelta += delta
+	level.Version++
+	if exists {
+		_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ?,
+			user_rate = ?, user_burst = ? WHERE sku = ?`,
+			level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, c.SKU)
+	} else {
+		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst)
+		if isDuplicate(err) {
+			return reservation.StockLevel{}, fmt.Errorf("change stock %s: created concurrently: %w", c.SKU, reservation.ErrPreconditionFailed)
+		}
+	}
+	if err != nil {
+		return reservation.StockLevel{}, translate("change stock write", err)
+	}
+	if exists && oldLimit == 0 && level.PerUserLimit > 0 {
+		for _, st := range []stmt{
+			{`DELETE FROM user_units WHERE sku = ?`, []any{c.SKU}},
+			{`INSERT INTO user_units (sku, user_id, units) SELECT sku, user_id, SUM(qty) FROM reservations
+				WHERE sku = ? AND status = 'CONFIRMED' GROUP BY sku, user_id`, []any{c.SKU}},
+		} {
+			if _, err := tx.ExecContext(ctx, st.q, st.args...); err != nil {
+				return reservation.StockLevel{}, translate("rebuild user units", err)
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return reservation.StockLevel{}, translate("change stock commit", err)
+	}
+	return level, nil
+}
+
+// replayChange answers a change whose key was used before: the same change
+// is the level as it stands (applied once already); another change under
+// the key is refused.
+func (s *Store) replayChange(ctx context.Context, tx *sql.Tx, c reservation.StockChange) (reservation.StockLevel, error) {
+	var set, add, limit, rate, burst, version sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
+		Scan(&set, &add, &limit, &rate, &burst, &version)
+	if err != nil {
+		return reservation.StockLevel{}, translate("change stock replay", err)
+	}
+	_ = tx.Rollback()
+	if set != nullInt(c.Set) || add != nullInt(c.Add) || limit != nullInt(c.Limit) ||
+		rate != nullInt(c.Rate) || burst != nullInt(c.Burst) || version != ifVersion(c) {
+		return reservation.StockLevel{}, fmt.Errorf("change stock %s: key %q: %w", c.SKU, c.Key, reservation.ErrIdempotencyMismatch)
+	}
+	return s.Stock(ctx, c.SKU)
+}
+
+// ifVersion is the precondition a keyed change was based on: its version,
+// -1 for If-Match: *, none.
+func ifVersion(c reservation.StockChange) sql.NullInt64 {
+	if c.IfExists {
+		return sql.NullInt64{Int64: -1, Valid: true}
+	}
+	return nullInt(c.IfVersion)
+}
+
+func nullInt[T int | int64](p *T) sql.NullInt64 {
+	if p == nil {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: int64(*p), Valid: true}
+}
+
+// Stock implements reservation.Ledger.
+func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, error) {
+	level := reservation.StockLevel{SKU: sku}
+	err := s.db.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ?`, sku).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
+	if errors.Is(err, sql.ErrNoRows) {
+		return level, reservation.ErrUnknownSKU
+	}
+	if err != nil {
+		return level, translate("read stock", err)
+	}
+	return level, nil
+}
+
+// Snapshot implements reservation.Ledger: one consistent read.
+func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reservation.StockLevel, []reservation.Reservation, error) {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return reservation.StockLevel{}, nil, translate("snapshot begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only
+	level := reservation.StockLevel{SKU: sku}
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ?`, sku).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
+	if errors.Is(err, sql.ErrNoRows) {
+		return level, nil, reservation.ErrUnknownSKU
+	}
+	if err != nil {
+		return level, nil, translate("snapshot stock", err)
+	}
+	var confirmed []reservation.Reservation
+	for len(held) > 0 {
+		chunk := held[:min(len(held), 500)]
+		held = held[len(chunk):]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		rows, err := queryAll(ctx, tx, "snapshot confirmed", scanReservation, `SELECT `+reservationColumns+` FROM reservations
+			WHERE reservation_id IN (?`+strings.Repeat(",?", len(chunk)-1)+`) AND status = 'CONFIRMED'`, args...)
+		if err != nil {
+			return level, nil, err
+		}
+		confirmed = append(confirmed, rows...)
+	}
+	return level, confirmed, nil
+}
+
+// Stocks implements reservation.Ledger.
+func (s *Store) Stocks(ctx context.Context) ([]reservation.StockLevel, error) {
+	return queryAll(ctx, s.db, "list stock", func(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
+		var l reservation.StockLevel
+		err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst)
+		return l, err
+	}, `SELECT sku, available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock ORDER BY sku`)
+}
