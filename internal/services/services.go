@@ -250,12 +250,18 @@ func RedisArgs(port int, dir string) []string {
 // StartMariaDB initialises datadir if it is empty and starts mariadbd on a
 // loopback port and a Unix socket, in its own session, logging to logFile.
 func StartMariaDB(datadir, sock, logFile string, port int, durable bool, extra ...string) (*exec.Cmd, error) {
+	// A temporary directory of its own: servers installed or running at once
+	// (tests in parallel packages) must not share /tmp's temporary tables.
+	tmp := datadir + ".tmp"
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(filepath.Join(datadir, "mysql")); err != nil {
 		if err := os.MkdirAll(datadir, 0o755); err != nil {
 			return nil, err
 		}
 		out, err := exec.Command("mariadb-install-db", "--no-defaults", "--basedir=/usr", "--datadir="+datadir,
-			"--user=root", "--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput()
+			"--tmpdir="+tmp, "--user=root", "--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput()
 		if err != nil {
 			return nil, fmt.Errorf("mariadb-install-db: %v\n%s", err, out)
 		}
@@ -265,7 +271,7 @@ func StartMariaDB(datadir, sock, logFile string, port int, durable bool, extra .
 		durability = []string{"--innodb-flush-log-at-trx-commit=1", "--log-bin=" + filepath.Join(datadir, "binlog"), "--sync-binlog=1", "--server-id=1"}
 	}
 	// --no-defaults first, or /etc/mysql forces its datadir and user.
-	args := append([]string{"--no-defaults", "--user=root", "--datadir=" + datadir, "--socket=" + sock,
+	args := append([]string{"--no-defaults", "--user=root", "--datadir=" + datadir, "--tmpdir=" + tmp, "--socket=" + sock,
 		"--port=" + strconv.Itoa(port), "--bind-address=127.0.0.1", "--skip-name-resolve",
 		"--pid-file=" + filepath.Join(filepath.Dir(sock), filepath.Base(sock)+".pid"), "--max-connections=500",
 		"--sql-mode=" + SQLMode}, durability...)
