@@ -81,10 +81,23 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		s.metrics.Count("sold_out", 1)
 		return Reservation{}, false, ErrSoldOut
 	}
-	// The script runs first, so the buyer's attempt rate is charged before
-	// any MySQL read: a scalper's thousands of fresh keys cost Redis, not the
-	// arbiter. MySQL is asked only when Redis has no answer of its own for a
-	// keyed request: a new hold, or a refusal.
+	// A keyed buy runs the script first, so the buyer's attempt rate is
+	// charged before any MySQL read: a scalper's thousands of fresh keys cost
+	// Redis, not the arbiter; MySQL is asked only when Redis has no final
+	// answer (below). A keyed join asks MySQL first: a hold the script took
+	// again for a decided id would hold a slot in this request's group, which
+	// returning the stray (it follows MySQL's row, and the row's group) could
+	// not give back when the row names another group.
+	checked := false
+	if keyed && r.GroupID != "" {
+		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
+			if rerr != nil {
+				return Reservation{}, false, rerr
+			}
+			return row, true, nil
+		}
+		checked = true
+	}
 	held, out, err := s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	if errors.Is(err, ErrUnknownSKU) {
 		// Redis may have lost the SKU (failover, flush): warm it from MySQL
@@ -94,7 +107,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		}
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
-	if err != nil && keyed && refusal(err) {
+	if err != nil && keyed && !checked && refusal(err) {
 		// Redis may have forgotten a reservation MySQL decided: a replay of
 		// it is answered with its row, not refused for today's stock.
 		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
@@ -104,7 +117,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 			return row, true, nil
 		}
 	}
-	if err == nil && keyed && !held.Status.Final() {
+	if err == nil && keyed && !checked && !held.Status.Final() {
 		// A held answer to a keyed request (a new hold, or one Redis took
 		// again while MySQL was unreachable): if MySQL already decided this
 		// id, the hold is a stray. Follow returns it, and the row answers.
