@@ -36,9 +36,12 @@ bench:
 ##   model sequence prints its shrunk steps and -rapid.seed / fail file)
 DURATION ?= 5m
 MODEL_CHECKS ?= 2000
+chaos: SHELL := /bin/bash
 chaos:
-	HOLDFAST_CHAOS_DURATION=$(DURATION) HOLDFAST_MODEL_CHECKS=$(MODEL_CHECKS) \
-		scripts/test.sh -run 'TestChaos$$|TestModel$$' -v -timeout 0 ./shared/app
+	@mkdir -p .holdfast; set -o pipefail; HOLDFAST_CHAOS_DURATION=$(DURATION) HOLDFAST_MODEL_CHECKS=$(MODEL_CHECKS) \
+		scripts/test.sh -run 'TestChaos$$|TestModel$$' -v -timeout 0 ./test/system | tee .holdfast/chaos.log; \
+		grep -q -- '--- PASS: TestChaos' .holdfast/chaos.log && grep -q -- '--- PASS: TestModel' .holdfast/chaos.log || \
+		{ echo "chaos: TestChaos and TestModel did not both run and pass"; exit 1; }
 
 ## load: fire a flash sale at `make dev` and print the invariant report; each
 ## buyer sends its own token, minted with the key `make dev` verifies with

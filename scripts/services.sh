@@ -11,7 +11,14 @@
 # Ports are free ports chosen at start unless HOLDFAST_REDIS_PORT, HOLDFAST_DB_PORT
 # or HOLDFAST_SQS_PORT are set. Everything binds to 127.0.0.1 only.
 set -euo pipefail
+# DIR is the caller's: make it absolute before moving to the repository.
+args=("$@")
+if [ $# -ge 2 ]; then
+  [ "$1" = start ] && mkdir -p "$2"
+  [ -d "$2" ] && args[1]=$(cd "$2" && pwd)
+fi
 cd "$(dirname "$0")/.."
 mkdir -p bin
-go build -o bin/services ./cmd/services
-exec bin/services "$@"
+[ -x bin/services ] && [ -z "$(find cmd/services internal/services -newer bin/services -name '*.go' 2>/dev/null)" ] ||
+  go build -o bin/services ./cmd/services
+exec bin/services "${args[@]}"

@@ -222,7 +222,7 @@ func (b *bench) reserve(ctx context.Context) error {
 		return nil
 	}
 	script := redis.NewScript(redisstore.ReserveLua)
-	if err := run("raw EVALSHA floor", setStock, func(sku string, w, i int) error {
+	if err := run(modeFloor, setStock, func(sku string, w, i int) error {
 		r := reservation.Reservation{ID: fmt.Sprintf("f%d-%d", w, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i), Token: "floor"}
 		out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), redisstore.ReserveArgs(r, time.Minute, b.cfg.UserRate, b.cfg.UserBurst)...).StringSlice()
 		if err != nil || out[0] != "OK" {
@@ -236,13 +236,13 @@ func (b *bench) reserve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := run("holdfast, no send", setStock, func(sku string, w, i int) error {
+	if err := run(modeNoSend, setStock, func(sku string, w, i int) error {
 		_, _, err := noSend.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
 		return err
 	}, redisCheck); err != nil {
 		return err
 	}
-	if err := run("holdfast with SQS send", setStock, func(sku string, w, i int) error {
+	if err := run(modeSend, setStock, func(sku string, w, i int) error {
 		_, _, err := b.app.Service.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
 		return err
 	}, redisCheck); err != nil {
@@ -251,7 +251,7 @@ func (b *bench) reserve(ctx context.Context) error {
 	if _, err := b.app.SQS.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: &b.cfg.QueueURL}); err != nil {
 		b.log("purge: %v", err)
 	}
-	return run("pure DB: UPDATE ... WHERE available >= 1", setStock, func(sku string, w, i int) error {
+	return run(modePureDB, setStock, func(sku string, w, i int) error {
 		res, err := db.ExecContext(context.Background(), `UPDATE product_stock SET available = available - 1 WHERE sku = ? AND available >= 1`, sku)
 		if err != nil {
 			return err
@@ -351,7 +351,7 @@ func (b *bench) persist(ctx context.Context) error {
 	}
 	wg.Wait()
 	settled := min(next.Load(), int64(len(msgs)))
-	tb := result{group: "persist", name: "textbook optimistic consumer", ops: settled, elapsed: time.Since(start),
+	tb := result{group: "persist", name: modeTextbook, ops: settled, elapsed: time.Since(start),
 		extra: map[string]string{"retries": fmt.Sprint(retries.Load()), "false cancellations": fmt.Sprint(falseCancel.Load())}}
 	b.results = append(b.results, tb)
 
@@ -414,7 +414,7 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers int, prefix st
 		}()
 	}
 	wg.Wait()
-	r := result{group: "persist", name: "holdfast batch persist", ops: int64(n), elapsed: time.Since(start)}
+	r := result{group: "persist", name: modeBatch, ops: int64(n), elapsed: time.Since(start)}
 	var confirmed, cancelled, avail int64
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&confirmed)
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CANCELLED'`, sku).Scan(&cancelled)
@@ -455,7 +455,7 @@ func (b *bench) soldOut(ctx context.Context) error {
 		if _, err := svc.ChangeStock(ctx, reservation.SetTo(sku, 0)); err != nil {
 			return err
 		}
-		name := "sold-out storm, no flag"
+		name := modeNoFlag
 		if ttl > 0 {
 			name = fmt.Sprintf("sold-out storm, %v flag", ttl)
 		}
@@ -541,27 +541,50 @@ func (b *bench) coldStart(ctx context.Context) error {
 	return nil
 }
 
-func (b *bench) find(name string) result {
+// find returns the result of the named mode; ok is false when that part
+// did not run (-only), and a name that matches nothing at all is a bug.
+func (b *bench) find(name string) (result, bool) {
 	for _, r := range b.results {
 		if r.name == name {
-			return r
+			return r, true
 		}
 	}
-	return result{}
+	return result{}, false
 }
 
+// Mode names the ratios compare.
+const (
+	modeFloor    = "raw EVALSHA floor"
+	modeNoSend   = "holdfast, no send"
+	modeSend     = "holdfast with SQS send"
+	modePureDB   = "pure DB: UPDATE ... WHERE available >= 1"
+	modeTextbook = "textbook optimistic consumer"
+	modeBatch    = "holdfast batch persist"
+	modeNoFlag   = "sold-out storm, no flag"
+)
+
 func (b *bench) ratios() []string {
-	floor, hf, hfSend, pureDB := b.find("raw EVALSHA floor"), b.find("holdfast, no send"), b.find("holdfast with SQS send"), b.find("pure DB: UPDATE ... WHERE available >= 1")
-	tb, hp := b.find("textbook optimistic consumer"), b.find("holdfast batch persist")
-	so0, so1 := b.find("sold-out storm, no flag"), b.find(fmt.Sprintf("sold-out storm, %v flag", reservation.DefaultConfig().SoldOutTTL))
-	return []string{
-		fmt.Sprintf("holdfast reserve / raw script floor = %.2f (goal ≥ 0.90)", hf.rate()/floor.rate()),
-		fmt.Sprintf("holdfast reserve / pure-DB design = %.1f× (goal ≥ 8×)", hf.rate()/pureDB.rate()),
-		fmt.Sprintf("holdfast reserve with the SQS send / pure-DB design = %.1f× (the local SQS server is the bottleneck)", hfSend.rate()/pureDB.rate()),
-		fmt.Sprintf("holdfast persist / textbook consumer = %.0f× (goal ≥ 50×); false cancellations %s vs %s",
-			hp.rate()/tb.rate(), hp.extra["false cancellations"], tb.extra["false cancellations"]),
-		fmt.Sprintf("sold-out flag / no flag = %.1f×", so1.rate()/so0.rate()),
+	var out []string
+	ratio := func(format string, f func(rs []result) []any, names ...string) {
+		rs := make([]result, len(names))
+		for i, n := range names {
+			r, ok := b.find(n)
+			if !ok {
+				return // that part did not run
+			}
+			rs[i] = r
+		}
+		out = append(out, fmt.Sprintf(format, f(rs)...))
 	}
+	withFlag := fmt.Sprintf("sold-out storm, %v flag", reservation.DefaultConfig().SoldOutTTL)
+	ratio("holdfast reserve / raw script floor = %.2f (goal ≥ 0.90)", func(r []result) []any { return []any{r[0].rate() / r[1].rate()} }, modeNoSend, modeFloor)
+	ratio("holdfast reserve / pure-DB design = %.1f× (goal ≥ 8×)", func(r []result) []any { return []any{r[0].rate() / r[1].rate()} }, modeNoSend, modePureDB)
+	ratio("holdfast reserve with the SQS send / pure-DB design = %.1f× (the local SQS server is the bottleneck)", func(r []result) []any { return []any{r[0].rate() / r[1].rate()} }, modeSend, modePureDB)
+	ratio("holdfast persist / textbook consumer = %.0f× (goal ≥ 50×); false cancellations %s vs %s", func(r []result) []any {
+		return []any{r[0].rate() / r[1].rate(), r[0].extra["false cancellations"], r[1].extra["false cancellations"]}
+	}, modeBatch, modeTextbook)
+	ratio("sold-out flag / no flag = %.1f×", func(r []result) []any { return []any{r[0].rate() / r[1].rate()} }, withFlag, modeNoFlag)
+	return out
 }
 
 // print writes the whole report: the table, the ratios and checks, the

@@ -316,7 +316,16 @@ func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Log
 	for _, route := range routes {
 		mux.Handle(pattern(route), invoke(h, route, v, log))
 	}
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// API Gateway matches the path as sent: no cleaning redirects
+		// (//x, /./x, /a/../x); ServeMux would answer 307 instead.
+		if r.URL.Path != "/" && path.Clean(r.URL.Path) != strings.TrimSuffix(r.URL.Path, "/") || strings.Contains(r.URL.Path, "//") {
+			gatewayReply(w, http.StatusNotFound, "Not Found", nil)
+			log.Info(r.Method+" "+r.URL.Path, "status", http.StatusNotFound, "route", "none")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // invoke serves one route: the authorizer, then the function.
@@ -325,6 +334,13 @@ func invoke(h APIHandler, route samtemplate.Route, v Verifier, log *slog.Logger)
 		start := time.Now()
 		logged := func(status int, args ...any) {
 			log.Info(r.Method+" "+r.URL.Path, append([]any{"status", status, "latency", time.Since(start).Round(time.Microsecond)}, args...)...)
+		}
+		if route.Method != "ANY" && r.Method != route.Method {
+			// ServeMux lets HEAD through to a GET pattern; API Gateway has no
+			// such route.
+			gatewayReply(w, http.StatusNotFound, "Not Found", nil)
+			logged(http.StatusNotFound, "route", "none")
+			return
 		}
 		params := params(route, r)
 		var authorizer *events.APIGatewayV2HTTPRequestContextAuthorizerDescription

@@ -379,7 +379,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		// A warm-up from a level at or past the refund counted its units already.
 		counted := row.RefundVersion > 0 && m.meta[sku]["wver"] >= row.RefundVersion
 		giveBack(qty, user, gid, counted)
-		returned = !counted
+		returned = returned || !counted // a stray returned above still counts
 	}
 	h.state, h.reason, h.refunded, h.rel, h.hasRel = StatusCancelled, row.Reason, row.Refunded, token, true
 	return returned, false
@@ -496,7 +496,7 @@ func (m *memHolds) HeldIDs(_ context.Context, sku string, limit int) ([]string, 
 		a, b := m.exp[sku][ids[i]], m.exp[sku][ids[j]]
 		return a < b || (a == b && ids[i] < ids[j])
 	})
-	if len(ids) > limit {
+	if limit > 0 && len(ids) > limit { // ZRANGE 0 limit-1: 0 is every id
 		ids = ids[:limit]
 	}
 	return ids, nil
@@ -1285,7 +1285,7 @@ func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) 
 	}
 	g, ok := l.groups[id]
 	if !ok {
-		return false, nil
+		return false, ErrUnknownGroup
 	}
 	pending := false
 	for _, row := range l.rows {

@@ -164,7 +164,7 @@ func TestChaos(t *testing.T) {
 		}
 		seed := base + uint64(i)
 		if !c.schedule(t, seed) {
-			t.Fatalf("chaos: schedule with seed %d broke an invariant; replay: HOLDFAST_CHAOS_SEED=%d go test ./shared/app -run TestChaos", seed, seed)
+			t.Fatalf("chaos: schedule with seed %d broke an invariant; replay: HOLDFAST_CHAOS_SEED=%d go test ./test/system -run TestChaos", seed, seed)
 		}
 		ran++
 	}

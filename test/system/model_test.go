@@ -20,7 +20,7 @@ package system_test
 // HOLDFAST_MODEL_STEPS actions (default 40); make chaos runs more
 // (MODEL_CHECKS, default 2000), or by hand:
 //
-//	HOLDFAST_MODEL_CHECKS=1000 scripts/test.sh -run TestModel -v ./shared/app
+//	HOLDFAST_MODEL_CHECKS=1000 scripts/test.sh -run TestModel -v ./test/system
 //
 // A case takes about 0.1 s. A failure is shrunk for up to
 // HOLDFAST_MODEL_SHRINKTIME (default 90s) and printed as one line per action,

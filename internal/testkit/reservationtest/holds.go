@@ -554,4 +554,33 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 			t.Errorf("stock = %d/%d, want 0/50", a, h)
 		}
 	})
+	t.Run("a stray meeting a refund the warm-up already counted is returned, and Follow says so", func(t *testing.T) {
+		s, sku, _ := setup(t, 10, 0)
+		h := hold(sku, sku+".aaaaaaaaaaaaaaaaaaaaaaaaaa", "u", 1)
+		h.Token = "t-stray"
+		reserve(t, s, h)
+		decided := h
+		decided.Token, decided.Status, decided.Reason, decided.Refunded, decided.RefundVersion = "t-decided", reservation.StatusCancelled, reservation.ReasonBuyer, true, 1
+		if !follow(t, s, decided) {
+			t.Errorf("Follow = false, want true: the stray's unit came back")
+		}
+		if a, held := stockOf(t, s, sku); a != 10 || held != 0 {
+			t.Errorf("stock = %d/%d, want 10 available, 0 held", a, held)
+		}
+	})
+
+	t.Run("HeldIDs lists by deadline; a limit of 0 lists every one", func(t *testing.T) {
+		s, sku, c := setup(t, 10, 0)
+		reserve(t, s, hold(sku, "late", "u", 1))
+		c.now = c.now.Add(-time.Second)
+		reserve(t, s, hold(sku, "early", "v", 1))
+		ids, err := s.HeldIDs(ctx, sku, 0)
+		if err != nil || len(ids) != 2 || ids[0] != "early" {
+			t.Errorf("HeldIDs(0) = %v %v, want [early late]", ids, err)
+		}
+		if ids, err := s.HeldIDs(ctx, sku, 1); err != nil || len(ids) != 1 || ids[0] != "early" {
+			t.Errorf("HeldIDs(1) = %v %v, want [early]", ids, err)
+		}
+	})
+
 }

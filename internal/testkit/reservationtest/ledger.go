@@ -432,4 +432,11 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Fatalf("FormGroup once released = %v %v, want formed", formed, err)
 		}
 	})
+	t.Run("forming a group MySQL does not know is unknown_group, not an outage", func(t *testing.T) {
+		s := newLedger(t)
+		if _, err := s.FormGroup(context.Background(), "g-nosuch", now); !errors.Is(err, reservation.ErrUnknownGroup) {
+			t.Errorf("FormGroup(unknown) = %v, want ErrUnknownGroup", err)
+		}
+	})
+
 }

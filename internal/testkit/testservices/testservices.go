@@ -280,7 +280,7 @@ func StartCluster(t testing.TB) []string {
 		_, port, _ := net.SplitHostPort(addr)
 		dir := t.TempDir()
 		cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", dir,
-			"--save", "", "--appendonly", "no", "--cluster-enabled", "yes",
+			"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction", "--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--cluster-node-timeout", "2000")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -66,7 +66,11 @@ func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) (b
 		return false, translate("form group", err)
 	}
 	var status string
-	if err := s.db.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ?`, id).Scan(&status); err != nil {
+	err := s.db.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ?`, id).Scan(&status)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, reservation.ErrUnknownGroup
+	}
+	if err != nil {
 		return false, translate("form group read", err)
 	}
 	return status == string(reservation.GroupFormed), nil

@@ -56,10 +56,13 @@ func factory(client func(t *testing.T) redis.UniversalClient) reservationtest.Ho
 
 // Without a test clock the scripts read Redis's TIME.
 func TestScriptsReadRedisTime(t *testing.T) {
-	env := testservices.Require(t)
 	ctx := context.Background()
 	const ttl = time.Minute
-	s := redisstore.New(env.Redis(t), time.Hour)
+	m := miniredis.RunT(t)
+	m.SetTime(time.Now())
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	s := redisstore.New(c, time.Hour)
 	sku := testservices.Name("sku")
 	if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 5, Version: 1}, nil, nil); err != nil {
 		t.Fatal(err)
