@@ -562,7 +562,9 @@ func (m *modelMachine) redisRelease(x *modelRes) {
 	case mHeld:
 		m.held -= int64(x.holdQty)
 		m.giveBack(x, x.holdQty)
-		x.hold = mCancelled
+		// What stays is the row's tombstone: a stray (a hold Redis took again
+		// with another body) is replaced by the decided row, qty included.
+		x.hold, x.holdQty = mCancelled, x.rowQty
 	case "":
 		x.hold, x.holdQty = mCancelled, x.rowQty // a tombstone; nothing to give back
 	}
@@ -581,7 +583,7 @@ func (m *modelMachine) redisRefund(x *modelRes) {
 	case mCancelled:
 		return
 	}
-	x.hold = mCancelled
+	x.hold, x.holdQty = mCancelled, x.rowQty // the row's tombstone
 }
 
 // repeatDecided: a decided reservation met again (redelivery, a late dead
