@@ -19,3 +19,23 @@ func TestFakeHoldsKeepTheContract(t *testing.T) {
 func TestFakeLedgerKeepsTheContract(t *testing.T) {
 	reservationtest.Ledger(t, func(t *testing.T) reservation.Ledger { return reservation.NewFakeLedger() })
 }
+
+// The in-memory Enqueuer and Notifier keep the contracts SQS's and
+// EventBridge's adapters keep.
+func TestFakeQueueAndNotifierKeepTheContracts(t *testing.T) {
+	first := func(t *testing.T, got []reservation.Reservation, n int) []reservation.Reservation {
+		t.Helper()
+		if len(got) < n {
+			t.Fatalf("%d delivered, want %d", len(got), n)
+		}
+		return got[:n]
+	}
+	reservationtest.Enqueuer(t, func(t *testing.T) (reservation.Enqueuer, reservationtest.Delivered) {
+		q := reservation.NewFakeQueue()
+		return q, func(t *testing.T, n int) []reservation.Reservation { return first(t, q.Sent(), n) }
+	})
+	reservationtest.Notifier(t, func(t *testing.T) (reservation.Notifier, reservationtest.Delivered) {
+		nt := reservation.NewFakeNotifier()
+		return nt, func(t *testing.T, n int) []reservation.Reservation { return first(t, nt.Events(), n) }
+	})
+}

@@ -21,3 +21,23 @@ func (m *memHolds) ForgetStock(_ context.Context, sku string) error { m.forgetSt
 // NewFakeLedger exposes the in-memory Ledger the unit tests use to the
 // contract suite.
 func NewFakeLedger() *memLedger { return newMemLedger() }
+
+// NewFakeQueue and NewFakeNotifier expose the in-memory Enqueuer and
+// Notifier to their contract suites.
+func NewFakeQueue() *memQueue { return &memQueue{} }
+
+// Sent returns what the fake queue was given, in order.
+func (q *memQueue) Sent() []Reservation {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]Reservation(nil), q.sent...)
+}
+
+func NewFakeNotifier() *memNotifier { return &memNotifier{} }
+
+// Events returns the cancellations the fake notifier was given, in order.
+func (n *memNotifier) Events() []Reservation {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]Reservation(nil), n.events...)
+}

@@ -452,3 +452,28 @@ func NewCerts(t testing.TB, ips []net.IP, names []string) Certs {
 	}
 	return c
 }
+
+// Receive waits (up to 10 s) until n messages arrived on the queue at url,
+// deletes them and returns their bodies.
+func Receive(t testing.TB, client *sqs.Client, url string, n int) [][]byte {
+	t.Helper()
+	ctx := context.Background()
+	var out [][]byte
+	deadline := time.Now().Add(10 * time.Second)
+	for len(out) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages arrived on %s", len(out), n, url)
+		}
+		got, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1})
+		if err != nil {
+			t.Fatalf("receive from %s: %v", url, err)
+		}
+		for _, m := range got.Messages {
+			out = append(out, []byte(aws.ToString(m.Body)))
+			if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+				t.Fatalf("delete from %s: %v", url, err)
+			}
+		}
+	}
+	return out
+}
