@@ -900,9 +900,13 @@ func (m *modelMachine) persisted(t *rapid.T, msg modelMsg, rows map[string]model
 	row, ok := rows[x.id]
 	switch {
 	case ok && row.status == mConfirmed && canConfirm:
+		// The row is this message's: its group, not that of a later request
+		// Redis took under the same id after forgetting the first.
+		x.group = g
 		m.confirm(x, qty, g)
 		return mConfirmed
 	case ok && row.status == mCancelled && !row.refunded && slices.Contains(reasons, row.reason):
+		x.group = g
 		m.fence(x, row.reason, qty)
 		return row.reason
 	}
@@ -935,6 +939,7 @@ func (m *modelMachine) compensate(t *rapid.T, msg modelMsg) {
 		t.Logf("dead letter %s (decided %s %s) → nothing moves", x, x.row, x.reason)
 		return
 	}
+	x.group = m.group(msg.r.GroupID) // the row is this message's
 	m.fence(x, "dead_letter", msg.r.Qty)
 	t.Logf("dead letter %s → CANCELLED dead_letter", x)
 	m.done = append(m.done, msg)
