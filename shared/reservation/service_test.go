@@ -930,7 +930,7 @@ func TestReconcileHealsOnlyAPersistentDrift(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)
 	f.holds.stock["s"] = 7 // Redis lost three units' worth of writes
-	if rep := f.sweep(t); rep.Healed != 0 || rep.Drift["s"] != 3 {
+	if rep := f.sweep(t); rep.Healed != 0 || driftOf(rep, "s") != 3 {
 		t.Fatalf("first sighting = %+v, want drift 3 reported, not healed", rep)
 	}
 	f.clock.advance(f.svc.cfg.ReconcileAfter - time.Second)
@@ -941,7 +941,7 @@ func TestReconcileHealsOnlyAPersistentDrift(t *testing.T) {
 	if rep := f.sweep(t); rep.Healed != 1 || f.redis("s") != 10 {
 		t.Fatalf("sweep = %+v, redis %d; want healed to 10", rep, f.redis("s"))
 	}
-	if rep := f.sweep(t); rep.Healed != 0 || rep.Drift["s"] != 0 {
+	if rep := f.sweep(t); rep.Healed != 0 || driftOf(rep, "s") != 0 {
 		t.Errorf("after heal = %+v, want no drift", rep)
 	}
 }
@@ -953,7 +953,7 @@ func TestReconcileLeavesADriftThatMovesOrHasLiveHolds(t *testing.T) {
 	f.sweep(t)             // sighting: drift 3
 	f.holds.stock["s"] = 8 // the drift changed (something was in flight)
 	f.clock.advance(2 * f.svc.cfg.ReconcileAfter)
-	if rep := f.sweep(t); rep.Healed != 0 || rep.Drift["s"] != 2 {
+	if rep := f.sweep(t); rep.Healed != 0 || driftOf(rep, "s") != 2 {
 		t.Fatalf("healed a drift that changed between sweeps: %+v", rep)
 	}
 	sighted := f.clock.Now()
@@ -986,14 +986,14 @@ func TestReconcileWaitsForTheReleaseOutbox(t *testing.T) {
 	}
 	for range 4 { // MySQL 5, Redis 3: a drift of 2 that persists
 		f.clock.advance(f.svc.cfg.ReconcileAfter)
-		if rep := f.sweep(t); rep.Healed != 0 || rep.Drift["s"] != 2 {
+		if rep := f.sweep(t); rep.Healed != 0 || driftOf(rep, "s") != 2 {
 			t.Fatalf("sweep = %+v, want drift 2, never healed", rep)
 		}
 	}
 	delete(f.holds.fail, "Follow")
 	f.sweep(t)
 	f.clock.advance(f.svc.cfg.ReconcileAfter)
-	if rep := f.sweep(t); rep.Healed != 0 || rep.Drift["s"] != 0 || f.redis("s") != 5 {
+	if rep := f.sweep(t); rep.Healed != 0 || driftOf(rep, "s") != 0 || f.redis("s") != 5 {
 		t.Errorf("after the outbox = %+v redis %d, want no drift and 5 (given back once)", rep, f.redis("s"))
 	}
 }
@@ -1413,5 +1413,44 @@ func TestKeyedJoinIntoAnotherGroupTakesNoSlot(t *testing.T) {
 	}
 	if g, err := f.svc.Group(bg, g2.ID); err != nil || g.Remaining != 3 {
 		t.Errorf("second group = %+v %v, want all 3 slots", g, err)
+	}
+}
+
+// driftOf is sku's drift as the report names it (0 when it does not drift).
+func driftOf(rep SweepReport, sku string) int64 {
+	for _, d := range rep.WorstDrift {
+		if d.SKU == sku {
+			return d.Drift
+		}
+	}
+	return 0
+}
+
+// A report counts every drifting SKU and names the worst ten, largest first.
+func TestSweepReportNamesTheWorstDrifts(t *testing.T) {
+	var rep SweepReport
+	for i := range 25 {
+		rep.addDrift(fmt.Sprintf("s%02d", i), int64((i%5)-2)*int64(i+1)) // some 0, some negative
+	}
+	var want int64
+	drifting := 0
+	for i := range 25 {
+		d := int64((i%5)-2) * int64(i+1)
+		if d != 0 {
+			drifting++
+			want += max(d, -d)
+		}
+	}
+	if rep.DriftUnits != want || rep.Drifting != drifting || len(rep.WorstDrift) != 10 {
+		t.Fatalf("report = %d units, %d drifting, %d named; want %d, %d, 10", rep.DriftUnits, rep.Drifting, len(rep.WorstDrift), want, drifting)
+	}
+	for i := 1; i < len(rep.WorstDrift); i++ {
+		a, b := rep.WorstDrift[i-1].Drift, rep.WorstDrift[i].Drift
+		if max(a, -a) < max(b, -b) {
+			t.Errorf("worst drifts out of order: %v", rep.WorstDrift)
+		}
+	}
+	if rep.WorstDrift[0].SKU != "s24" && rep.WorstDrift[0].SKU != "s23" {
+		t.Errorf("worst = %v, want the largest (s23 or s24) first", rep.WorstDrift[0])
 	}
 }

@@ -16,8 +16,45 @@ type SweepReport struct {
 	GroupsFailed int              `json:"groups_failed"` // groups past their deadline, now FAILED and settled
 	Notified     int              `json:"events_resent"` // cancellation events sent from the outbox
 	Healed       int              `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
-	Drift        map[string]int64 `json:"drift"`         // per SKU: MySQL available − (Redis available + held)
-	Errors       int              `json:"errors"`
+	// Drift (MySQL available − (Redis available + held)) over the SKUs the
+	// sweep visited: the total of its sizes, how many SKUs drift, and the
+	// worst of them by name — never a map of the whole catalog.
+	DriftUnits int64      `json:"drift_units"`
+	Drifting   int        `json:"drifting_skus"`
+	WorstDrift []SKUDrift `json:"worst_drift,omitempty"`
+	Errors     int        `json:"errors"`
+}
+
+// SKUDrift is one SKU's drift.
+type SKUDrift struct {
+	SKU   string `json:"sku"`
+	Drift int64  `json:"drift"`
+}
+
+// worstDrifts is how many drifting SKUs a report names.
+const worstDrifts = 10
+
+// addDrift counts one SKU's drift, keeping the worst by size.
+func (r *SweepReport) addDrift(sku string, d int64) {
+	if d == 0 {
+		return
+	}
+	size := max(d, -d)
+	r.DriftUnits += size
+	r.Drifting++
+	i := len(r.WorstDrift)
+	for i > 0 && max(r.WorstDrift[i-1].Drift, -r.WorstDrift[i-1].Drift) < size {
+		i--
+	}
+	if i >= worstDrifts {
+		return
+	}
+	r.WorstDrift = append(r.WorstDrift, SKUDrift{})
+	copy(r.WorstDrift[i+1:], r.WorstDrift[i:])
+	r.WorstDrift[i] = SKUDrift{SKU: sku, Drift: d}
+	if len(r.WorstDrift) > worstDrifts {
+		r.WorstDrift = r.WorstDrift[:worstDrifts]
+	}
 }
 
 // Sweep is the scheduled pass that bounds how long anything stays undecided:
@@ -32,7 +69,7 @@ type SweepReport struct {
 // on and the next one retries.
 func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 	cutoff := s.clock.Now().Add(-s.cfg.SweepGrace)
-	rep := SweepReport{Drift: map[string]int64{}}
+	var rep SweepReport
 
 	// The outbox first: a release that reaches Redis now is one the drift
 	// measurement below does not have to wait for.
@@ -84,11 +121,7 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		}
 	}
 
-	var drift int64
-	for _, d := range rep.Drift {
-		drift += max(d, -d)
-	}
-	s.metrics.Count("drift_units", int(drift))
+	s.metrics.Count("drift_units", int(rep.DriftUnits))
 	s.metrics.Count("swept_expired", rep.Expired)
 	s.metrics.Count("swept_released", rep.Released)
 	s.metrics.Count("groups_failed", rep.GroupsFailed)
@@ -167,7 +200,7 @@ func (s *Service) reconcile(ctx context.Context, level StockLevel, rep *SweepRep
 		return
 	}
 	drift := level.Available - (rs.Available + rs.Held)
-	rep.Drift[sku] = drift
+	rep.addDrift(sku, drift)
 	if drift != 0 {
 		if rs.Held != 0 || rs.AdminDelta != level.AdminDelta {
 			return // live holds may be mid-decision, or an admin change is on its way

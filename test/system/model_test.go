@@ -1023,7 +1023,7 @@ func (m *modelMachine) sweep(t *rapid.T, what string) reservation.SweepReport {
 			did = append(did, g.label+" failed")
 		}
 	}
-	t.Logf("%s → %s", what, strings.Join(append(did, fmt.Sprintf("drift %d", rep.Drift[m.sku])), ", "))
+	t.Logf("%s → %s", what, strings.Join(append(did, fmt.Sprintf("drift %d", driftOf(rep, m.sku))), ", "))
 	return rep
 }
 
@@ -1670,8 +1670,8 @@ func (m *modelMachine) quiesce(t *rapid.T) {
 	for range 3 {
 		m.advance(t, 2*time.Second) // past HOLDFAST_RECONCILE_AFTER
 		rep := m.sweep(t, "sweep")
-		if m.exact && rep.Drift[m.sku] != 0 {
-			m.fatalf(t, "quiescent: drift %d without a Redis fault", rep.Drift[m.sku])
+		if m.exact && driftOf(rep, m.sku) != 0 {
+			m.fatalf(t, "quiescent: drift %d without a Redis fault", driftOf(rep, m.sku))
 		}
 	}
 	stock, held, ok := m.redisFigures(t)
