@@ -7,15 +7,15 @@ import (
 
 // SweepReport says what one sweep did.
 type SweepReport struct {
-	SKUs         int              `json:"skus"`
-	Warmed       int              `json:"warmed"`
-	Adjusted     int              `json:"adjusted"`      // SKUs whose missed admin changes reached Redis
-	Expired      int              `json:"expired"`       // holds past their deadline that the sweep decided
-	Released     int              `json:"released"`      // holds cancelled with their stock returned, and outbox releases
-	Confirmed    int              `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
-	GroupsFailed int              `json:"groups_failed"` // groups past their deadline, now FAILED and settled
-	Notified     int              `json:"events_resent"` // cancellation events sent from the outbox
-	Healed       int              `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
+	SKUs         int `json:"skus"`
+	Warmed       int `json:"warmed"`
+	Adjusted     int `json:"adjusted"`      // SKUs whose missed admin changes reached Redis
+	Expired      int `json:"expired"`       // holds past their deadline that the sweep decided
+	Released     int `json:"released"`      // holds cancelled with their stock returned, and outbox releases
+	Confirmed    int `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
+	GroupsFailed int `json:"groups_failed"` // groups past their deadline, now FAILED and settled
+	Notified     int `json:"events_resent"` // cancellation events sent from the outbox
+	Healed       int `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
 	// Drift (MySQL available − (Redis available + held)) over the SKUs the
 	// sweep visited: the total of its sizes, how many SKUs drift, and the
 	// worst of them by name — never a map of the whole catalog.
