@@ -101,7 +101,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 	a.Redis = rdb
 	a.closers = append(a.closers, rdb.Close)
 
-	db, err := openDB(ctx, cfg, secrets)
+	db, database, err := openDB(ctx, cfg, secrets)
 	if err != nil {
 		_ = a.Close()
 		return nil, err
@@ -134,7 +134,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		return nil, cfg.NeedsEvents()
 	}
 
-	holdOpts := []redisstore.Option{redisstore.WithUserRate(cfg.UserRate, cfg.UserBurst)}
+	holdOpts := []redisstore.Option{redisstore.WithUserRate(cfg.UserRate, cfg.UserBurst), redisstore.WithLedger(database)}
 	if opt.ScriptClock != nil {
 		holdOpts = append(holdOpts, redisstore.WithClock(opt.ScriptClock))
 	}
@@ -261,38 +261,39 @@ func redisClient(ctx context.Context, cfg config.Config, secrets *secretsmanager
 	return redis.NewClient(opts.Simple()), nil
 }
 
-func openDB(ctx context.Context, cfg config.Config, secrets *secretsmanager.Client) (*sql.DB, error) {
+// openDB opens the functions' database; database is its name.
+func openDB(ctx context.Context, cfg config.Config, secrets *secretsmanager.Client) (db *sql.DB, database string, err error) {
 	dsn := cfg.DBDSN
 	if cfg.DBSecretID != "" {
 		s, err := secretString(ctx, secrets, cfg.DBSecretID)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		var cred struct {
 			Username string `json:"username"`
 			Password string `json:"password"`
 		}
 		if err := json.Unmarshal([]byte(s), &cred); err != nil {
-			return nil, errors.New("db secret: not a JSON object with username and password")
+			return nil, "", errors.New("db secret: not a JSON object with username and password")
 		}
 		dsn = secretDSN(cfg, cred.Username, cred.Password)
 	}
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("db dsn: %w", redactDSNError(err))
+		return nil, "", fmt.Errorf("db dsn: %w", redactDSNError(err))
 	}
 	mc.ParseTime = true
 	mc.Loc = time.UTC
 	connector, err := mysql.NewConnector(mc)
 	if err != nil {
-		return nil, fmt.Errorf("db connector: %w", err)
+		return nil, "", fmt.Errorf("db connector: %w", err)
 	}
-	db := sql.OpenDB(connector)
+	db = sql.OpenDB(connector)
 	db.SetMaxOpenConns(cfg.DBMaxOpen)
 	db.SetMaxIdleConns(cfg.DBMaxOpen)
 	db.SetConnMaxLifetime(5 * time.Minute)
 	db.SetConnMaxIdleTime(time.Minute) // a frozen Lambda's idle connections are closed by the proxy anyway
-	return db, nil
+	return db, mc.DBName, nil
 }
 
 // secretDSN is the DSN of the database in AWS: the RDS Proxy (or cluster)

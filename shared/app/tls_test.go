@@ -38,7 +38,7 @@ func prodClients(t *testing.T, s tlsServers, redisAddr, dbAddr string) (redisErr
 	defer rdb.Close()
 	redisErr = rdb.Ping(ctx).Err()
 	cfg.DBDSN = secretDSN(cfg, s.User, s.Password)
-	db, err := openDB(ctx, cfg, nil)
+	db, _, err := openDB(ctx, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,6 +136,8 @@ func parse(getenv func(string) string) (Config, error) {
 		PersistAttempts: p.integer("HOLDFAST_PERSIST_ATTEMPTS", d.PersistAttempts),
 		SweepGrace:      p.duration("HOLDFAST_SWEEP_GRACE", d.SweepGrace),
 		SweepBatch:      p.integer("HOLDFAST_SWEEP_BATCH", d.SweepBatch),
+		SweepLive:       p.integer("HOLDFAST_SWEEP_LIVE", d.SweepLive),
+		SweepCatalog:    p.integer("HOLDFAST_SWEEP_CATALOG", d.SweepCatalog),
 		ReconcileAfter:  p.duration("HOLDFAST_RECONCILE_AFTER", d.ReconcileAfter),
 		SoldOutTTL:      p.duration("HOLDFAST_SOLD_OUT_TTL", d.SoldOutTTL),
 	}
@@ -147,6 +149,9 @@ func parse(getenv func(string) string) (Config, error) {
 	}
 	if c.Protocol.HoldTTL <= 0 || c.Protocol.MaxQty < 1 || c.Protocol.PersistAttempts < 1 {
 		return Config{}, errors.New("config: HOLDFAST_HOLD_TTL, HOLDFAST_MAX_QTY and HOLDFAST_PERSIST_ATTEMPTS must be positive")
+	}
+	if c.Protocol.SweepBatch < 1 || c.Protocol.SweepLive < 1 || c.Protocol.SweepCatalog < 1 {
+		return Config{}, errors.New("config: HOLDFAST_SWEEP_BATCH, HOLDFAST_SWEEP_LIVE and HOLDFAST_SWEEP_CATALOG must be positive")
 	}
 	return c, nil
 }

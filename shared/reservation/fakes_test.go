@@ -86,6 +86,10 @@ type memHolds struct {
 	// 9 and 10; 0: none); buckets are the users' token buckets per SKU.
 	rate, burst int
 	buckets     map[string]*bucket
+	// live mirrors the sweeper's live sorted set (sku -> the mark's end, ms)
+	// and cursor its catalog cursor string.
+	live   map[string]int64
+	cursor string
 }
 
 // bucket mirrors reserve.lua's attempt bucket hash (tokens, at).
@@ -100,7 +104,7 @@ func newMemHolds(c Clock) *memHolds {
 		exp: map[string]map[string]int64{}, users: map[string]map[string]int64{},
 		holds: map[string]*memHold{}, groups: map[string]*memGroup{}, members: map[string]map[string]string{},
 		fail: map[string]error{}, lost: map[string]error{}, calls: map[string]int{},
-		buckets: map[string]*bucket{},
+		buckets: map[string]*bucket{}, live: map[string]int64{},
 	}
 }
 
@@ -570,6 +574,70 @@ func (m *memHolds) Heal(_ context.Context, seen RedisStock, drift int64, after t
 	delete(meta, "drift")
 	delete(meta, "drift_at")
 	return true, nil
+}
+
+// Touch mirrors touch.lua.
+func (m *memHolds) Touch(_ context.Context, sku string, ttl time.Duration) error {
+	err := m.enter("Touch")
+	defer m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	m.live[sku] = max(m.live[sku], m.nowMS()+ttl.Milliseconds())
+	return nil
+}
+
+// Live mirrors ZRANGE live 0 limit-1 WITHSCORES (by score, then member).
+func (m *memHolds) Live(_ context.Context, limit int) ([]LiveSKU, error) {
+	err := m.enter("Live")
+	defer m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]LiveSKU, 0, len(m.live))
+	for sku, until := range m.live {
+		out = append(out, LiveSKU{SKU: sku, Until: time.UnixMilli(until).UTC()})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Until.Equal(out[j].Until) {
+			return out[i].Until.Before(out[j].Until)
+		}
+		return out[i].SKU < out[j].SKU
+	})
+	return out[:min(len(out), limit)], nil
+}
+
+// Unmark mirrors unmark.lua.
+func (m *memHolds) Unmark(_ context.Context, l LiveSKU) (bool, error) {
+	err := m.enter("Unmark")
+	defer m.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	cur, ok := m.live[l.SKU]
+	if !ok || cur != l.Until.UnixMilli() || cur >= m.nowMS() {
+		return false, nil
+	}
+	delete(m.live, l.SKU)
+	return true, nil
+}
+
+// Cursor mirrors GET of the cursor key.
+func (m *memHolds) Cursor(context.Context) (string, error) {
+	err := m.enter("Cursor")
+	defer m.mu.Unlock()
+	return m.cursor, err
+}
+
+// SetCursor mirrors SET of the cursor key.
+func (m *memHolds) SetCursor(_ context.Context, sku string) error {
+	err := m.enter("SetCursor")
+	defer m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	m.cursor = sku
+	return nil
 }
 
 // Now mirrors redisstore's Now with WithClock.
@@ -1206,18 +1274,38 @@ func (l *memLedger) Snapshot(_ context.Context, sku string, ids []string) (Stock
 	return *st, confirmed, nil
 }
 
-// Stocks mirrors `SELECT … FROM product_stock ORDER BY sku`.
-func (l *memLedger) Stocks(_ context.Context) ([]StockLevel, error) {
-	err := l.enter("Stocks")
+// StocksAfter mirrors `SELECT … FROM product_stock WHERE sku > ? ORDER BY sku LIMIT ?`.
+func (l *memLedger) StocksAfter(_ context.Context, after string, limit int) ([]StockLevel, error) {
+	err := l.enter("StocksAfter")
 	defer l.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
 	var out []StockLevel
 	for _, st := range l.stock {
-		out = append(out, *st)
+		if st.SKU > after {
+			out = append(out, *st)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SKU < out[j].SKU })
+	return out[:min(len(out), limit)], nil
+}
+
+// Levels mirrors `SELECT … FROM product_stock WHERE sku IN (…)`.
+func (l *memLedger) Levels(_ context.Context, skus []string) ([]StockLevel, error) {
+	err := l.enter("Levels")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []StockLevel
+	seen := map[string]bool{}
+	for _, sku := range skus {
+		if st, ok := l.stock[sku]; ok && !seen[sku] {
+			seen[sku] = true
+			out = append(out, *st)
+		}
+	}
 	return out, nil
 }
 

@@ -78,6 +78,28 @@ type Holds interface {
 	// FormGroup marks the group FORMED (final; no slot left to take) once
 	// MySQL has recorded it; false if Redis has no such group or it FAILED.
 	FormGroup(ctx context.Context, g Group, formedAt time.Time) (bool, error)
+
+	// Touch marks sku live until ttl after Redis's now (a later mark
+	// stands): the sweeper visits every live SKU each sweep. Reserve marks
+	// a SKU before a hold can be taken on it, so every hold's deadline
+	// passes before its mark does.
+	Touch(ctx context.Context, sku string, ttl time.Duration) error
+	// Live returns up to limit live SKUs, the earliest marks first.
+	Live(ctx context.Context, limit int) ([]LiveSKU, error)
+	// Unmark ends the mark m if it is still the SKU's mark and has passed by
+	// Redis's clock; false if it moved (a reserve marked the SKU again) or
+	// has not passed.
+	Unmark(ctx context.Context, m LiveSKU) (bool, error)
+	// Cursor returns the last SKU the sweeper's catalog pass reached (""
+	// at the start of a pass, or when Redis forgot it); SetCursor records it.
+	Cursor(ctx context.Context) (string, error)
+	SetCursor(ctx context.Context, sku string) error
+}
+
+// LiveSKU is a SKU marked live, and until when.
+type LiveSKU struct {
+	SKU   string
+	Until time.Time
 }
 
 // ReserveOutcome says what Reserve did besides holding.
@@ -204,8 +226,11 @@ type Ledger interface {
 	// Snapshot reads, consistently, the SKU's level and the CONFIRMED rows
 	// among ids (the warm-up's read).
 	Snapshot(ctx context.Context, sku string, ids []string) (StockLevel, []Reservation, error)
-	// Stocks returns every SKU's level.
-	Stocks(ctx context.Context) ([]StockLevel, error)
+	// StocksAfter returns up to limit SKUs' levels in SKU order, starting
+	// after the SKU named after ("": from the first).
+	StocksAfter(ctx context.Context, after string, limit int) ([]StockLevel, error)
+	// Levels returns the levels of the SKUs named that exist, in any order.
+	Levels(ctx context.Context, skus []string) ([]StockLevel, error)
 	// CreateGroup inserts an OPEN group; ErrUnknownSKU if the SKU is unknown.
 	CreateGroup(ctx context.Context, g Group) error
 	// Group returns the group, or ErrUnknownGroup.

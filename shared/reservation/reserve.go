@@ -98,6 +98,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		}
 		checked = true
 	}
+	s.touch(ctx, r.SKU)
 	held, out, err := s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	if errors.Is(err, ErrUnknownSKU) {
 		// Redis may have lost the SKU (failover, flush): warm it from MySQL

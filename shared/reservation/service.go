@@ -16,6 +16,8 @@ type Config struct {
 	PersistAttempts int           // optimistic attempts per message before it is redelivered
 	SweepGrace      time.Duration // allowance for clock skew before a deadline counts as passed
 	SweepBatch      int           // holds, groups and events handled per SKU per sweep
+	SweepLive       int           // live SKUs (marked by a reserve or a stock change) visited per sweep
+	SweepCatalog    int           // SKUs of the catalog pass visited per sweep (the rest wait for later sweeps)
 	ReconcileAfter  time.Duration // how long a Redis–MySQL drift must persist before the sweeper heals it
 	// SoldOutTTL is how long an instance answers sold_out for a SKU without
 	// asking Redis after Redis said so (0: always ask). A restock or cancel
@@ -34,6 +36,8 @@ func DefaultConfig() Config {
 		PersistAttempts: 8,
 		SweepGrace:      5 * time.Second,
 		SweepBatch:      500,
+		SweepLive:       10_000,
+		SweepCatalog:    1_000,
 		ReconcileAfter:  50 * time.Second,
 		SoldOutTTL:      500 * time.Millisecond,
 	}
@@ -52,6 +56,7 @@ type Service struct {
 	hooks    Hooks
 	sleep    func(context.Context, time.Duration)
 	soldOut  sync.Map // sku -> time.Time until which this instance answers sold_out
+	touched  touches  // SKUs this instance marked live, and until when it need not again
 	idSecret []byte   // the key of ids derived from an Idempotency-Key
 }
 

@@ -1454,3 +1454,93 @@ func TestSweepReportNamesTheWorstDrifts(t *testing.T) {
 		t.Errorf("worst = %v, want the largest (s23 or s24) first", rep.WorstDrift[0])
 	}
 }
+
+// A sweep visits the live SKUs and a slice of the catalog, not the whole
+// catalog: a hold on a SKU a reserve marked is decided by the first sweep
+// after its deadline; one on a SKU nobody marked (the mark failed) by the
+// catalog pass, within ceil(SKUs / SweepCatalog) sweeps.
+func TestSweepVisitsLiveSKUsAndASliceOfTheCatalog(t *testing.T) {
+	f := newFixture(t)
+	f.svc.cfg.SweepCatalog = 10
+	const skus = 45
+	for i := range skus {
+		if _, err := f.ledger.ChangeStock(bg, SetTo(fmt.Sprintf("s-%02d", i), 5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := f.reserve(t, "s-40", "ann", 1)
+	f.reserve(t, "s-40", "bob", 1)
+	if got := f.holds.calls["Touch"]; got != 1 {
+		t.Errorf("Touch called %d times for two reserves in a row, want 1", got)
+	}
+	f.holds.fail["Touch"] = errors.New("redis shard down")
+	unmarked := f.reserve(t, "s-05", "cid", 1)
+	delete(f.holds.fail, "Touch")
+	if got := f.metrics.get("live_mark_errors"); got != 1 {
+		t.Errorf("live_mark_errors = %d, want 1", got)
+	}
+
+	f.clock.advance(f.svc.cfg.HoldTTL + f.svc.cfg.SweepGrace + time.Second)
+	rep := f.sweep(t)
+	if rep.LiveSKUs != 1 || rep.SKUs != 1+10 || rep.CatalogSKUs != 10 {
+		t.Errorf("first sweep visited %d SKUs (%d live, catalog %d), want 11 (1 live, catalog 10)", rep.SKUs, rep.LiveSKUs, rep.CatalogSKUs)
+	}
+	if row, err := f.ledger.Reservation(bg, live.ID); err != nil || row.Status != StatusCancelled {
+		t.Errorf("the live SKU's expired hold after one sweep: %+v %v, want CANCELLED", row, err)
+	}
+	sweeps := 1
+	for ; sweeps <= (skus+9)/10; sweeps++ {
+		if _, err := f.ledger.Reservation(bg, unmarked.ID); err == nil {
+			break
+		}
+		rep = f.sweep(t)
+	}
+	if row, err := f.ledger.Reservation(bg, unmarked.ID); err != nil || row.Status != StatusCancelled {
+		t.Fatalf("the unmarked SKU's hold after %d sweeps: %+v %v, want CANCELLED within %d", sweeps, row, err, (skus+9)/10)
+	}
+
+	// The live SKU is quiet and its mark has passed: the mark ends.
+	f.clock.advance(f.svc.liveFor())
+	rep = f.sweep(t)
+	if rep.Unmarked != 1 {
+		t.Errorf("Unmarked = %d, want 1 (s-40 is quiet and its mark passed)", rep.Unmarked)
+	}
+	if l, _ := f.holds.Live(bg, 10); len(l) != 0 {
+		t.Errorf("live after the mark ended = %+v, want none", l)
+	}
+	passes := 0
+	for range (skus + 9) / 10 {
+		if f.sweep(t).CatalogPassDone {
+			passes++
+		}
+	}
+	if passes != 1 {
+		t.Errorf("%d catalog passes ended in %d sweeps, want 1", passes, (skus+9)/10)
+	}
+}
+
+// A reserve after a SKU's mark passed marks it again (the instance's memory
+// of its mark has expired too), so the sweep keeps the mark and visits the
+// new hold; the race of a renewal with Unmark is in the Holds contract.
+func TestSweepKeepsAMarkARecentReserveRenewed(t *testing.T) {
+	f := newFixture(t)
+	f.svc.cfg.SweepCatalog = 1
+	for _, sku := range []string{"a", "b", "c"} {
+		if _, err := f.ledger.ChangeStock(bg, SetTo(sku, 5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := f.reserve(t, "c", "ann", 1)
+	f.persist(t, first)
+	f.clock.advance(f.svc.liveFor() + time.Second) // the mark passed; c is quiet
+	second := f.reserve(t, "c", "bob", 1)          // marks it again
+	rep := f.sweep(t)
+	if rep.Unmarked != 0 {
+		t.Errorf("Unmarked = %d, want 0: a reserve renewed the mark", rep.Unmarked)
+	}
+	f.clock.advance(f.svc.cfg.HoldTTL + f.svc.cfg.SweepGrace + time.Second)
+	f.sweep(t)
+	if row, err := f.ledger.Reservation(bg, second.ID); err != nil || row.Status != StatusCancelled {
+		t.Errorf("the renewed SKU's expired hold after one sweep: %+v %v, want CANCELLED", row, err)
+	}
+}

@@ -34,6 +34,7 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 	case len(c.Key) > 128:
 		return StockLevel{}, invalid("Idempotency-Key", "must be at most 128 characters")
 	}
+	s.touch(ctx, c.SKU) // the sweeper applies the change if Redis cannot follow now
 	level, err := s.ledger.ChangeStock(ctx, c)
 	if err != nil {
 		return StockLevel{}, err

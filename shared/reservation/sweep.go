@@ -7,15 +7,19 @@ import (
 
 // SweepReport says what one sweep did.
 type SweepReport struct {
-	SKUs         int `json:"skus"`
-	Warmed       int `json:"warmed"`
-	Adjusted     int `json:"adjusted"`      // SKUs whose missed admin changes reached Redis
-	Expired      int `json:"expired"`       // holds past their deadline that the sweep decided
-	Released     int `json:"released"`      // holds cancelled with their stock returned, and outbox releases
-	Confirmed    int `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
-	GroupsFailed int `json:"groups_failed"` // groups past their deadline, now FAILED and settled
-	Notified     int `json:"events_resent"` // cancellation events sent from the outbox
-	Healed       int `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
+	SKUs            int  `json:"skus"`              // SKUs visited: live ones and the catalog pass's
+	LiveSKUs        int  `json:"live_skus"`         // of those, marked live
+	CatalogSKUs     int  `json:"catalog_skus"`      // SKUs the catalog pass reached this sweep
+	CatalogPassDone bool `json:"catalog_pass_done"` // the pass reached the end of the catalog
+	Unmarked        int  `json:"unmarked"`          // live SKUs found quiet, whose marks ended
+	Warmed          int  `json:"warmed"`
+	Adjusted        int  `json:"adjusted"`      // SKUs whose missed admin changes reached Redis
+	Expired         int  `json:"expired"`       // holds past their deadline that the sweep decided
+	Released        int  `json:"released"`      // holds cancelled with their stock returned, and outbox releases
+	Confirmed       int  `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
+	GroupsFailed    int  `json:"groups_failed"` // groups past their deadline, now FAILED and settled
+	Notified        int  `json:"events_resent"` // cancellation events sent from the outbox
+	Healed          int  `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
 	// Drift (MySQL available − (Redis available + held)) over the SKUs the
 	// sweep visited: the total of its sizes, how many SKUs drift, and the
 	// worst of them by name — never a map of the whole catalog.
@@ -57,16 +61,24 @@ func (r *SweepReport) addDrift(sku string, d int64) {
 	}
 }
 
-// Sweep is the scheduled pass that bounds how long anything stays undecided:
-// per SKU it brings Redis in line with MySQL's level (warms a SKU Redis lost,
+// Sweep is the scheduled pass that bounds how long anything stays undecided.
+// Its cost follows the sale, not the catalog: it visits
+//   - the live SKUs, those a reserve or a stock change marked (Holds.Touch)
+//     and whose holds are not all decided yet, every sweep;
+//   - a slice of the catalog (Config.SweepCatalog SKUs after a cursor kept in
+//     Redis), so that any SKU, marked or not, is visited once per pass of
+//     the catalog — the backstop for a mark that failed or that Redis lost;
+//   - the outboxes and the due groups MySQL lists (indexed, bounded).
+//
+// Per SKU it brings Redis in line with MySQL's level (warms a SKU Redis lost,
 // applies admin changes Redis missed), decides holds past their deadline
 // (plus the skew grace, by Redis's clock) through the same fenced decision as
-// compensate; it ends groups past their deadline (FORMED if their last slot
-// went in time, else FAILED with all their stock returned), drains the
-// outboxes (Redis releases and cancellation events a failure left pending)
-// and measures Redis–MySQL drift. Every step is idempotent, so two sweeps at
-// once do no harm. An error in one item is logged and counted; the sweep goes
-// on and the next one retries.
+// compensate, and measures Redis–MySQL drift. It ends groups past their
+// deadline (FORMED if their last slot went in time, else FAILED with all
+// their stock returned) and drains the outboxes (Redis releases and
+// cancellation events a failure left pending). Every step is idempotent, so
+// two sweeps at once do no harm. An error in one item is logged and counted;
+// the sweep goes on and the next one retries.
 func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 	cutoff := s.clock.Now().Add(-s.cfg.SweepGrace)
 	var rep SweepReport
@@ -92,16 +104,9 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		}
 	}
 
-	levels, err := s.ledger.Stocks(ctx)
-	if err != nil {
-		return rep, fmt.Errorf("sweep: list skus: %w", err)
-	}
-	rep.SKUs = len(levels)
-	for _, level := range levels {
-		if ctx.Err() != nil {
-			return rep, ctx.Err()
-		}
-		s.sweepSKU(ctx, level, &rep)
+	visited := s.sweepLive(ctx, &rep)
+	if err := s.sweepCatalog(ctx, visited, &rep); err != nil {
+		return rep, err
 	}
 
 	groups, err := s.ledger.DueGroups(ctx, cutoff, s.cfg.SweepBatch)
@@ -129,10 +134,103 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 	return rep, nil
 }
 
+// sweepLive visits the live SKUs and ends the marks of those that are quiet
+// (no hold left undecided) once the marks have passed. It returns the SKUs
+// it visited.
+func (s *Service) sweepLive(ctx context.Context, rep *SweepReport) map[string]bool {
+	visited := map[string]bool{}
+	live, err := s.holds.Live(ctx, s.cfg.SweepLive)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: list live skus", "error", err)
+		return visited
+	}
+	if len(live) == 0 {
+		return visited
+	}
+	names := make([]string, len(live))
+	for i, m := range live {
+		names[i] = m.SKU
+	}
+	levels, err := s.ledger.Levels(ctx, names)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: read live levels", "error", err)
+		return visited
+	}
+	byName := make(map[string]StockLevel, len(levels))
+	for _, l := range levels {
+		byName[l.SKU] = l
+	}
+	for _, m := range live {
+		if ctx.Err() != nil {
+			return visited
+		}
+		level, known := byName[m.SKU]
+		quiet := !known // a SKU MySQL does not have takes no hold (reserve asks MySQL to warm it)
+		if known {
+			visited[m.SKU] = true
+			rep.SKUs++
+			rep.LiveSKUs++
+			quiet = s.sweepSKU(ctx, level, rep)
+		}
+		if !quiet {
+			continue
+		}
+		ended, err := s.holds.Unmark(ctx, m)
+		if err != nil {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: unmark", "sku", m.SKU, "error", err)
+		} else if ended {
+			rep.Unmarked++
+		}
+	}
+	return visited
+}
+
+// sweepCatalog visits the next Config.SweepCatalog SKUs of the catalog
+// after the cursor (skipping those visited as live) and moves the cursor on;
+// past the last SKU the pass starts again from the first.
+func (s *Service) sweepCatalog(ctx context.Context, visited map[string]bool, rep *SweepReport) error {
+	after, err := s.holds.Cursor(ctx)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: read catalog cursor", "error", err)
+		after = ""
+	}
+	levels, err := s.ledger.StocksAfter(ctx, after, s.cfg.SweepCatalog)
+	if err != nil {
+		return fmt.Errorf("sweep: list skus after %q: %w", after, err)
+	}
+	for _, level := range levels {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		rep.CatalogSKUs++
+		if visited[level.SKU] {
+			continue
+		}
+		rep.SKUs++
+		s.sweepSKU(ctx, level, rep)
+	}
+	next := ""
+	if len(levels) == s.cfg.SweepCatalog {
+		next = levels[len(levels)-1].SKU
+	} else {
+		rep.CatalogPassDone = true
+	}
+	if err := s.holds.SetCursor(ctx, next); err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: move catalog cursor", "error", err)
+	}
+	return nil
+}
+
 // sweepSKU works on one SKU with the level the sweep listed: Sync applies
 // only levels newer than Redis has, and reconcile needs MySQL read before
-// Redis, which a level listed earlier is.
-func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepReport) {
+// Redis, which a level listed earlier is. It reports whether the SKU is
+// quiet: Redis in line with MySQL's level and no hold HELD.
+func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepReport) (quiet bool) {
 	sku := level.SKU
 	res, err := s.holds.Sync(ctx, level)
 	switch {
@@ -158,7 +256,7 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 	if err != nil {
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: list expired holds", "sku", sku, "error", err)
-		return
+		return false
 	}
 	for _, h := range expired {
 		row, err := s.settle(ctx, h, ReasonExpired)
@@ -175,9 +273,9 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 		}
 	}
 	if len(expired) > 0 || !synced {
-		return // holds are being decided right now, or Redis lacks the level: measure next time
+		return false // holds are being decided right now, or Redis lacks the level: measure next time
 	}
-	s.reconcile(ctx, level, rep)
+	return s.reconcile(ctx, level, rep)
 }
 
 // reconcile heals Redis when a drift is real: the same value across sweeps
@@ -191,38 +289,41 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 // drift — a persist committed between the reads — changes value or vanishes
 // and is never "healed". MySQL stays the arbiter: a heal only moves the
 // figure buyers see.
-func (s *Service) reconcile(ctx context.Context, level StockLevel, rep *SweepReport) {
+// It reports whether Redis showed no hold HELD.
+func (s *Service) reconcile(ctx context.Context, level StockLevel, rep *SweepReport) (quiet bool) {
 	sku := level.SKU
 	rs, err := s.holds.Stock(ctx, sku)
 	if err != nil {
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: read redis stock", "sku", sku, "error", err)
-		return
+		return false
 	}
+	quiet = rs.Held == 0
 	drift := level.Available - (rs.Available + rs.Held)
 	rep.addDrift(sku, drift)
 	if drift != 0 {
 		if rs.Held != 0 || rs.AdminDelta != level.AdminDelta {
-			return // live holds may be mid-decision, or an admin change is on its way
+			return quiet // live holds may be mid-decision, or an admin change is on its way
 		}
 		n, err := s.ledger.Unreleased(ctx, sku)
 		if err != nil || n > 0 {
-			return // a release is on its way to Redis
+			return quiet // a release is on its way to Redis
 		}
 		again, err := s.ledger.Stock(ctx, sku)
 		if err != nil || again.Available != level.Available {
-			return // MySQL moved: not a stable measurement
+			return quiet // MySQL moved: not a stable measurement
 		}
 	}
 	healed, err := s.holds.Heal(ctx, rs, drift, s.cfg.ReconcileAfter)
 	if err != nil {
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: heal", "sku", sku, "error", err)
-		return
+		return quiet
 	}
 	if healed {
 		rep.Healed++
 		s.metrics.Count("drift_healed", 1)
 		s.log.WarnContext(ctx, "healed redis drift", "sku", sku, "drift", drift)
 	}
+	return quiet
 }

@@ -46,6 +46,46 @@ func ptr[T any](v T) *T { return &v }
 // Ledger is the contract of reservation.Ledger (MySQL's), run against the
 // MySQL adapter on MariaDB and against the in-memory fake.
 func Ledger(t *testing.T, newLedger LedgerFactory) {
+	t.Run("the catalog pages in SKU order; levels are read by name", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		for i, sku := range []string{"c", "a", "e", "b", "d"} {
+			if _, err := s.ChangeStock(ctx, reservation.SetTo(sku, int64(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []string
+		after := ""
+		for pages := 0; pages < 10; pages++ {
+			levels, err := s.StocksAfter(ctx, after, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range levels {
+				got = append(got, l.SKU)
+			}
+			if len(levels) < 2 {
+				break
+			}
+			after = levels[len(levels)-1].SKU
+		}
+		if fmt.Sprint(got) != "[a b c d e]" {
+			t.Errorf("pages of 2 = %v, want [a b c d e]", got)
+		}
+		levels, err := s.Levels(ctx, []string{"e", "nosuch", "a"})
+		if err != nil || len(levels) != 2 {
+			t.Fatalf("Levels = %+v %v, want e and a", levels, err)
+		}
+		for _, l := range levels {
+			if want := map[string]int64{"a": 1, "e": 2}[l.SKU]; l.Available != want {
+				t.Errorf("Levels: %s available %d, want %d", l.SKU, l.Available, want)
+			}
+		}
+		if levels, err := s.Levels(ctx, nil); err != nil || len(levels) != 0 {
+			t.Errorf("Levels(nil) = %+v %v, want none", levels, err)
+		}
+	})
+
 	t.Run("apply outcomes", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)

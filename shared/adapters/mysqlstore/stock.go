@@ -209,11 +209,36 @@ func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reserv
 	return level, confirmed, nil
 }
 
-// Stocks implements reservation.Ledger.
-func (s *Store) Stocks(ctx context.Context) ([]reservation.StockLevel, error) {
-	return queryAll(ctx, s.db, "list stock", func(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
-		var l reservation.StockLevel
-		err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst)
-		return l, err
-	}, `SELECT sku, available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock ORDER BY sku`)
+const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst`
+
+func scanLevel(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
+	var l reservation.StockLevel
+	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst)
+	return l, err
+}
+
+// StocksAfter implements reservation.Ledger: a range of the primary key.
+func (s *Store) StocksAfter(ctx context.Context, after string, limit int) ([]reservation.StockLevel, error) {
+	return queryAll(ctx, s.db, "list stock", scanLevel,
+		`SELECT `+levelColumns+` FROM product_stock WHERE sku > ? ORDER BY sku LIMIT ?`, after, limit)
+}
+
+// Levels implements reservation.Ledger: primary-key lookups, 500 a query.
+func (s *Store) Levels(ctx context.Context, skus []string) ([]reservation.StockLevel, error) {
+	var out []reservation.StockLevel
+	for len(skus) > 0 {
+		chunk := skus[:min(len(skus), 500)]
+		skus = skus[len(chunk):]
+		args := make([]any, len(chunk))
+		for i, sku := range chunk {
+			args[i] = sku
+		}
+		levels, err := queryAll(ctx, s.db, "read levels", scanLevel,
+			`SELECT `+levelColumns+` FROM product_stock WHERE sku IN (?`+strings.Repeat(",?", len(chunk)-1)+`)`, args...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, levels...)
+	}
+	return out, nil
 }

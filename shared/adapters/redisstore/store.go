@@ -37,6 +37,10 @@ var (
 	groupFormLua string
 	//go:embed lua/heal.lua
 	healLua string
+	//go:embed lua/touch.lua
+	touchLua string
+	//go:embed lua/unmark.lua
+	unmarkLua string
 )
 
 // ReserveLua is the reserve script's source (with its clock prelude), for
@@ -67,6 +71,8 @@ var (
 	groupCloseScript  = redis.NewScript(clockLua + groupCloseLua)
 	groupFormScript   = redis.NewScript(groupFormLua)
 	healScript        = redis.NewScript(clockLua + healLua)
+	touchScript       = redis.NewScript(clockLua + touchLua)
+	unmarkScript      = redis.NewScript(clockLua + unmarkLua)
 )
 
 var _ reservation.Holds = (*Store)(nil)
@@ -83,6 +89,9 @@ type Store struct {
 	// rate and burst are the per-user attempt limits of a SKU that sets
 	// none (0: none).
 	rate, burst int
+	// sweep names the sweeper's keys (live SKUs, catalog cursor) of the
+	// ledger this Store serves (WithLedger).
+	sweep sweepKeys
 }
 
 // Option adjusts a Store.
@@ -98,13 +107,20 @@ func WithUserRate(rate, burst int) Option {
 	return func(s *Store) { s.rate, s.burst = rate, burst }
 }
 
+// WithLedger names the MySQL ledger (its database) whose sweeper state
+// this Store keeps: stages or tests sharing one Redis keep apart the SKUs
+// they mark live and their catalog cursors.
+func WithLedger(name string) Option {
+	return func(s *Store) { s.sweep = sweepKeysOf(name) }
+}
+
 // New returns a Store. retention is how long finished holds stay readable
 // for replays and status polls (24h if zero).
 func New(rdb redis.UniversalClient, retention time.Duration, opts ...Option) *Store {
 	if retention <= 0 {
 		retention = 24 * time.Hour
 	}
-	s := &Store{rdb: rdb, retention: retention}
+	s := &Store{rdb: rdb, retention: retention, sweep: sweepKeysOf("")}
 	for _, o := range opts {
 		o(s)
 	}
@@ -136,6 +152,15 @@ func (k keys) holdKeys(r reservation.Reservation) []string {
 	// The group keys are placeholders (never written) when there is no group.
 	return []string{k.stock(), k.meta(), k.exp(), k.users(), k.hold(r.ID), k.group(r.GroupID), k.members(r.GroupID)}
 }
+
+// sweepKeys names the sweeper's keys of one ledger. Their hash tag starts
+// with '#', which no SKU may contain, so it never names a SKU's slot.
+type sweepKeys struct{ tag string }
+
+func sweepKeysOf(ledger string) sweepKeys { return sweepKeys{tag: "hf:{#sweep:" + ledger + "}"} }
+
+func (k sweepKeys) live() string   { return k.tag + ":live" }
+func (k sweepKeys) cursor() string { return k.tag + ":cursor" }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 

@@ -46,7 +46,7 @@ func TestContractRedisCluster(t *testing.T) {
 // clock and rate.
 func factory(client func(t *testing.T) redis.UniversalClient) reservationtest.HoldsFactory {
 	return func(t *testing.T, c reservation.Clock, rate, burst int) reservationtest.HoldsUnderTest {
-		opts := []redisstore.Option{redisstore.WithClock(c)}
+		opts := []redisstore.Option{redisstore.WithClock(c), redisstore.WithLedger(testservices.Name("ledger"))}
 		if rate > 0 {
 			opts = append(opts, redisstore.WithUserRate(rate, burst))
 		}
