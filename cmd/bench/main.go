@@ -82,7 +82,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.IntVar(&o.consumers, "consumers", 20, "concurrent persist consumers (the template's MaximumConcurrency)")
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "report to rewrite (empty: none)")
 	fs.StringVar(&o.chart, "chart", "docs/benchmarks.png", "chart of the load run")
-	only := fs.String("only", "", "run only these parts (comma-separated: reserve,persist,soldout,e2e,cold); implies -out ''")
+	only := fs.String("only", "", "run only these parts (comma-separated: reserve,persist,soldout,e2e,sweep,cold); implies -out ''")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	steps := []struct {
 		name string
 		run  func(context.Context) error
-	}{{"reserve", b.reserve}, {"persist", b.persist}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"cold", b.coldStart}}
+	}{{"reserve", b.reserve}, {"persist", b.persist}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"sweep", b.sweep}, {"cold", b.coldStart}}
 	for _, step := range steps {
 		if *only != "" && !strings.Contains(","+*only+",", ","+step.name+",") {
 			continue
@@ -123,6 +123,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if *only != "" {
 		b.printResults()
+		for _, l := range b.sweepLines() {
+			fmt.Fprintln(b.stdout, l)
+		}
 		return nil
 	}
 	b.print()
@@ -142,6 +145,7 @@ type bench struct {
 	checks  []string
 	load    *loadgen.Report
 	cold    map[string]time.Duration
+	sweeps  []sweepFigure
 	closers []func() error // services built for a part, closed at the end
 }
 
@@ -625,6 +629,9 @@ func (b *bench) printSummary() {
 	if b.load != nil {
 		fmt.Fprintf(w, "  end to end: %.0f req/s, accepted %d, accept → CONFIRMED p50 %v p99 %v\n",
 			b.load.Throughput, b.load.Accepted, b.load.Lag.P50.Round(time.Millisecond), b.load.Lag.P99.Round(time.Millisecond))
+	}
+	for _, l := range b.sweepLines() {
+		fmt.Fprintln(w, "  "+l)
 	}
 	for _, fn := range []string{"reserve", "persist", "compensate", "sweeper"} {
 		fmt.Fprintf(w, "  cold start %s: first response %v after the emulator started (process start, init, one invocation)\n", fn, b.cold[fn])
