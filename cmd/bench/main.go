@@ -359,28 +359,36 @@ func (b *bench) persist(ctx context.Context) error {
 		extra: map[string]string{"retries": fmt.Sprint(retries.Load()), "false cancellations": fmt.Sprint(falseCancel.Load())}}
 	b.results = append(b.results, tb)
 
-	// holdfast's persist: batches of 10, the same number of consumers.
-	hf, confirmed, cancelled, err := b.holdfastPersist(ctx, b.o.backlog, b.o.consumers, "h")
+	// holdfast's persist: the same backlog and consumers, batches of 10
+	// (the textbook's batch, and holdfast's before issue 14).
+	hf, confirmed, cancelled, err := b.holdfastPersist(ctx, b.o.backlog, b.o.consumers, 10, "h")
 	if err != nil {
 		return err
 	}
 	b.results = append(b.results, hf)
-	// How throughput moves with the event source's MaximumConcurrency.
-	for _, c := range []int{5, 10, 20, 40} {
-		r, _, _, err := b.holdfastPersist(ctx, 5000, c, fmt.Sprintf("c%d", c))
+	b.checks = append(b.checks, fmt.Sprintf("persist holdfast: %d confirmed, MySQL available 0, %d false cancellations", confirmed, cancelled))
+	// The BatchSize sweep: the event source's batch, with the template's
+	// consumers, on a backlog big enough for 20 batches of the largest.
+	for _, size := range persistBatchSizes {
+		n := max(b.o.backlog, 20*size)
+		r, confirmed, cancelled, err := b.holdfastPersist(ctx, n, b.o.consumers, size, fmt.Sprintf("b%d", size))
 		if err != nil {
 			return err
 		}
-		r.group, r.name = "persist", fmt.Sprintf("holdfast, %d consumers (5,000 msgs)", c)
+		r.name = fmt.Sprintf("%s %d", modeBatchOf, size)
 		b.results = append(b.results, r)
+		b.checks = append(b.checks, fmt.Sprintf("persist batch %d: %d confirmed, MySQL available 0, %d false cancellations", size, confirmed, cancelled))
 	}
-	b.checks = append(b.checks, fmt.Sprintf("persist holdfast: %d confirmed, MySQL available 0, %d false cancellations", confirmed, cancelled))
 	return nil
 }
 
+// persistBatchSizes are the BatchSize values the persist sweep measures.
+var persistBatchSizes = []int{10, 100, 500, 1000, 2500, 5000}
+
 // holdfastPersist settles a backlog of n messages on a fresh hot SKU with
-// the given number of consumers, each taking batches of 10.
-func (b *bench) holdfastPersist(ctx context.Context, n, consumers int, prefix string) (result, int64, int64, error) {
+// the given number of consumers, each taking batches of batch messages; the
+// latencies are those of one batch.
+func (b *bench) holdfastPersist(ctx context.Context, n, consumers, batch int, prefix string) (result, int64, int64, error) {
 	db := b.app.DB
 	sku := fmt.Sprintf("bench-%s-%d", prefix, time.Now().UnixNano())
 	if _, err := b.app.Service.ChangeStock(ctx, reservation.SetTo(sku, int64(n))); err != nil {
@@ -396,29 +404,37 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers int, prefix st
 	if err != nil {
 		return result{}, 0, 0, err
 	}
-	b.log("persist: holdfast, %d messages, %d consumers …", n, consumers)
+	b.log("persist: holdfast, %d messages, %d consumers, batches of %d …", n, consumers, batch)
 	var next, failed atomic.Int64
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var lat []time.Duration
 	start := time.Now()
 	for range consumers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				i := int(next.Add(10)) - 10
+				i := int(next.Add(int64(batch))) - batch
 				if i >= len(msgs) {
 					return
 				}
-				for _, err := range svc.PersistBatch(ctx, msgs[i:min(i+10, len(msgs))]) {
+				t := time.Now()
+				for _, err := range svc.PersistBatch(ctx, msgs[i:min(i+batch, len(msgs))]) {
 					if err != nil {
 						failed.Add(1)
 					}
 				}
+				d := time.Since(t)
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	r := result{group: "persist", name: modeBatch, ops: int64(n), elapsed: time.Since(start)}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	r := result{group: "persist", name: modeBatch, ops: int64(n), elapsed: time.Since(start), lat: lat}
 	var confirmed, cancelled, avail int64
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&confirmed)
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CANCELLED'`, sku).Scan(&cancelled)
@@ -564,6 +580,7 @@ const (
 	modePureDB   = "pure DB: UPDATE ... WHERE available >= 1"
 	modeTextbook = "textbook optimistic consumer"
 	modeBatch    = "holdfast batch persist"
+	modeBatchOf  = "holdfast persist, BatchSize"
 	modeNoFlag   = "sold-out storm, no flag"
 )
 
@@ -609,7 +626,7 @@ func (b *bench) printResults() {
 				notes = append(notes, k+" "+v)
 			}
 		}
-		p50, p99 := "-", "-" // persist modes are timed as a whole backlog
+		p50, p99 := "-", "-" // the textbook persist is timed as a whole backlog; holdfast's per batch
 		if len(r.lat) > 0 {
 			p50, p99 = r.pct(0.5).Round(time.Microsecond).String(), r.pct(0.99).Round(time.Microsecond).String()
 		}

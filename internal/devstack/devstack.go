@@ -209,7 +209,7 @@ func (s *Stack) poll(ctx context.Context, log *slog.Logger, name string, client 
 	ev samtemplate.SQSEvent, visibility int32, h eventsource.Handler) {
 	p := &eventsource.Poller{
 		Client: client, QueueURL: url, BatchSize: int32(ev.BatchSize), Visibility: visibility,
-		WaitTime: int32(max(1, ev.MaximumBatchingWindow)), Handler: h,
+		Window: time.Duration(ev.MaximumBatchingWindow) * time.Second, WaitTime: 1, Handler: h,
 	}
 	s.wg.Add(1)
 	go func() {

@@ -1,15 +1,19 @@
 // Package eventsource emulates Lambda's SQS event source mapping for the
-// local stack and the tests: it receives batches from a queue, invokes a
-// handler with an events.SQSEvent, deletes the records the handler did not
+// local stack and the tests: it gathers batches from a queue as Lambda does
+// (up to BatchSize records within the batching window, SQS giving at most 10
+// per receive, bounded by the 6 MB payload), invokes a handler with an
+// events.SQSEvent, deletes the records the handler did not
 // report as failed, and leaves the failed ones to reappear after the
 // visibility timeout (and reach the dead-letter queue after maxReceiveCount).
 package eventsource
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -28,12 +32,16 @@ type API interface {
 
 // Poller is one event source mapping.
 type Poller struct {
-	Client     API
-	QueueURL   string
-	QueueARN   string
-	BatchSize  int32 // 1–10 per receive
+	Client    API
+	QueueURL  string
+	QueueARN  string
+	BatchSize int32 // records per invocation, 1–10,000 (SQS gives at most 10 per receive)
+	// Window is MaximumBatchingWindowInSeconds: once a first message came,
+	// receives go on until BatchSize records, the window passing, or the
+	// invocation payload nearing Lambda's 6 MB, whichever comes first.
+	Window     time.Duration
 	Visibility int32 // seconds a received batch stays invisible
-	WaitTime   int32 // long-poll seconds (the batching window, roughly)
+	WaitTime   int32 // long-poll seconds of the first receive
 	Handler    Handler
 }
 
@@ -43,34 +51,20 @@ type Result struct {
 	Failed   int
 }
 
-// PollOnce receives one batch, invokes the handler and deletes the
+// payloadLimit is Lambda's synchronous invocation payload limit, which
+// bounds an SQS batch as much as BatchSize does.
+const payloadLimit = 6 << 20
+
+// emptyPause is how long a batch being gathered waits after an empty
+// receive before asking again (within the window).
+const emptyPause = 20 * time.Millisecond
+
+// PollOnce gathers one batch, invokes the handler and deletes the
 // successes. A handler error fails the whole batch, as in Lambda.
 func (p *Poller) PollOnce(ctx context.Context) (Result, error) {
-	out, err := p.Client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
-		QueueUrl:                    aws.String(p.QueueURL),
-		MaxNumberOfMessages:         max(1, min(p.BatchSize, 10)),
-		VisibilityTimeout:           p.Visibility,
-		WaitTimeSeconds:             p.WaitTime,
-		MessageAttributeNames:       []string{"All"},
-		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
-	})
-	if err != nil {
-		return Result{}, fmt.Errorf("receive %s: %w", p.QueueURL, err)
-	}
-	if len(out.Messages) == 0 {
-		return Result{}, nil
-	}
-	ev := events.SQSEvent{Records: make([]events.SQSMessage, len(out.Messages))}
-	for i, m := range out.Messages {
-		attrs := map[string]events.SQSMessageAttribute{}
-		for k, v := range m.MessageAttributes {
-			attrs[k] = events.SQSMessageAttribute{DataType: aws.ToString(v.DataType), StringValue: v.StringValue}
-		}
-		ev.Records[i] = events.SQSMessage{
-			MessageId: aws.ToString(m.MessageId), ReceiptHandle: aws.ToString(m.ReceiptHandle),
-			Body: aws.ToString(m.Body), Md5OfBody: aws.ToString(m.MD5OfBody), Attributes: m.Attributes,
-			MessageAttributes: attrs, EventSource: "aws:sqs", EventSourceARN: p.QueueARN, AWSRegion: "us-east-1",
-		}
+	ev, err := p.gather(ctx)
+	if err != nil || len(ev.Records) == 0 {
+		return Result{}, err
 	}
 	resp, herr := p.Handler(ctx, ev)
 	failed := map[string]bool{}
@@ -82,22 +76,102 @@ func (p *Poller) PollOnce(ctx context.Context) (Result, error) {
 	for _, f := range resp.BatchItemFailures {
 		failed[f.ItemIdentifier] = true
 	}
+	res := Result{Received: len(ev.Records), Failed: len(failed)}
 	var del []sqstypes.DeleteMessageBatchRequestEntry
 	for i, r := range ev.Records {
 		if !failed[r.MessageId] {
 			del = append(del, sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r.ReceiptHandle)})
 		}
 	}
-	if len(del) > 0 {
-		dout, err := p.Client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(p.QueueURL), Entries: del})
+	for len(del) > 0 { // DeleteMessageBatch takes 10 entries at most
+		chunk := del[:min(10, len(del))]
+		del = del[len(chunk):]
+		dout, err := p.Client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(p.QueueURL), Entries: chunk})
 		if err != nil {
-			return Result{Received: len(ev.Records), Failed: len(failed)}, fmt.Errorf("delete %s: %w", p.QueueURL, err)
+			return res, fmt.Errorf("delete %s: %w", p.QueueURL, err)
 		}
 		if len(dout.Failed) > 0 {
-			return Result{Received: len(ev.Records), Failed: len(failed)}, fmt.Errorf("delete %s: %d entries failed", p.QueueURL, len(dout.Failed))
+			return res, fmt.Errorf("delete %s: %d entries failed", p.QueueURL, len(dout.Failed))
 		}
 	}
-	return Result{Received: len(ev.Records), Failed: len(failed)}, nil
+	return res, nil
+}
+
+// gather receives until the batch is complete (see Poller.Window). A
+// receive that fails after the first message ends the batch with what it
+// has, as the messages it holds would otherwise wait out their visibility.
+func (p *Poller) gather(ctx context.Context) (events.SQSEvent, error) {
+	want := int(max(1, p.BatchSize))
+	var ev events.SQSEvent
+	var size, largest int
+	var deadline time.Time
+	for len(ev.Records) < want && size+10*largest < payloadLimit {
+		wait := p.WaitTime
+		if len(ev.Records) > 0 {
+			wait = 0
+		}
+		out, err := p.Client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			QueueUrl:                    aws.String(p.QueueURL),
+			MaxNumberOfMessages:         int32(min(10, want-len(ev.Records))),
+			VisibilityTimeout:           p.Visibility,
+			WaitTimeSeconds:             wait,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			if len(ev.Records) == 0 {
+				return ev, fmt.Errorf("receive %s: %w", p.QueueURL, err)
+			}
+			break
+		}
+		if len(out.Messages) == 0 {
+			if len(ev.Records) == 0 || !time.Now().Before(deadline) {
+				break
+			}
+			t := time.NewTimer(min(emptyPause, time.Until(deadline)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ev, nil // what was received is handled, as Lambda would
+			case <-t.C:
+			}
+			continue
+		}
+		if len(ev.Records) == 0 {
+			deadline = time.Now().Add(p.Window)
+		}
+		for _, m := range out.Messages {
+			rec := p.record(m)
+			n := recordSize(rec)
+			size, largest = size+n, max(largest, n)
+			ev.Records = append(ev.Records, rec)
+		}
+		if !time.Now().Before(deadline) {
+			break
+		}
+	}
+	return ev, nil
+}
+
+func (p *Poller) record(m sqstypes.Message) events.SQSMessage {
+	attrs := map[string]events.SQSMessageAttribute{}
+	for k, v := range m.MessageAttributes {
+		attrs[k] = events.SQSMessageAttribute{DataType: aws.ToString(v.DataType), StringValue: v.StringValue}
+	}
+	return events.SQSMessage{
+		MessageId: aws.ToString(m.MessageId), ReceiptHandle: aws.ToString(m.ReceiptHandle),
+		Body: aws.ToString(m.Body), Md5OfBody: aws.ToString(m.MD5OfBody), Attributes: m.Attributes,
+		MessageAttributes: attrs, EventSource: "aws:sqs", EventSourceARN: p.QueueARN, AWSRegion: "us-east-1",
+	}
+}
+
+// recordSize is the record's size in the invocation payload.
+func recordSize(r events.SQSMessage) int {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return len(r.Body) + 1024
+	}
+	return len(b) + 1
 }
 
 // Run polls with concurrency batches in flight until ctx ends. Poll errors

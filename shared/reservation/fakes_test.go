@@ -576,6 +576,15 @@ func (m *memHolds) Heal(_ context.Context, seen RedisStock, drift int64, after t
 	return true, nil
 }
 
+// FollowAll mirrors redisstore's pipeline of follow.lua calls.
+func (m *memHolds) FollowAll(ctx context.Context, rows []Reservation, version int64) ([]bool, []error) {
+	returned, errs := make([]bool, len(rows)), make([]error, len(rows))
+	for i, row := range rows {
+		returned[i], errs[i] = m.Follow(ctx, row, version)
+	}
+	return returned, errs
+}
+
 // Touch mirrors touch.lua.
 func (m *memHolds) Touch(_ context.Context, sku string, ttl time.Duration) error {
 	err := m.enter("Touch")

@@ -81,11 +81,52 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 			}
 			continue
 		}
+		var confirmed []Reservation // Applied: Redis follows them in one round trip
+		var version int64
 		for j, i := range idx {
-			_, errs[i] = s.decided(ctx, rs[i], results[j])
+			if results[j].Result != Applied {
+				_, errs[i] = s.decided(ctx, rs[i], results[j])
+				continue
+			}
+			s.metrics.Count("confirmed", 1)
+			if h := s.hooks.AfterCommit; h != nil {
+				if errs[i] = h(rs[i]); errs[i] != nil {
+					continue
+				}
+			}
+			r := rs[i]
+			r.Status = StatusConfirmed
+			confirmed = append(confirmed, r)
+			version = results[j].Version
 		}
+		s.followAll(ctx, confirmed, version)
 	}
 	return errs
+}
+
+// followAll makes Redis follow rows MySQL confirmed in one commit (version
+// is the stock row's after it), like follow on each: a failure is counted,
+// logged and left to the sweeper.
+func (s *Service) followAll(ctx context.Context, rows []Reservation, version int64) {
+	if len(rows) == 0 {
+		return
+	}
+	returned, errs := s.holds.FollowAll(ctx, rows, version)
+	for i, row := range rows {
+		if errors.Is(errs[i], ErrUnknownSKU) {
+			s.follow(ctx, row, version) // the warm-up path, one by one
+			continue
+		}
+		if errs[i] != nil {
+			s.metrics.Count("follow_failed", 1)
+			s.log.WarnContext(ctx, "redis did not follow mysql yet; the sweeper retries",
+				"reservation_id", row.ID, "status", row.Status, "error", errs[i])
+		}
+		if returned[i] {
+			s.soldOut.Delete(row.SKU)
+			s.metrics.Count("released", 1)
+		}
+	}
 }
 
 // applyBatch runs the batch attempts for one SKU.

@@ -35,6 +35,11 @@ type Holds interface {
 	// refund's stock must come back but Redis has no stock for the SKU;
 	// nothing changed: warm it and follow again.
 	Follow(ctx context.Context, row Reservation, version int64) (returned bool, err error)
+	// FollowAll is Follow of many rows at once, with one version for all
+	// (persist's batch: one round trip per shard, not one per row). Its
+	// effect is that of Follow on each row in turn; returned[i] and errs[i]
+	// are row i's.
+	FollowAll(ctx context.Context, rows []Reservation, version int64) (returned []bool, errs []error)
 	// Hold returns the hold recorded for id, or ErrNotFound.
 	Hold(ctx context.Context, id string) (Reservation, error)
 	// Expired returns up to limit HELD holds of sku whose deadline passed

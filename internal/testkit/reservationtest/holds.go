@@ -583,6 +583,44 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("FollowAll has the effect of Follow on each row, once", func(t *testing.T) {
+		s, sku, _ := setup(t, 10, 0)
+		a := reserve(t, s, hold(sku, sku+".aaaaaaaaaaaaaaaaaaaaaaaaaa", "u1", 1))
+		b := reserve(t, s, hold(sku, sku+".bbbbbbbbbbbbbbbbbbbbbbbbbb", "u2", 2))
+		c := reserve(t, s, hold(sku, sku+".cccccccccccccccccccccccccc", "u3", 3))
+		stray := row(c, reservation.StatusConfirmed, false)
+		stray.Token = "t-decided-elsewhere" // MySQL decided another incarnation of c's id
+		rows := []reservation.Reservation{row(a, reservation.StatusConfirmed, false), row(b, reservation.StatusCancelled, false), stray}
+		returned, errs := s.FollowAll(ctx, rows, 7)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("FollowAll row %d: %v", i, err)
+			}
+		}
+		if fmt.Sprint(returned) != "[false true true]" {
+			t.Errorf("returned = %v, want [false true true] (a confirmed; b's and the stray's units back)", returned)
+		}
+		// 10 − 1 − 2 − 3 taken; b's 2 and the stray's 3 back; the stray's
+		// decided incarnation was committed at version 7, after the level
+		// Redis was warmed from (1): its 3 units are taken now.
+		if avail, held := stockOf(t, s, sku); avail != 6 || held != 0 {
+			t.Errorf("stock = %d/%d, want 6 available, 0 held", avail, held)
+		}
+		if h, err := s.Hold(ctx, a.ID); err != nil || h.Status != reservation.StatusConfirmed {
+			t.Errorf("hold a = %+v %v, want CONFIRMED", h, err)
+		}
+		returned, errs = s.FollowAll(ctx, rows, 7)
+		if fmt.Sprint(returned) != "[false false false]" || errors.Join(errs...) != nil {
+			t.Errorf("FollowAll again = %v %v, want nothing returned twice", returned, errs)
+		}
+		if avail, held := stockOf(t, s, sku); avail != 6 || held != 0 {
+			t.Errorf("stock after a repeat = %d/%d, want 6/0", avail, held)
+		}
+		if returned, errs := s.FollowAll(ctx, nil, 0); len(returned) != 0 || len(errs) != 0 {
+			t.Errorf("FollowAll(nil) = %v %v", returned, errs)
+		}
+	})
+
 	t.Run("a live mark stands until it passes and did not move; the cursor keeps its place", func(t *testing.T) {
 		s, sku, c := setup(t, 10, 0)
 		other := sku + "-b"

@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -104,18 +105,21 @@ func userUnits(ctx context.Context, tx *sql.Tx, sku string, users []any) (map[st
 		user  string
 		units int64
 	}
-	rows, err := queryAll(ctx, tx, "read user units", func(row interface{ Scan(...any) error }) (uu, error) {
-		var u uu
-		err := row.Scan(&u.user, &u.units)
-		return u, err
-	}, `SELECT user_id, units FROM user_units WHERE sku = ? AND user_id IN (?`+strings.Repeat(",?", len(users)-1)+`) FOR UPDATE`,
-		append([]any{sku}, users...)...)
+	have := make(map[string]int64, len(users))
+	err := inChunks(len(users), func(lo, hi int) error {
+		rows, err := queryAll(ctx, tx, "read user units", func(row interface{ Scan(...any) error }) (uu, error) {
+			var u uu
+			err := row.Scan(&u.user, &u.units)
+			return u, err
+		}, `SELECT user_id, units FROM user_units WHERE sku = ? AND user_id IN (?`+strings.Repeat(",?", hi-lo-1)+`) FOR UPDATE`,
+			append([]any{sku}, users[lo:hi]...)...)
+		for _, u := range rows {
+			have[u.user] = u.units
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	have := make(map[string]int64, len(rows))
-	for _, u := range rows {
-		have[u.user] = u.units
 	}
 	return have, nil
 }
@@ -125,22 +129,47 @@ func addUserUnits(ctx context.Context, tx *sql.Tx, sku string, add map[string]in
 	if len(add) == 0 {
 		return nil
 	}
-	args := make([]any, 0, 3*len(add))
-	for user, n := range add {
-		args = append(args, sku, user, n)
+	users := make([]string, 0, len(add))
+	for user := range add {
+		users = append(users, user)
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO user_units (sku, user_id, units) VALUES `+
-		strings.TrimSuffix(strings.Repeat(`(?, ?, ?),`, len(add)), ",")+
-		` ON DUPLICATE KEY UPDATE units = units + VALUES(units)`, args...)
+	sort.Strings(users) // one lock order for every batch
+	err := inChunks(len(users), func(lo, hi int) error {
+		args := make([]any, 0, 3*(hi-lo))
+		for _, user := range users[lo:hi] {
+			args = append(args, sku, user, add[user])
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO user_units (sku, user_id, units) VALUES `+
+			strings.TrimSuffix(strings.Repeat(`(?, ?, ?),`, hi-lo), ",")+
+			` ON DUPLICATE KEY UPDATE units = units + VALUES(units)`, args...)
+		return err
+	})
 	if err != nil {
 		return translate("add user units", err)
 	}
 	return nil
 }
 
+// rowsPerStatement bounds the rows of one batch statement: 1,000 rows of at
+// most 8 placeholders stay far below the protocol's 65,535 placeholders, and
+// their few hundred kilobytes far below max_allowed_packet (16 MiB by
+// default in MariaDB, 64 MiB in RDS MySQL).
+const rowsPerStatement = 1000
+
+// inChunks calls f on [lo, hi) ranges of at most rowsPerStatement covering
+// [0, n), stopping at the first error.
+func inChunks(n int, f func(lo, hi int) error) error {
+	for lo := 0; lo < n; lo += rowsPerStatement {
+		if err := f(lo, min(n, lo+rowsPerStatement)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ApplyBatch implements reservation.Ledger: the hot-SKU path of persist.
-// One transaction: the rows of ids not yet present are inserted in one
-// statement, then the stock row is read FOR UPDATE (after the inserts, so the
+// One transaction: the rows of ids not yet present are inserted in
+// multi-row statements (rowsPerStatement rows each), then the stock row is read FOR UPDATE (after the inserts, so the
 // lock order stays reservations → product_stock, as everywhere), the
 // reservations that fit are kept — the rows of those that do not are deleted
 // again — and their summed quantity is taken with one version-checked update.
@@ -157,18 +186,21 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
-	ids := make([]any, len(rs))
-	for i, r := range rs {
-		ids[i] = r.ID
-	}
-	existing, err := queryAll(ctx, tx, "batch read rows", scanReservation,
-		`SELECT `+reservationColumns+` FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(ids)-1)+`)`, ids...)
+	have := map[string]reservation.Reservation{}
+	err = inChunks(len(rs), func(lo, hi int) error {
+		ids := make([]any, 0, hi-lo)
+		for _, r := range rs[lo:hi] {
+			ids = append(ids, r.ID)
+		}
+		existing, err := queryAll(ctx, tx, "batch read rows", scanReservation,
+			`SELECT `+reservationColumns+` FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(ids)-1)+`)`, ids...)
+		for _, row := range existing {
+			have[row.ID] = row
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	have := map[string]reservation.Reservation{}
-	for _, row := range existing {
-		have[row.ID] = row
 	}
 	var fresh []int // indexes of reservations to insert, each id once
 	seen := map[string]bool{}
@@ -188,14 +220,17 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if len(fresh) == 0 {
 		return out, nil
 	}
-	args := make([]any, 0, len(fresh)*8)
-	for _, i := range fresh {
-		r := rs[i]
-		args = append(args, r.ID, r.SKU, r.Qty, r.UserID, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
-	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
-		(reservation_id, sku, qty, user_id, hold_token, status, expires_at, created_at, updated_at) VALUES `+
-		strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, len(fresh)), ","), args...)
+	err = inChunks(len(fresh), func(lo, hi int) error {
+		args := make([]any, 0, (hi-lo)*8)
+		for _, i := range fresh[lo:hi] {
+			r := rs[i]
+			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO reservations
+			(reservation_id, sku, qty, user_id, hold_token, status, expires_at, created_at, updated_at) VALUES `+
+			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, hi-lo), ","), args...)
+		return err
+	})
 	if isDuplicate(err) {
 		// A fence (or another persist) wrote one of these rows since the read.
 		return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
@@ -249,19 +284,21 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 		}
 		refused = append(refused, r.ID)
 	}
+	first := make(map[string]int, len(fresh))
+	for _, j := range fresh {
+		first[rs[j].ID] = j
+	}
 	for i, r := range rs { // a twin follows its first copy
-		if out[i].Result == reservation.AlreadyConfirmed && !have[r.ID].Status.Final() {
-			for _, j := range fresh {
-				if rs[j].ID == r.ID {
-					out[i] = out[j]
-				}
-			}
+		if j, ok := first[r.ID]; ok && j != i {
+			out[i] = out[j]
 		}
 	}
-	if len(refused) > 0 {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(refused)-1)+`)`, refused...); err != nil {
-			return nil, translate("batch drop refused", err)
-		}
+	err = inChunks(len(refused), func(lo, hi int) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`)`, refused[lo:hi]...)
+		return err
+	})
+	if err != nil {
+		return nil, translate("batch drop refused", err)
 	}
 	if sum > 0 {
 		res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1

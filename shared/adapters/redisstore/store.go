@@ -217,9 +217,7 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 // Follow implements reservation.Holds.
 func (s *Store) Follow(ctx context.Context, row reservation.Reservation, version int64) (bool, error) {
 	k := keysOf(row.SKU)
-	n, err := followScript.Run(ctx, s.rdb, k.holdKeys(row),
-		row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
-		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion).Int()
+	n, err := followScript.Run(ctx, s.rdb, k.holdKeys(row), s.followArgs(row, version)...).Int()
 	if err != nil {
 		return false, reservation.Unavailable("redis follow", err)
 	}
@@ -227,6 +225,53 @@ func (s *Store) Follow(ctx context.Context, row reservation.Reservation, version
 		return false, fmt.Errorf("redis follow %s: a refund needs the stock: %w", row.ID, reservation.ErrUnknownSKU)
 	}
 	return n == 1, nil
+}
+
+// FollowAll implements reservation.Holds: the follows go in one pipeline
+// (per shard); a script Redis does not have yet is loaded and the pipeline
+// sent again (follow.lua is idempotent).
+func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, version int64) ([]bool, []error) {
+	returned, errs := make([]bool, len(rows)), make([]error, len(rows))
+	send := func() []*redis.Cmd {
+		cmds := make([]*redis.Cmd, len(rows))
+		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, row := range rows {
+				cmds[i] = followScript.EvalSha(ctx, p, keysOf(row.SKU).holdKeys(row), s.followArgs(row, version)...)
+			}
+			return nil
+		})
+		return cmds
+	}
+	cmds := send()
+	for _, c := range cmds {
+		if c.Err() != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			if err := followScript.Load(ctx, s.rdb).Err(); err != nil {
+				for i := range errs {
+					errs[i] = reservation.Unavailable("redis follow", err)
+				}
+				return returned, errs
+			}
+			cmds = send()
+			break
+		}
+	}
+	for i, c := range cmds {
+		n, err := c.Int()
+		switch {
+		case err != nil:
+			errs[i] = reservation.Unavailable("redis follow", err)
+		case n == 2:
+			errs[i] = fmt.Errorf("redis follow %s: a refund needs the stock: %w", rows[i].ID, reservation.ErrUnknownSKU)
+		default:
+			returned[i] = n == 1
+		}
+	}
+	return returned, errs
+}
+
+func (s *Store) followArgs(row reservation.Reservation, version int64) []any {
+	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
+		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion}
 }
 
 func flag(b bool) string {

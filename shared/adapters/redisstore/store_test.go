@@ -89,3 +89,29 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 		t.Errorf("Reserve on a dead Redis = %v, want ErrUnavailable", err)
 	}
 }
+
+// FollowAll sends EVALSHA in a pipeline: after Redis lost its scripts (a
+// restart, SCRIPT FLUSH) it loads follow.lua and sends the pipeline again.
+func TestFollowAllLoadsAScriptRedisForgot(t *testing.T) {
+	ctx := context.Background()
+	c := testservices.Require(t).Redis(t)
+	s := redisstore.New(c, time.Hour)
+	sku := testservices.Name("sku")
+	if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 5, Version: 1}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := s.Reserve(ctx, reservation.Reservation{ID: sku + ".aaaaaaaaaaaaaaaaaaaaaaaaaa", SKU: sku, Qty: 2, UserID: "u", Token: "t-a"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.Status = reservation.StatusConfirmed
+	if _, errs := s.FollowAll(ctx, []reservation.Reservation{h}, 2); errs[0] != nil {
+		t.Fatalf("FollowAll after SCRIPT FLUSH: %v", errs[0])
+	}
+	if got, err := s.Hold(ctx, h.ID); err != nil || got.Status != reservation.StatusConfirmed {
+		t.Errorf("hold = %+v %v, want CONFIRMED", got, err)
+	}
+}
