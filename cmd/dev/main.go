@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -38,6 +39,8 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	tpl := fs.String("template", "template.yaml", "SAM template to take the settings from")
 	sweep := fs.Duration("sweep-every", 0, "sweeper period (default: the template's schedule)")
 	jwtDir := fs.String("jwt-dir", devauth.DefaultDir, "dev JWT issuer key directory (make token mints with it)")
+	apiOnly := fs.Bool("api-only", false, "serve the API alone: no persist, compensate or sweeper in this process")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -45,7 +48,23 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if err != nil {
 		return err
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var level slog.Level // HOLDFAST_LOG_LEVEL: error keeps the per-request lines out (make bench)
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		return fmt.Errorf("HOLDFAST_LOG_LEVEL=%q: %w", cfg.LogLevel, err)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		Level: level,
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			if a.Key == slog.TimeKey {
 				a.Value = slog.StringValue(a.Value.Time().Format("15:04:05.000"))
@@ -60,7 +79,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	s, err := devstack.Start(ctx, cfg, devstack.Options{
 		Addr: *addr, Template: *tpl, DLQURL: getenv("HOLDFAST_DLQ_URL"), CreateQueues: true,
 		Seed: map[string]int64{"demo-phone": 100, "demo-tee": 1000}, Log: log, SweepEvery: *sweep,
-		Verifier: issuer.Verifier(),
+		Verifier: issuer.Verifier(), APIOnly: *apiOnly,
 	})
 	if err != nil {
 		return err

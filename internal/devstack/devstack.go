@@ -53,6 +53,10 @@ type Options struct {
 	// retried record or an expired hold does not take minutes.
 	Visibility time.Duration
 	SweepEvery time.Duration
+	// APIOnly serves the API alone: no persist, compensate or sweeper in
+	// this process (make bench measures the reserve path's CPU with it;
+	// another process, or nothing, drains the queue).
+	APIOnly bool
 }
 
 // Stack is a running local holdfast.
@@ -141,26 +145,9 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 		}
 		return int32(q.VisibilityTimeout)
 	}
-	s.poll(ctx, o.Log, "persist", a.SQS, cfg.QueueURL, persistEv, vis(mainQ), s.Persist.Handle)
-	s.poll(ctx, o.Log, "compensate", a.SQS, o.DLQURL, compEv, vis(dlq), compensate.Handle)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		t := time.NewTicker(sweepEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				rep, err := s.Sweeper.Handle(ctx, json.RawMessage(`{}`))
-				if err != nil || rep.Expired+rep.GroupsFailed+rep.Warmed+rep.Notified+rep.Errors > 0 {
-					o.Log.Info("sweep", "expired", rep.Expired, "released", rep.Released, "groups_failed", rep.GroupsFailed,
-						"warmed", rep.Warmed, "events_resent", rep.Notified, "errors", rep.Errors, "error", err)
-				}
-			}
-		}
-	}()
+	if !o.APIOnly {
+		s.consume(ctx, o, cfg, persistEv, compEv, vis(mainQ), vis(dlq), compensate, sweepEvery)
+	}
 
 	addr := o.Addr
 	if addr == "" {
@@ -181,6 +168,32 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 	o.Log.Info("holdfast is up", "api", s.URL, "persist_concurrency", persistEv.MaximumConcurrency,
 		"batch_size", persistEv.BatchSize, "visibility_s", vis(mainQ), "sweep_every", sweepEvery)
 	return s, nil
+}
+
+// consume runs persist and compensate on their queues and the sweeper on
+// its schedule, as Lambda's event sources and EventBridge would.
+func (s *Stack) consume(ctx context.Context, o Options, cfg config.Config, persistEv, compEv samtemplate.SQSEvent,
+	mainVis, dlqVis int32, compensate *consumer.Handler, sweepEvery time.Duration) {
+	s.poll(ctx, o.Log, "persist", s.App.SQS, cfg.QueueURL, persistEv, mainVis, s.Persist.Handle)
+	s.poll(ctx, o.Log, "compensate", s.App.SQS, o.DLQURL, compEv, dlqVis, compensate.Handle)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(sweepEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				rep, err := s.Sweeper.Handle(ctx, json.RawMessage(`{}`))
+				if err != nil || rep.Expired+rep.GroupsFailed+rep.Warmed+rep.Notified+rep.Errors > 0 {
+					o.Log.Info("sweep", "expired", rep.Expired, "released", rep.Released, "groups_failed", rep.GroupsFailed,
+						"warmed", rep.Warmed, "events_resent", rep.Notified, "errors", rep.Errors, "error", err)
+				}
+			}
+		}
+	}()
 }
 
 // apiRoutes returns the reserve function's HTTP API routes, checking the

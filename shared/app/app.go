@@ -13,12 +13,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
@@ -117,8 +119,15 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 
 	a.SQS = sqs.NewFromConfig(awsCfg)
 	var enq reservation.Enqueuer
-	if cfg.QueueURL != "" {
+	switch {
+	case cfg.QueueURL == "":
+	case cfg.SQSSend == "sdk":
 		enq = queue.NewPublisher(a.SQS, cfg.QueueURL)
+	default:
+		if enq, err = directPublisher(ctx, a.SQS, cfg.QueueURL); err != nil {
+			_ = a.Close()
+			return nil, err
+		}
 	}
 	if opt.Enqueuer != nil {
 		enq = opt.Enqueuer(enq)
@@ -259,6 +268,30 @@ func redisClient(ctx context.Context, cfg config.Config, secrets *secretsmanager
 		return redis.NewClusterClient(opts.Cluster()), nil
 	}
 	return redis.NewClient(opts.Simple()), nil
+}
+
+// directPublisher is reserve's sender: the endpoint, region and
+// credentials are those the SDK client resolved (an endpoint override such
+// as AWS_ENDPOINT_URL_SQS included), the endpoint resolved once here, not
+// per call.
+func directPublisher(ctx context.Context, client *sqs.Client, queueURL string) (*queue.DirectPublisher, error) {
+	o := client.Options()
+	fips, dual := o.EndpointOptions.UseFIPSEndpoint == aws.FIPSEndpointStateEnabled, o.EndpointOptions.UseDualStackEndpoint == aws.DualStackEndpointStateEnabled
+	ep, err := o.EndpointResolverV2.ResolveEndpoint(ctx, sqs.EndpointParameters{Region: aws.String(o.Region), Endpoint: o.BaseEndpoint,
+		UseFIPS: aws.Bool(fips), UseDualStack: aws.Bool(dual)})
+	if err != nil {
+		return nil, fmt.Errorf("sqs endpoint: %w", err)
+	}
+	return queue.NewDirectPublisher(queue.DirectConfig{QueueURL: queueURL, Endpoint: ep.URI.String(),
+		Region: o.Region, Credentials: o.Credentials, HTTPClient: sendClient()})
+}
+
+// sendClient is the HTTP client of reserve's sends: the SDK's transport
+// settings, with enough idle connections kept alive for a process serving
+// many requests at once (make dev; a Lambda serves one at a time), so no
+// send pays for a new connection.
+func sendClient() *awshttp.BuildableClient {
+	return awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) { t.MaxIdleConnsPerHost = 256 })
 }
 
 // openDB opens the functions' database; database is its name.

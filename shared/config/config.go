@@ -61,6 +61,10 @@ type Config struct {
 	LogLevel            string
 	// Stage names the deployment (a dimension of every metric); empty locally.
 	Stage string
+	// SQSSend is how reserve sends its message: "direct" (one signed
+	// request in SQS's JSON protocol, the default) or "sdk" (the SDK's
+	// SendMessage, the same request at about 2.5 times the CPU).
+	SQSSend string
 }
 
 // Load reads the configuration through getenv (os.Getenv in production)
@@ -126,6 +130,7 @@ func parse(getenv func(string) string) (Config, error) {
 		HoldRetention:   p.duration("HOLDFAST_HOLD_RETENTION", 24*time.Hour),
 		LogLevel:        p.str("HOLDFAST_LOG_LEVEL", "info"),
 		Stage:           p.str("HOLDFAST_STAGE", ""),
+		SQSSend:         p.str("HOLDFAST_SQS_SEND", "direct"),
 	}
 	d := reservation.DefaultConfig()
 	c.Protocol = reservation.Config{
@@ -143,6 +148,9 @@ func parse(getenv func(string) string) (Config, error) {
 	}
 	if p.err != nil {
 		return Config{}, p.err
+	}
+	if c.SQSSend != "direct" && c.SQSSend != "sdk" {
+		return Config{}, fmt.Errorf("config: HOLDFAST_SQS_SEND=%q: want direct or sdk", c.SQSSend)
 	}
 	if c.DBTLS != "verify" && c.DBTLS != "off" {
 		return Config{}, fmt.Errorf("config: HOLDFAST_DB_TLS=%q: want verify or off", c.DBTLS)

@@ -343,6 +343,54 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		}
 	})
 
+	t.Run("a batch larger than one statement settles each id once: new, redelivered, fenced, twins", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		const n = 2500 // three insert statements
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("s", n-10)); err != nil {
+			t.Fatal(err)
+		}
+		batch := make([]reservation.Reservation, 0, n+1)
+		for i := range n {
+			batch = append(batch, res(fmt.Sprintf("r%04d", i), "s", 1))
+		}
+		if got, err := apply(ctx, s, batch[1200]); err != nil || got != reservation.Applied { // a redelivery
+			t.Fatalf("apply r1200 = %v %v", got, err)
+		}
+		if _, inserted, err := s.Fence(ctx, batch[2100], reservation.ReasonExpired, now); err != nil || !inserted {
+			t.Fatalf("fence r2100 = %v %v", inserted, err)
+		}
+		batch = append(batch, batch[5]) // a twin
+		out, err := s.ApplyBatch(ctx, "s", batch, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		count := map[reservation.ApplyResult]int{}
+		for _, o := range out[:n] {
+			count[o.Result]++
+		}
+		// n−10 units: r1200 took one before; 2,498 new ids want one each.
+		if count[reservation.Applied] != n-11 || count[reservation.Insufficient] != 2498-(n-11) ||
+			count[reservation.AlreadyConfirmed] != 1 || count[reservation.AlreadyCancelled] != 1 {
+			t.Errorf("outcomes = %v, want %d applied, %d insufficient, 1 already confirmed, 1 already cancelled",
+				count, n-11, 2498-(n-11))
+		}
+		if out[1200].Result != reservation.AlreadyConfirmed || out[2100].Result != reservation.AlreadyCancelled || out[n].Result != out[5].Result {
+			t.Errorf("r1200 %v, r2100 %v, the twin %v (its first %v)", out[1200].Result, out[2100].Result, out[n].Result, out[5].Result)
+		}
+		if got := available(t, s, "s"); got != 0 {
+			t.Errorf("available = %d, want 0", got)
+		}
+		for _, i := range []int{0, 999, 1000, 2001} {
+			if row, err := s.Reservation(ctx, batch[i].ID); err != nil || row.Status != reservation.StatusConfirmed {
+				t.Errorf("%s = %+v %v, want CONFIRMED", batch[i].ID, row, err)
+			}
+		}
+		if _, err := s.Reservation(ctx, batch[n-1].ID); !errors.Is(err, reservation.ErrNotFound) {
+			t.Errorf("an insufficient id left a row: %v", err)
+		}
+	})
+
 	t.Run("per-user limit holds", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)

@@ -175,7 +175,25 @@ func inChunks(n int, f func(lo, hi int) error) error {
 // again — and their summed quantity is taken with one version-checked update.
 // Reading under the lock means concurrent batches queue on the hot row instead
 // of wasting optimistic attempts; the version check still guards the update.
+//
+// The first attempt inserts without reading first: a batch of new messages
+// (the sale's common case) costs no read of its ids. If one of its rows
+// exists (a redelivery, a fence), the insert fails as a whole and the batch
+// runs again, reading which rows exist first.
 func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Reservation, now time.Time) ([]reservation.BatchResult, error) {
+	out, err := s.applyBatch(ctx, sku, rs, now, false)
+	if errors.Is(err, errRowsExist) {
+		out, err = s.applyBatch(ctx, sku, rs, now, true)
+	}
+	return out, err
+}
+
+// errRowsExist: a batch inserted without reading first met an existing row.
+var errRowsExist = errors.New("a row of the batch exists")
+
+// applyBatch is one attempt of ApplyBatch; read says whether it reads
+// which rows exist before it inserts.
+func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Reservation, now time.Time, read bool) ([]reservation.BatchResult, error) {
 	out := make([]reservation.BatchResult, len(rs))
 	if len(rs) == 0 {
 		return out, nil
@@ -188,6 +206,9 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 
 	have := map[string]reservation.Reservation{}
 	err = inChunks(len(rs), func(lo, hi int) error {
+		if !read {
+			return nil
+		}
 		ids := make([]any, 0, hi-lo)
 		for _, r := range rs[lo:hi] {
 			ids = append(ids, r.ID)
@@ -231,6 +252,9 @@ func (s *Store) ApplyBatch(ctx context.Context, sku string, rs []reservation.Res
 			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, hi-lo), ","), args...)
 		return err
 	})
+	if isDuplicate(err) && !read {
+		return nil, errRowsExist
+	}
 	if isDuplicate(err) {
 		// A fence (or another persist) wrote one of these rows since the read.
 		return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)

@@ -1,7 +1,13 @@
 package queue_test
 
 import (
+	"context"
+	"net/http"
+	"os"
 	"testing"
+
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/holdfast/holdfast/internal/testkit/reservationtest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
@@ -11,12 +17,35 @@ import (
 
 // The Enqueuer contract, on the SQS-API server: what arrives, decoded as
 // persist decodes it, is what was sent.
+// Both publishers keep it: the SDK's and the direct one reserve uses.
 func TestEnqueuerContract(t *testing.T) {
 	env := testservices.Require(t)
-	reservationtest.Enqueuer(t, func(t *testing.T) (reservation.Enqueuer, reservationtest.Delivered) {
+	t.Run("sdk", func(t *testing.T) {
+		reservationtest.Enqueuer(t, contractFactory(env, func(t *testing.T, client *sqs.Client, url string) reservation.Enqueuer {
+			return queue.NewPublisher(client, url)
+		}))
+	})
+	t.Run("direct", func(t *testing.T) {
+		reservationtest.Enqueuer(t, contractFactory(env, func(t *testing.T, client *sqs.Client, url string) reservation.Enqueuer {
+			cfg, err := awsconfig.LoadDefaultConfig(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := queue.NewDirectPublisher(queue.DirectConfig{QueueURL: url, Endpoint: os.Getenv("HOLDFAST_AWS_ENDPOINT"),
+				Region: cfg.Region, Credentials: cfg.Credentials, HTTPClient: http.DefaultClient})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}))
+	})
+}
+
+func contractFactory(env testservices.Env, publisher func(t *testing.T, client *sqs.Client, url string) reservation.Enqueuer) reservationtest.EnqueuerFactory {
+	return func(t *testing.T) (reservation.Enqueuer, reservationtest.Delivered) {
 		client := env.SQS(t)
 		q := env.CreateQueues(t, client, 5)
-		return queue.NewPublisher(client, q.URL), func(t *testing.T, n int) []reservation.Reservation {
+		return publisher(t, client, q.URL), func(t *testing.T, n int) []reservation.Reservation {
 			var out []reservation.Reservation
 			for _, body := range testservices.Receive(t, client, q.URL, n) {
 				r, err := queue.Decode(body)
@@ -27,5 +56,5 @@ func TestEnqueuerContract(t *testing.T) {
 			}
 			return out
 		}
-	})
+	}
 }

@@ -37,6 +37,8 @@ var (
 	groupFormLua string
 	//go:embed lua/heal.lua
 	healLua string
+	//go:embed lua/confirm.lua
+	confirmLua string
 	//go:embed lua/touch.lua
 	touchLua string
 	//go:embed lua/unmark.lua
@@ -71,6 +73,7 @@ var (
 	groupCloseScript  = redis.NewScript(clockLua + groupCloseLua)
 	groupFormScript   = redis.NewScript(groupFormLua)
 	healScript        = redis.NewScript(clockLua + healLua)
+	confirmScript     = redis.NewScript(confirmLua)
 	touchScript       = redis.NewScript(clockLua + touchLua)
 	unmarkScript      = redis.NewScript(clockLua + unmarkLua)
 )
@@ -227,36 +230,76 @@ func (s *Store) Follow(ctx context.Context, row reservation.Reservation, version
 	return n == 1, nil
 }
 
-// FollowAll implements reservation.Holds: the follows go in one pipeline
-// (per shard); a script Redis does not have yet is loaded and the pipeline
-// sent again (follow.lua is idempotent).
+// confirmChunk is how many holds one confirm.lua call confirms: about a
+// millisecond of Redis's single thread, so reserves never wait long behind it.
+const confirmChunk = 200
+
+// FollowAll implements reservation.Holds. The common case of persist's
+// batch — CONFIRMED rows without a group whose holds are HELD with the
+// decided token — goes to confirm.lua, confirmChunk holds a call; the rest
+// follow.lua, one call a row. All calls go in one pipeline (per shard); a
+// script Redis does not have yet is loaded and the pipeline sent again
+// (both scripts are idempotent).
 func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, version int64) ([]bool, []error) {
 	returned, errs := make([]bool, len(rows)), make([]error, len(rows))
-	send := func() []*redis.Cmd {
-		cmds := make([]*redis.Cmd, len(rows))
-		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, row := range rows {
-				cmds[i] = followScript.EvalSha(ctx, p, keysOf(row.SKU).holdKeys(row), s.followArgs(row, version)...)
-			}
-			return nil
-		})
-		return cmds
-	}
-	cmds := send()
-	for _, c := range cmds {
-		if c.Err() != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			if err := followScript.Load(ctx, s.rdb).Err(); err != nil {
-				for i := range errs {
-					errs[i] = reservation.Unavailable("redis follow", err)
-				}
-				return returned, errs
-			}
-			cmds = send()
-			break
+	var plain []int // rows confirm.lua may take, by SKU order of arrival
+	var rest []int
+	for i, row := range rows {
+		if row.Status == reservation.StatusConfirmed && row.GroupID == "" && row.Token != "" {
+			plain = append(plain, i)
+		} else {
+			rest = append(rest, i)
 		}
 	}
-	for i, c := range cmds {
-		n, err := c.Int()
+	chunks := chunkBySKU(rows, plain)
+	confirms, err := s.pipeline(ctx, func(p redis.Pipeliner) []*redis.Cmd {
+		cmds := make([]*redis.Cmd, len(chunks))
+		for c, chunk := range chunks {
+			k := keysOf(rows[chunk[0]].SKU)
+			ks := make([]string, 0, 4+len(chunk))
+			ks = append(ks, k.stock(), k.meta(), k.exp(), k.users())
+			args := make([]any, 0, 2+2*len(chunk))
+			args = append(args, version, int64(s.retention.Seconds()))
+			for _, i := range chunk {
+				ks = append(ks, k.hold(rows[i].ID))
+				args = append(args, rows[i].ID, rows[i].Token)
+			}
+			cmds[c] = confirmScript.EvalSha(ctx, p, ks, args...)
+		}
+		return cmds
+	}, confirmScript)
+	if err != nil {
+		rest = append(rest, plain...)
+	} else {
+		for c, chunk := range chunks {
+			skipped, err := confirms[c].Int64Slice()
+			if err != nil {
+				rest = append(rest, chunk...) // follow.lua decides them
+				continue
+			}
+			for _, k := range skipped {
+				if k >= 1 && int(k) <= len(chunk) {
+					rest = append(rest, chunk[k-1])
+				}
+			}
+		}
+	}
+	if len(rest) == 0 {
+		return returned, errs
+	}
+	follows, err := s.pipeline(ctx, func(p redis.Pipeliner) []*redis.Cmd {
+		cmds := make([]*redis.Cmd, len(rest))
+		for j, i := range rest {
+			cmds[j] = followScript.EvalSha(ctx, p, keysOf(rows[i].SKU).holdKeys(rows[i]), s.followArgs(rows[i], version)...)
+		}
+		return cmds
+	}, followScript)
+	for j, i := range rest {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		n, err := follows[j].Int()
 		switch {
 		case err != nil:
 			errs[i] = reservation.Unavailable("redis follow", err)
@@ -267,6 +310,52 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 		}
 	}
 	return returned, errs
+}
+
+// pipeline sends the commands build queues in one pipeline and returns
+// them; if Redis lacks script it loads it and sends them again.
+func (s *Store) pipeline(ctx context.Context, build func(redis.Pipeliner) []*redis.Cmd, script *redis.Script) ([]*redis.Cmd, error) {
+	var cmds []*redis.Cmd
+	send := func() {
+		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			cmds = build(p)
+			return nil
+		})
+	}
+	send()
+	for _, c := range cmds {
+		if c.Err() != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			if err := script.Load(ctx, s.rdb).Err(); err != nil {
+				return nil, reservation.Unavailable("redis load script", err)
+			}
+			send()
+			break
+		}
+	}
+	return cmds, nil
+}
+
+// chunkBySKU splits the rows at idx into runs of one SKU of at most
+// confirmChunk rows, keeping their order within a SKU.
+func chunkBySKU(rows []reservation.Reservation, idx []int) [][]int {
+	bySKU := map[string][]int{}
+	var order []string
+	for _, i := range idx {
+		sku := rows[i].SKU
+		if _, ok := bySKU[sku]; !ok {
+			order = append(order, sku)
+		}
+		bySKU[sku] = append(bySKU[sku], i)
+	}
+	var out [][]int
+	for _, sku := range order {
+		for all := bySKU[sku]; len(all) > 0; {
+			n := min(len(all), confirmChunk)
+			out = append(out, all[:n])
+			all = all[n:]
+		}
+	}
+	return out
 }
 
 func (s *Store) followArgs(row reservation.Reservation, version int64) []any {

@@ -104,14 +104,22 @@ func TestFollowAllLoadsAScriptRedisForgot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g, _, err := s.Reserve(ctx, reservation.Reservation{ID: sku + ".bbbbbbbbbbbbbbbbbbbbbbbbbb", SKU: sku, Qty: 1, UserID: "v", Token: "t-b"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	h.Status = reservation.StatusConfirmed
-	if _, errs := s.FollowAll(ctx, []reservation.Reservation{h}, 2); errs[0] != nil {
-		t.Fatalf("FollowAll after SCRIPT FLUSH: %v", errs[0])
+	h.Status = reservation.StatusConfirmed                                      // confirm.lua's case
+	g.Status, g.Reason = reservation.StatusCancelled, reservation.ReasonExpired // follow.lua's
+	if _, errs := s.FollowAll(ctx, []reservation.Reservation{h, g}, 2); errors.Join(errs...) != nil {
+		t.Fatalf("FollowAll after SCRIPT FLUSH: %v", errs)
 	}
 	if got, err := s.Hold(ctx, h.ID); err != nil || got.Status != reservation.StatusConfirmed {
 		t.Errorf("hold = %+v %v, want CONFIRMED", got, err)
+	}
+	if got, err := s.Hold(ctx, g.ID); err != nil || got.Status != reservation.StatusCancelled {
+		t.Errorf("hold = %+v %v, want CANCELLED", got, err)
 	}
 }
