@@ -114,7 +114,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	steps := []struct {
 		name string
 		run  func(context.Context) error
-	}{{"http", b.httpFigures}, {"cpu", b.handlerCPU}, {"reserve", b.reserve}, {"persist", b.persist}, {"lag", b.confirmLag}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"sweep", b.sweep}, {"cold", b.coldStart}}
+	}{
+		// The sweep first: the parts after it leave holds that expire.
+		{"sweep", b.sweep}, {"http", b.httpFigures}, {"cpu", b.handlerCPU}, {"reserve", b.reserve}, {"persist", b.persist},
+		{"lag", b.confirmLag}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"cold", b.coldStart},
+	}
 	for _, step := range steps {
 		if *only != "" && !strings.Contains(","+*only+",", ","+step.name+",") {
 			continue

@@ -586,14 +586,28 @@ func (m *memHolds) FollowAll(ctx context.Context, rows []Reservation, version in
 }
 
 // Touch mirrors touch.lua.
-func (m *memHolds) Touch(_ context.Context, sku string, ttl time.Duration) error {
+func (m *memHolds) Touch(_ context.Context, sku string, ttl time.Duration) (LiveSKU, error) {
 	err := m.enter("Touch")
 	defer m.mu.Unlock()
 	if err != nil {
-		return err
+		return LiveSKU{}, err
 	}
 	m.live[sku] = max(m.live[sku], m.nowMS()+ttl.Milliseconds())
-	return nil
+	return LiveSKU{SKU: sku, Until: time.UnixMilli(m.live[sku]).UTC()}, nil
+}
+
+// Withdraw mirrors unmark.lua with ARGV[4] "1".
+func (m *memHolds) Withdraw(_ context.Context, l LiveSKU) (bool, error) {
+	err := m.enter("Withdraw")
+	defer m.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	if cur, ok := m.live[l.SKU]; !ok || cur != l.Until.UnixMilli() {
+		return false, nil
+	}
+	delete(m.live, l.SKU)
+	return true, nil
 }
 
 // Live mirrors ZRANGE live 0 limit-1 WITHSCORES (by score, then member).

@@ -14,28 +14,42 @@ const touchEvery = 5 * time.Second
 // memory starts afresh (the cost is one more mark per SKU).
 const maxTouched = 4096
 
-// touches remembers, per SKU, until when this instance need not mark it
-// live again.
+// touches remembers, per SKU, the mark this instance made and until when
+// it need not mark the SKU again.
 type touches struct {
-	mu    sync.Mutex
-	until map[string]time.Time
+	mu sync.Mutex
+	m  map[string]touched
+}
+
+type touched struct {
+	mark  LiveSKU   // as Redis recorded it
+	until time.Time // by this instance's clock
 }
 
 // due reports whether sku must be marked at now.
 func (t *touches) due(sku string, now time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	until, ok := t.until[sku]
-	return !ok || !now.Before(until)
+	e, ok := t.m[sku]
+	return !ok || !now.Before(e.until)
 }
 
-func (t *touches) done(sku string, until time.Time) {
+func (t *touches) done(mark LiveSKU, until time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.until == nil || len(t.until) >= maxTouched {
-		t.until = make(map[string]time.Time)
+	if t.m == nil || len(t.m) >= maxTouched {
+		t.m = make(map[string]touched)
 	}
-	t.until[sku] = until
+	t.m[mark.SKU] = touched{mark: mark, until: until}
+}
+
+// forget removes sku and returns the mark this instance made, if any.
+func (t *touches) forget(sku string) (LiveSKU, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[sku]
+	delete(t.m, sku)
+	return e.mark, ok
 }
 
 // liveFor is how long a mark keeps a SKU live: every hold taken while this
@@ -55,10 +69,24 @@ func (s *Service) touch(ctx context.Context, sku string) {
 	if !s.touched.due(sku, now) {
 		return
 	}
-	if err := s.holds.Touch(ctx, sku, s.liveFor()); err != nil {
+	mark, err := s.holds.Touch(ctx, sku, s.liveFor())
+	if err != nil {
 		s.metrics.Count("live_mark_errors", 1)
 		s.log.WarnContext(ctx, "could not mark sku live; the catalog pass reaches it", "sku", sku, "error", err)
 		return
 	}
-	s.touched.done(sku, now.Add(touchEvery))
+	s.touched.done(mark, now.Add(touchEvery))
+}
+
+// withdraw ends this instance's mark of a SKU MySQL does not have, unless
+// someone marked it since (a stock change creating it): made-up SKUs leave
+// no marks for the sweeper to visit.
+func (s *Service) withdraw(ctx context.Context, sku string) {
+	mark, ok := s.touched.forget(sku)
+	if !ok {
+		return
+	}
+	if _, err := s.holds.Withdraw(ctx, mark); err != nil {
+		s.log.WarnContext(ctx, "could not withdraw the live mark of an unknown sku", "sku", sku, "error", err)
+	}
 }

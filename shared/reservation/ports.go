@@ -85,16 +85,21 @@ type Holds interface {
 	FormGroup(ctx context.Context, g Group, formedAt time.Time) (bool, error)
 
 	// Touch marks sku live until ttl after Redis's now (a later mark
-	// stands): the sweeper visits every live SKU each sweep. Reserve marks
+	// stands) and returns the mark as it stands: the sweeper visits every
+	// live SKU each sweep. Reserve marks
 	// a SKU before a hold can be taken on it, so every hold's deadline
 	// passes before its mark does.
-	Touch(ctx context.Context, sku string, ttl time.Duration) error
+	Touch(ctx context.Context, sku string, ttl time.Duration) (LiveSKU, error)
 	// Live returns up to limit live SKUs, the earliest marks first.
 	Live(ctx context.Context, limit int) ([]LiveSKU, error)
 	// Unmark ends the mark m if it is still the SKU's mark and has passed by
 	// Redis's clock; false if it moved (a reserve marked the SKU again) or
 	// has not passed.
 	Unmark(ctx context.Context, m LiveSKU) (bool, error)
+	// Withdraw ends the mark m at once if it is still the SKU's mark: the
+	// reserve that made it found that MySQL has no such SKU, so no hold can
+	// exist under it (a flood of made-up SKUs leaves no marks behind).
+	Withdraw(ctx context.Context, m LiveSKU) (bool, error)
 	// Cursor returns the last SKU the sweeper's catalog pass reached (""
 	// at the start of a pass, or when Redis forgot it); SetCursor records it.
 	Cursor(ctx context.Context) (string, error)

@@ -104,6 +104,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		// Redis may have lost the SKU (failover, flush): warm it from MySQL
 		// once and try again; MySQL says whether the SKU exists at all.
 		if _, werr := s.warm(ctx, r.SKU); werr != nil {
+			if errors.Is(werr, ErrUnknownSKU) {
+				s.withdraw(ctx, r.SKU)
+			}
 			return Reservation{}, false, werr
 		}
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)

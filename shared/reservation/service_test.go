@@ -1544,3 +1544,20 @@ func TestSweepKeepsAMarkARecentReserveRenewed(t *testing.T) {
 		t.Errorf("the renewed SKU's expired hold after one sweep: %+v %v, want CANCELLED", row, err)
 	}
 }
+
+// A reserve of a SKU MySQL does not have leaves no live mark behind: a
+// flood of made-up SKUs cannot crowd the SKUs on sale out of the sweep.
+func TestReserveOfAnUnknownSKULeavesNoLiveMark(t *testing.T) {
+	f := newFixture(t)
+	for i := range 50 {
+		if _, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: fmt.Sprintf("made-up-%d", i), Qty: 1, UserID: "bot"}); !errors.Is(err, ErrUnknownSKU) {
+			t.Fatalf("reserve of a made-up sku = %v, want ErrUnknownSKU", err)
+		}
+	}
+	f.stock(t, "real", 5)
+	f.reserve(t, "real", "ann", 1)
+	live, err := f.holds.Live(bg, 100)
+	if err != nil || len(live) != 1 || live[0].SKU != "real" {
+		t.Errorf("live marks = %+v %v, want only the real sku", live, err)
+	}
+}

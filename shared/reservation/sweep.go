@@ -148,6 +148,13 @@ func (s *Service) sweepLive(ctx context.Context, rep *SweepReport) map[string]bo
 	if len(live) == 0 {
 		return visited
 	}
+	if len(live) >= s.cfg.SweepLive {
+		// More SKUs are live than one sweep visits: the latest marks (the
+		// SKUs selling right now) wait for the catalog pass. Raise
+		// HOLDFAST_SWEEP_LIVE above the SKUs on sale at once.
+		s.metrics.Count("live_skus_capped", 1)
+		s.log.WarnContext(ctx, "sweep: more live skus than HOLDFAST_SWEEP_LIVE; the rest wait for the catalog pass", "limit", s.cfg.SweepLive)
+	}
 	names := make([]string, len(live))
 	for i, m := range live {
 		names[i] = m.SKU

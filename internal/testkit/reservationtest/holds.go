@@ -627,13 +627,13 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		if live, err := s.Live(ctx, 10); err != nil || len(live) != 0 {
 			t.Fatalf("Live of a fresh store = %v %v, want none", live, err)
 		}
-		if err := s.Touch(ctx, sku, 2*ttl); err != nil {
-			t.Fatal(err)
+		if m, err := s.Touch(ctx, sku, 2*ttl); err != nil || !m.Until.Equal(t0.Add(2*ttl)) {
+			t.Fatalf("Touch = %+v %v, want until +2m", m, err)
 		}
-		if err := s.Touch(ctx, sku, ttl); err != nil { // shorter: the later mark stands
-			t.Fatal(err)
+		if m, err := s.Touch(ctx, sku, ttl); err != nil || !m.Until.Equal(t0.Add(2*ttl)) { // shorter: the later mark stands
+			t.Fatalf("Touch (shorter) = %+v %v, want the mark until +2m", m, err)
 		}
-		if err := s.Touch(ctx, other, ttl); err != nil {
+		if _, err := s.Touch(ctx, other, ttl); err != nil {
 			t.Fatal(err)
 		}
 		live, err := s.Live(ctx, 10)
@@ -659,7 +659,8 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		if ended, err := s.Unmark(ctx, live[1]); err != nil || ended {
 			t.Errorf("Unmark again = %v %v, want false", ended, err)
 		}
-		if err := s.Touch(ctx, other, ttl); err != nil { // marked again after the sweeper listed it
+		renewed, err := s.Touch(ctx, other, ttl) // marked again after the sweeper listed it
+		if err != nil {
 			t.Fatal(err)
 		}
 		if ended, err := s.Unmark(ctx, live[0]); err != nil || ended {
@@ -667,6 +668,16 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		}
 		if live, err := s.Live(ctx, 10); err != nil || len(live) != 1 || live[0].SKU != other {
 			t.Errorf("Live = %+v %v, want only %s", live, err, other)
+		}
+		// A withdrawal ends a mark that has not passed, only if it is still the SKU's mark.
+		if ended, err := s.Withdraw(ctx, live[0]); err != nil || ended {
+			t.Errorf("Withdraw of a mark since renewed = %v %v, want false", ended, err)
+		}
+		if ended, err := s.Withdraw(ctx, renewed); err != nil || !ended {
+			t.Errorf("Withdraw of the mark as it stands = %v %v, want true", ended, err)
+		}
+		if live, err := s.Live(ctx, 10); err != nil || len(live) != 0 {
+			t.Errorf("Live after the withdrawal = %+v %v, want none", live, err)
 		}
 
 		if cur, err := s.Cursor(ctx); err != nil || cur != "" {

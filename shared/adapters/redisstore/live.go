@@ -10,11 +10,12 @@ import (
 )
 
 // Touch implements reservation.Holds.
-func (s *Store) Touch(ctx context.Context, sku string, ttl time.Duration) error {
-	if err := touchScript.Run(ctx, s.rdb, []string{s.sweep.live()}, sku, ttl.Milliseconds(), s.now()).Err(); err != nil {
-		return reservation.Unavailable("redis mark live", err)
+func (s *Store) Touch(ctx context.Context, sku string, ttl time.Duration) (reservation.LiveSKU, error) {
+	end, err := touchScript.Run(ctx, s.rdb, []string{s.sweep.live()}, sku, ttl.Milliseconds(), s.now()).Int64()
+	if err != nil {
+		return reservation.LiveSKU{}, reservation.Unavailable("redis mark live", err)
 	}
-	return nil
+	return reservation.LiveSKU{SKU: sku, Until: time.UnixMilli(end).UTC()}, nil
 }
 
 // Live implements reservation.Holds.
@@ -33,7 +34,16 @@ func (s *Store) Live(ctx context.Context, limit int) ([]reservation.LiveSKU, err
 
 // Unmark implements reservation.Holds.
 func (s *Store) Unmark(ctx context.Context, m reservation.LiveSKU) (bool, error) {
-	n, err := unmarkScript.Run(ctx, s.rdb, []string{s.sweep.live()}, m.SKU, m.Until.UnixMilli(), s.now()).Int()
+	return s.unmark(ctx, m, "0")
+}
+
+// Withdraw implements reservation.Holds.
+func (s *Store) Withdraw(ctx context.Context, m reservation.LiveSKU) (bool, error) {
+	return s.unmark(ctx, m, "1")
+}
+
+func (s *Store) unmark(ctx context.Context, m reservation.LiveSKU, withdraw string) (bool, error) {
+	n, err := unmarkScript.Run(ctx, s.rdb, []string{s.sweep.live()}, m.SKU, m.Until.UnixMilli(), s.now(), withdraw).Int()
 	if err != nil {
 		return false, reservation.Unavailable("redis unmark", err)
 	}
