@@ -1,6 +1,7 @@
 package main
 
-// Accept → CONFIRMED at the reserve floor's arrival rate. goaws cannot carry
+// Accept → CONFIRMED at the reserve floor's arrival rate (20,000/s when the
+// floor was not measured in this run). goaws cannot carry
 // that rate, so an in-memory queue stands in for SQS; the batcher hands
 // persist batches as Lambda's event source does (BatchSize records or the
 // batching window, whichever comes first) to MaximumConcurrency consumers,
@@ -20,15 +21,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// lagDuration is how long reservations arrive.
-const lagDuration = 5 * time.Second
-
 type arrival struct {
 	r  reservation.Reservation
 	at time.Time
 }
 
+// confirmLag: reservations arrive for twice the reserve modes' duration.
 func (b *bench) confirmLag(ctx context.Context) error {
+	lagDuration := 2 * b.o.duration
 	tpl, err := samtemplate.Load("template.yaml")
 	if err != nil {
 		return err

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+)
+
+// The parts of make bench that a change to the reserve path or persist
+// touches run, briefly, on the real servers, so the benchmark cannot rot
+// between runs: each checks its own answers (every accepted answer a 202,
+// every sold-out one a 409, every persist decided), and each prints its row.
+func TestBenchPartsRun(t *testing.T) {
+	testservices.Require(t)
+	if err := os.Chdir("../.."); err != nil { // template.yaml, ./cmd/dev
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Chdir("cmd/bench") })
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"-only", "http,cpu,lag", "-d", "300ms", "-c", "8"}, os.Getenv, &out)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	for _, row := range []string{"http c=32  accepted (202)", "http c=128 sold out (409)", modeHandlerSDK, modeHandlerDirect, "accept → CONFIRMED"} {
+		if !strings.Contains(out.String(), row) {
+			t.Errorf("no %q row in:\n%s", row, out.String())
+		}
+	}
+}
