@@ -75,7 +75,10 @@ func (s *Service) touch(ctx context.Context, sku string) {
 		s.log.WarnContext(ctx, "could not mark sku live; the catalog pass reaches it", "sku", sku, "error", err)
 		return
 	}
-	s.touched.done(mark, now.Add(touchEvery))
+	// By the wall clock (Round(0) drops the monotonic reading): a Lambda
+	// environment frozen between invocations may not count the frozen time
+	// on its monotonic clock, and must not trust a mark that long gone.
+	s.touched.done(mark, now.Add(touchEvery).Round(0))
 }
 
 // withdraw ends this instance's mark of a SKU MySQL does not have, unless

@@ -83,18 +83,26 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 		}
 		var confirmed []Reservation // Applied: Redis follows them in one round trip
 		var version int64
+		followed := map[string]bool{}
 		for j, i := range idx {
 			if results[j].Result != Applied {
 				_, errs[i] = s.decided(ctx, rs[i], results[j])
 				continue
 			}
+			// Redis follows the row MySQL inserted: for a twin (the same id
+			// twice in the batch, perhaps under another token: a hold Redis
+			// took again) that is its first copy, followed once.
+			r := results[j].Row
+			if followed[r.ID] {
+				continue
+			}
+			followed[r.ID] = true
 			s.metrics.Count("confirmed", 1)
 			if h := s.hooks.AfterCommit; h != nil {
-				if errs[i] = h(rs[i]); errs[i] != nil {
+				if errs[i] = h(r); errs[i] != nil {
 					continue
 				}
 			}
-			r := rs[i]
 			r.Status = StatusConfirmed
 			confirmed = append(confirmed, r)
 			version = results[j].Version

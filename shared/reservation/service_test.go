@@ -1561,3 +1561,47 @@ func TestReserveOfAnUnknownSKULeavesNoLiveMark(t *testing.T) {
 		t.Errorf("live marks = %+v %v, want only the real sku", live, err)
 	}
 }
+
+// A catalog whose size is a multiple of the slice is passed in
+// SKUs/slice sweeps, not one more (an empty slice is never a sweep).
+func TestSweepCatalogPassOfAMultipleOfTheSlice(t *testing.T) {
+	f := newFixture(t)
+	f.svc.cfg.SweepCatalog = 10
+	for i := range 20 {
+		if _, err := f.ledger.ChangeStock(bg, SetTo(fmt.Sprintf("s-%02d", i), 5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var slices []int
+	for range 4 {
+		rep := f.sweep(t)
+		slices = append(slices, rep.CatalogSKUs)
+		if rep.CatalogPassDone != (len(slices)%2 == 0) {
+			t.Errorf("sweep %d: pass done %v", len(slices), rep.CatalogPassDone)
+		}
+	}
+	if fmt.Sprint(slices) != "[10 10 10 10]" {
+		t.Errorf("slices = %v, want [10 10 10 10]", slices)
+	}
+}
+
+// More holds of one SKU than SweepBatch expire in the same period: one
+// sweep decides them all.
+func TestSweepDecidesMoreExpiredHoldsThanOneBatch(t *testing.T) {
+	f := newFixture(t)
+	f.svc.cfg.SweepBatch = 50
+	f.stock(t, "hot", 1000)
+	var ids []string
+	for i := range 120 {
+		ids = append(ids, f.reserve(t, "hot", fmt.Sprintf("u%d", i), 1).ID) // messages lost
+	}
+	f.clock.advance(f.svc.cfg.HoldTTL + f.svc.cfg.SweepGrace + time.Second)
+	if rep := f.sweep(t); rep.Expired != 120 {
+		t.Errorf("one sweep decided %d expired holds, want 120", rep.Expired)
+	}
+	for _, id := range ids {
+		if _, err := f.ledger.Reservation(bg, id); err != nil {
+			t.Fatalf("%s undecided after the sweep: %v", id, err)
+		}
+	}
+}

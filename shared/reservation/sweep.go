@@ -35,6 +35,10 @@ type SKUDrift struct {
 	Drift int64  `json:"drift"`
 }
 
+// maxExpiredRounds bounds the rounds of SweepBatch expired holds one sweep
+// decides per SKU (20 × 500 = 10,000 by default).
+const maxExpiredRounds = 20
+
 // worstDrifts is how many drifting SKUs a report names.
 const worstDrifts = 10
 
@@ -105,10 +109,8 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 	}
 
 	visited := s.sweepLive(ctx, &rep)
-	if err := s.sweepCatalog(ctx, visited, &rep); err != nil {
-		return rep, err
-	}
 
+	// Due groups before the catalog pass: they are live activity.
 	groups, err := s.ledger.DueGroups(ctx, cutoff, s.cfg.SweepBatch)
 	if err != nil {
 		rep.Errors++
@@ -124,6 +126,10 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		if failed {
 			rep.GroupsFailed++
 		}
+	}
+
+	if err := s.sweepCatalog(ctx, visited, &rep); err != nil {
+		return rep, err
 	}
 
 	s.metrics.Count("drift_units", int(rep.DriftUnits))
@@ -205,10 +211,13 @@ func (s *Service) sweepCatalog(ctx context.Context, visited map[string]bool, rep
 		s.log.ErrorContext(ctx, "sweep: read catalog cursor", "error", err)
 		after = ""
 	}
-	levels, err := s.ledger.StocksAfter(ctx, after, s.cfg.SweepCatalog)
+	// One more than the slice: whether the pass goes on after it.
+	levels, err := s.ledger.StocksAfter(ctx, after, s.cfg.SweepCatalog+1)
 	if err != nil {
 		return fmt.Errorf("sweep: list skus after %q: %w", after, err)
 	}
+	more := len(levels) > s.cfg.SweepCatalog
+	levels = levels[:min(len(levels), s.cfg.SweepCatalog)]
 	for _, level := range levels {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -221,7 +230,7 @@ func (s *Service) sweepCatalog(ctx context.Context, visited map[string]bool, rep
 		s.sweepSKU(ctx, level, rep)
 	}
 	next := ""
-	if len(levels) == s.cfg.SweepCatalog {
+	if more {
 		next = levels[len(levels)-1].SKU
 	} else {
 		rep.CatalogPassDone = true
@@ -259,27 +268,38 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 		s.log.ErrorContext(ctx, "sweep: sync stock", "sku", sku, "error", err)
 	}
 
-	expired, err := s.holds.Expired(ctx, sku, s.cfg.SweepGrace, s.cfg.SweepBatch)
-	if err != nil {
-		rep.Errors++
-		s.log.ErrorContext(ctx, "sweep: list expired holds", "sku", sku, "error", err)
-		return false
-	}
-	for _, h := range expired {
-		row, err := s.settle(ctx, h, ReasonExpired)
+	// Expired holds, SweepBatch at a time, until none is left (a sale's
+	// abandoned holds all expire in the same minute) or maxExpiredRounds.
+	decided := 0
+	for round := 0; round < maxExpiredRounds && ctx.Err() == nil; round++ {
+		expired, err := s.holds.Expired(ctx, sku, s.cfg.SweepGrace, s.cfg.SweepBatch)
 		if err != nil {
 			rep.Errors++
-			s.log.ErrorContext(ctx, "sweep: decide expired hold", "reservation_id", h.ID, "error", err)
-			continue
+			s.log.ErrorContext(ctx, "sweep: list expired holds", "sku", sku, "error", err)
+			return false
 		}
-		rep.Expired++
-		if row.Status == StatusConfirmed {
-			rep.Confirmed++
-		} else {
-			rep.Released++
+		failed := 0
+		for _, h := range expired {
+			row, err := s.settle(ctx, h, ReasonExpired)
+			if err != nil {
+				failed++
+				rep.Errors++
+				s.log.ErrorContext(ctx, "sweep: decide expired hold", "reservation_id", h.ID, "error", err)
+				continue
+			}
+			decided++
+			rep.Expired++
+			if row.Status == StatusConfirmed {
+				rep.Confirmed++
+			} else {
+				rep.Released++
+			}
+		}
+		if len(expired) < s.cfg.SweepBatch || failed > 0 {
+			break // all listed, or failing: the next sweep goes on
 		}
 	}
-	if len(expired) > 0 || !synced {
+	if decided > 0 || !synced {
 		return false // holds are being decided right now, or Redis lacks the level: measure next time
 	}
 	return s.reconcile(ctx, level, rep)

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -53,6 +54,10 @@ type DirectPublisher struct {
 	c        DirectConfig
 	endpoint string
 	signer   *v4.Signer
+	// skew is SQS's clock minus this process's (ns), learnt from the Date
+	// of an answer refusing the signature's time, as the SDK's retryer
+	// does: a function whose clock is off still sends.
+	skew atomic.Int64
 }
 
 var _ reservation.Enqueuer = (*DirectPublisher)(nil)
@@ -106,6 +111,13 @@ type attributeValue struct {
 var attributes = map[string]attributeValue{
 	"type":    {DataType: "String", StringValue: MessageType},
 	"version": {DataType: "Number", StringValue: strconv.Itoa(Version)},
+}
+
+// skewCodes are the refusals of a signature whose time is too far from
+// SQS's (the SDK's retryer treats the same as clock skew).
+var skewCodes = map[string]bool{
+	"InvalidSignatureException": true, "SignatureDoesNotMatch": true, "RequestExpired": true,
+	"RequestTimeTooSkewed": true, "RequestInTheFuture": true, "AuthFailure": true,
 }
 
 // SendError is SQS's refusal of a send.
@@ -167,7 +179,8 @@ func (p *DirectPublisher) send(ctx context.Context, payload []byte, wantMD5 stri
 		return false, fmt.Errorf("credentials: %w", err)
 	}
 	hash := sha256.Sum256(payload)
-	if err := p.signer.SignHTTP(ctx, creds, req, hex.EncodeToString(hash[:]), "sqs", p.c.Region, p.c.Now()); err != nil {
+	signedAt := p.c.Now().Add(time.Duration(p.skew.Load()))
+	if err := p.signer.SignHTTP(ctx, creds, req, hex.EncodeToString(hash[:]), "sqs", p.c.Region, signedAt); err != nil {
 		return false, fmt.Errorf("sign: %w", err)
 	}
 	resp, err := p.c.HTTPClient.Do(req)
@@ -190,6 +203,12 @@ func (p *DirectPublisher) send(ctx context.Context, payload []byte, wantMD5 stri
 			code = http.StatusText(resp.StatusCode)
 		}
 		se := &SendError{Status: resp.StatusCode, Code: code, Message: e.Message}
+		if skewCodes[code] {
+			if server, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+				p.skew.Store(int64(server.Sub(p.c.Now())))
+				return true, se // signed again with SQS's time
+			}
+		}
 		return se.retryable(), se
 	}
 	var out struct {

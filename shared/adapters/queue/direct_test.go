@@ -212,3 +212,48 @@ func TestDirectSendRetriesWhatMaySucceed(t *testing.T) {
 		})
 	}
 }
+
+// skewedSQS refuses signatures more than 5 minutes from its clock, which
+// runs ahead of this process's, as SQS does, with its time in Date.
+type skewedSQS struct {
+	ahead time.Duration
+	mu    sync.Mutex
+	reqs  int
+}
+
+func (s *skewedSQS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.reqs++
+	s.mu.Unlock()
+	body, _ := io.ReadAll(r.Body)
+	now := time.Now().Add(s.ahead).UTC()
+	w.Header().Set("Date", now.Format(http.TimeFormat))
+	signed, err := time.Parse("20060102T150405Z", r.Header.Get("X-Amz-Date"))
+	if err != nil || signed.Before(now.Add(-5*time.Minute)) || signed.After(now.Add(5*time.Minute)) {
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, `{"__type":"com.amazon.coral.service#InvalidSignatureException","message":"Signature expired: %s"}`, r.Header.Get("X-Amz-Date"))
+		return
+	}
+	var in struct{ MessageBody string }
+	_ = json.Unmarshal(body, &in)
+	sum := md5.Sum([]byte(in.MessageBody)) //nolint:gosec // SQS's checksum
+	fmt.Fprintf(w, `{"MD5OfMessageBody":%q,"MessageId":"m-1"}`, hex.EncodeToString(sum[:]))
+}
+
+// A function whose clock is 10 minutes off still sends, as with the SDK:
+// the refusal's Date corrects the signing time, and later sends use it.
+func TestDirectSendCorrectsClockSkew(t *testing.T) {
+	standIn := &skewedSQS{ahead: 10 * time.Minute}
+	srv := httptest.NewServer(standIn)
+	defer srv.Close()
+	p := direct(t, srv, credentials.NewStaticCredentialsProvider("AKID", "secret", ""), 3)
+	if err := p.Enqueue(context.Background(), testRes); err != nil {
+		t.Fatalf("first send with a skewed clock: %v", err)
+	}
+	if err := p.Enqueue(context.Background(), testRes); err != nil {
+		t.Fatalf("second send: %v", err)
+	}
+	if standIn.reqs != 3 {
+		t.Errorf("%d requests, want 3 (one refused, then two at SQS's time)", standIn.reqs)
+	}
+}

@@ -111,8 +111,9 @@ func WithUserRate(rate, burst int) Option {
 }
 
 // WithLedger names the MySQL ledger (its database) whose sweeper state
-// this Store keeps: stages or tests sharing one Redis keep apart the SKUs
-// they mark live and their catalog cursors.
+// this Store keeps, so that ledgers sharing one Redis (the tests' databases)
+// keep apart the SKUs they mark live and their catalog cursors. The SKUs'
+// own keys carry no ledger: one Redis serves one stage.
 func WithLedger(name string) Option {
 	return func(s *Store) { s.sweep = sweepKeysOf(name) }
 }
