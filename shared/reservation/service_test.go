@@ -1605,3 +1605,28 @@ func TestSweepDecidesMoreExpiredHoldsThanOneBatch(t *testing.T) {
 		}
 	}
 }
+
+// A sweep near its deadline stops taking on work and keeps its place: the
+// catalog cursor stays where it got to, and the report comes back.
+func TestSweepNearItsDeadlineKeepsItsPlace(t *testing.T) {
+	f := newFixture(t)
+	f.svc.cfg.SweepCatalog = 10
+	for i := range 30 {
+		if _, err := f.ledger.ChangeStock(bg, SetTo(fmt.Sprintf("s-%02d", i), 5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.sweep(t) // s-00 … s-09
+	ctx, cancel := context.WithTimeout(bg, sweepReserve/2)
+	defer cancel()
+	rep, err := f.svc.Sweep(ctx)
+	if err != nil || rep.CatalogSKUs != 0 || rep.CatalogPassDone {
+		t.Fatalf("a sweep out of time = %+v %v, want no SKU visited and the pass not done", rep, err)
+	}
+	if cur, _ := f.holds.Cursor(bg); cur != "s-09" {
+		t.Errorf("cursor = %q, want it kept at s-09", cur)
+	}
+	if rep := f.sweep(t); rep.CatalogSKUs != 10 {
+		t.Errorf("the next sweep visited %d, want s-10 … s-19", rep.CatalogSKUs)
+	}
+}

@@ -3,6 +3,7 @@ package reservation
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // SweepReport says what one sweep did.
@@ -33,6 +34,20 @@ type SweepReport struct {
 type SKUDrift struct {
 	SKU   string `json:"sku"`
 	Drift int64  `json:"drift"`
+}
+
+// sweepReserve is the time a sweep keeps for itself before its deadline:
+// past it, it stops taking on more work, so that it reports what it did and
+// moves its cursor instead of being cut off by the function's timeout.
+const sweepReserve = 10 * time.Second
+
+// nearDeadline reports whether ctx ends within sweepReserve.
+func nearDeadline(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && time.Until(dl) < sweepReserve
 }
 
 // maxExpiredRounds bounds the rounds of SweepBatch expired holds one sweep
@@ -176,7 +191,7 @@ func (s *Service) sweepLive(ctx context.Context, rep *SweepReport) map[string]bo
 		byName[l.SKU] = l
 	}
 	for _, m := range live {
-		if ctx.Err() != nil {
+		if nearDeadline(ctx) {
 			return visited
 		}
 		level, known := byName[m.SKU]
@@ -218,9 +233,10 @@ func (s *Service) sweepCatalog(ctx context.Context, visited map[string]bool, rep
 	}
 	more := len(levels) > s.cfg.SweepCatalog
 	levels = levels[:min(len(levels), s.cfg.SweepCatalog)]
-	for _, level := range levels {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	for i, level := range levels {
+		if nearDeadline(ctx) {
+			levels, more = levels[:i], true // the next sweep goes on from here
+			break
 		}
 		rep.CatalogSKUs++
 		if visited[level.SKU] {
@@ -230,9 +246,12 @@ func (s *Service) sweepCatalog(ctx context.Context, visited map[string]bool, rep
 		s.sweepSKU(ctx, level, rep)
 	}
 	next := ""
-	if more {
+	switch {
+	case more && len(levels) > 0:
 		next = levels[len(levels)-1].SKU
-	} else {
+	case more:
+		next = after // out of time before the first: the next sweep starts here
+	default:
 		rep.CatalogPassDone = true
 	}
 	if err := s.holds.SetCursor(ctx, next); err != nil {
@@ -271,7 +290,7 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 	// Expired holds, SweepBatch at a time, until none is left (a sale's
 	// abandoned holds all expire in the same minute) or maxExpiredRounds.
 	decided := 0
-	for round := 0; round < maxExpiredRounds && ctx.Err() == nil; round++ {
+	for round := 0; round < maxExpiredRounds && !nearDeadline(ctx); round++ {
 		expired, err := s.holds.Expired(ctx, sku, s.cfg.SweepGrace, s.cfg.SweepBatch)
 		if err != nil {
 			rep.Errors++
