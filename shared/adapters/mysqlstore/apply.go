@@ -205,23 +205,22 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	have := map[string]reservation.Reservation{}
-	err = inChunks(len(rs), func(lo, hi int) error {
-		if !read {
-			return nil
+	if read {
+		err = inChunks(len(rs), func(lo, hi int) error {
+			ids := make([]any, 0, hi-lo)
+			for _, r := range rs[lo:hi] {
+				ids = append(ids, r.ID)
+			}
+			existing, err := queryAll(ctx, tx, "batch read rows", scanReservation,
+				`SELECT `+reservationColumns+` FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(ids)-1)+`)`, ids...)
+			for _, row := range existing {
+				have[row.ID] = row
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
 		}
-		ids := make([]any, 0, hi-lo)
-		for _, r := range rs[lo:hi] {
-			ids = append(ids, r.ID)
-		}
-		existing, err := queryAll(ctx, tx, "batch read rows", scanReservation,
-			`SELECT `+reservationColumns+` FROM reservations WHERE reservation_id IN (?`+strings.Repeat(",?", len(ids)-1)+`)`, ids...)
-		for _, row := range existing {
-			have[row.ID] = row
-		}
-		return err
-	})
-	if err != nil {
-		return nil, err
 	}
 	var fresh []int // indexes of reservations to insert, each id once
 	seen := map[string]bool{}

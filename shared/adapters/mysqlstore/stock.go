@@ -192,21 +192,25 @@ func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reserv
 		return level, nil, translate("snapshot stock", err)
 	}
 	var confirmed []reservation.Reservation
-	for len(held) > 0 {
-		chunk := held[:min(len(held), 500)]
-		held = held[len(chunk):]
-		args := make([]any, len(chunk))
-		for i, id := range chunk {
-			args[i] = id
-		}
+	err = inChunks(len(held), func(lo, hi int) error {
 		rows, err := queryAll(ctx, tx, "snapshot confirmed", scanReservation, `SELECT `+reservationColumns+` FROM reservations
-			WHERE reservation_id IN (?`+strings.Repeat(",?", len(chunk)-1)+`) AND status = 'CONFIRMED'`, args...)
-		if err != nil {
-			return level, nil, err
-		}
+			WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`) AND status = 'CONFIRMED'`, anys(held[lo:hi])...)
 		confirmed = append(confirmed, rows...)
+		return err
+	})
+	if err != nil {
+		return level, nil, err
 	}
 	return level, confirmed, nil
+}
+
+// anys returns ss as query arguments.
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }
 
 const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst`
@@ -223,22 +227,17 @@ func (s *Store) StocksAfter(ctx context.Context, after string, limit int) ([]res
 		`SELECT `+levelColumns+` FROM product_stock WHERE sku > ? ORDER BY sku LIMIT ?`, after, limit)
 }
 
-// Levels implements reservation.Ledger: primary-key lookups, 500 a query.
+// Levels implements reservation.Ledger: primary-key lookups, rowsPerStatement a query.
 func (s *Store) Levels(ctx context.Context, skus []string) ([]reservation.StockLevel, error) {
 	var out []reservation.StockLevel
-	for len(skus) > 0 {
-		chunk := skus[:min(len(skus), 500)]
-		skus = skus[len(chunk):]
-		args := make([]any, len(chunk))
-		for i, sku := range chunk {
-			args[i] = sku
-		}
+	err := inChunks(len(skus), func(lo, hi int) error {
 		levels, err := queryAll(ctx, s.db, "read levels", scanLevel,
-			`SELECT `+levelColumns+` FROM product_stock WHERE sku IN (?`+strings.Repeat(",?", len(chunk)-1)+`)`, args...)
-		if err != nil {
-			return nil, err
-		}
+			`SELECT `+levelColumns+` FROM product_stock WHERE sku IN (?`+strings.Repeat(",?", hi-lo-1)+`)`, anys(skus[lo:hi])...)
 		out = append(out, levels...)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

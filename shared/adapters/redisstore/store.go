@@ -257,8 +257,8 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 		cmds := make([]*redis.Cmd, len(chunks))
 		for c, chunk := range chunks {
 			k := keysOf(rows[chunk[0]].SKU)
-			ks := make([]string, 0, 4+len(chunk))
-			ks = append(ks, k.stock(), k.meta(), k.exp(), k.users())
+			ks := make([]string, 0, 2+len(chunk))
+			ks = append(ks, k.meta(), k.exp())
 			args := make([]any, 0, 2+2*len(chunk))
 			args = append(args, version, int64(s.retention.Seconds()))
 			for _, i := range chunk {
