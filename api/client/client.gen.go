@@ -537,6 +537,9 @@ type StockChange struct {
 	// Add Units to add (or, negative, remove).
 	Add *int64 `json:"add,omitempty"`
 
+	// Buckets Redis buckets the SKU's stock is split over, so that a cluster spreads one hot SKU over several shards (docs/operations.md, "When to raise K"). Can be raised, not lowered.
+	Buckets *int `json:"buckets,omitempty"`
+
 	// Burst Attempts at once per buyer (0 for the default).
 	Burst *int `json:"burst,omitempty"`
 
@@ -562,6 +565,7 @@ type StockChange1 = interface{}
 
 // StockLevel defines model for StockLevel.
 type StockLevel struct {
+	Buckets       int    `json:"buckets"`
 	Burst         int    `json:"burst"`
 	PerUserLimit  int    `json:"per_user_limit"`
 	RatePerSecond int    `json:"rate_per_second"`
@@ -572,6 +576,9 @@ type StockLevel struct {
 
 // StockReport defines model for StockReport.
 type StockReport struct {
+	// Buckets K; the Redis figures are the sums over the buckets.
+	Buckets int `json:"buckets"`
+
 	// Drift mysql_available - (redis_available + held): 0 at quiescence
 	Drift int64 `json:"drift"`
 
@@ -770,6 +777,13 @@ func (t StockChange) MarshalJSON() ([]byte, error) {
 		}
 	}
 
+	if t.Buckets != nil {
+		object["buckets"], err = json.Marshal(t.Buckets)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'buckets': %w", err)
+		}
+	}
+
 	if t.Burst != nil {
 		object["burst"], err = json.Marshal(t.Burst)
 		if err != nil {
@@ -823,6 +837,13 @@ func (t *StockChange) UnmarshalJSON(b []byte) error {
 		err = json.Unmarshal(raw, &t.Add)
 		if err != nil {
 			return fmt.Errorf("error reading 'add': %w", err)
+		}
+	}
+
+	if raw, found := object["buckets"]; found {
+		err = json.Unmarshal(raw, &t.Buckets)
+		if err != nil {
+			return fmt.Errorf("error reading 'buckets': %w", err)
 		}
 	}
 

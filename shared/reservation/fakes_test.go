@@ -39,6 +39,10 @@ type memHold struct {
 	rel                     string // the token whose release follow.lua applied (field rel)
 	hasRel                  bool   // rel is set (HMGET answers false for a missing field)
 	deadline, created       int64  // unix ms; 0 on a tombstone
+	bucket                  int    // the bucket the hash is in
+	transfer                bool   // a transfer's hold (field into)
+	into                    int
+	credited                bool   // a transfer's mark in the receiving bucket (credit.lua)
 }
 
 // reservation mirrors redisstore's holdFromMap: Released is not a Redis field.
@@ -46,6 +50,7 @@ func (h *memHold) reservation(id string) Reservation {
 	r := Reservation{
 		ID: id, SKU: h.sku, Qty: int(h.qty), UserID: h.user, GroupID: h.group,
 		Token: h.token, Status: h.state, Reason: h.reason, Refunded: h.refunded,
+		Bucket: h.bucket, Transfer: h.transfer, Into: h.into,
 	}
 	if h.deadline > 0 {
 		r.ExpiresAt = time.UnixMilli(h.deadline).UTC()
@@ -141,6 +146,15 @@ func (m *memHolds) charge(sku, user string, now int64) int64 {
 
 func groupKey(sku, gid string) string { return sku + "\x00" + gid }
 
+// holdKey names the hold hash of id in the bucket named bucket (the id alone
+// in bucket 0).
+func holdKey(bucket, id string) string {
+	if _, b := ParseBucket(bucket); b > 0 {
+		return bucket + "\x00" + id
+	}
+	return id
+}
+
 func (m *memHolds) enter(name string) error {
 	m.mu.Lock()
 	m.calls[name]++
@@ -218,28 +232,29 @@ func (m *memHolds) Reserve(_ context.Context, r Reservation, ttl time.Duration) 
 
 func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error) {
 	qty := int64(r.Qty)
-	if h, ok := m.holds[r.ID]; ok {
+	name := BucketName(r.SKU, r.Bucket)
+	if h, ok := m.holds[holdKey(name, r.ID)]; ok {
 		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
 			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
 		if h.token != r.Token && h.state == StatusHeld {
-			if wait := m.charge(r.SKU, r.UserID, m.nowMS()); wait > 0 {
+			if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}
 		}
 		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
 	}
-	if wait := m.charge(r.SKU, r.UserID, m.nowMS()); wait > 0 {
+	if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 		return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 	}
-	avail, ok := m.stock[r.SKU]
+	avail, ok := m.stock[name]
 	if !ok {
 		return Reservation{}, ReserveOutcome{}, ErrUnknownSKU
 	}
 	if avail < qty {
 		return Reservation{}, ReserveOutcome{}, ErrSoldOut
 	}
-	if limit := m.meta[r.SKU]["limit"]; limit > 0 && m.users[r.SKU][r.UserID]+qty > limit {
+	if limit := m.meta[name]["limit"]; limit > 0 && m.users[name][r.UserID]+qty > limit {
 		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded
 	}
 	now := m.nowMS()
@@ -268,20 +283,20 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		m.members[key][r.UserID] = r.ID
 	}
 	deadline := now + ttl.Milliseconds()
-	m.stock[r.SKU] -= qty
-	m.metaOf(r.SKU)["held"] += qty
-	if m.users[r.SKU] == nil {
-		m.users[r.SKU] = map[string]int64{}
+	m.stock[name] -= qty
+	m.metaOf(name)["held"] += qty
+	if m.users[name] == nil {
+		m.users[name] = map[string]int64{}
 	}
-	m.users[r.SKU][r.UserID] += qty
-	m.holds[r.ID] = &memHold{
+	m.users[name][r.UserID] += qty
+	m.holds[holdKey(name, r.ID)] = &memHold{
 		sku: r.SKU, qty: qty, user: r.UserID, group: r.GroupID, token: r.Token,
-		state: StatusHeld, deadline: deadline, created: now,
+		state: StatusHeld, deadline: deadline, created: now, bucket: r.Bucket,
 	}
-	if m.exp[r.SKU] == nil {
-		m.exp[r.SKU] = map[string]int64{}
+	if m.exp[name] == nil {
+		m.exp[name] = map[string]int64{}
 	}
-	m.exp[r.SKU][r.ID] = deadline
+	m.exp[name][r.ID] = deadline
 	r.ExpiresAt, r.CreatedAt, r.Status = time.UnixMilli(deadline).UTC(), time.UnixMilli(now).UTC(), StatusHeld
 	return r, out, nil
 }
@@ -307,7 +322,8 @@ func (m *memHolds) Follow(_ context.Context, row Reservation, version int64) (bo
 // follow reports whether stock came back, and pending when a refund needs
 // the stock and Redis has none (follow.lua's 2).
 func (m *memHolds) follow(row Reservation, version int64) (returned, pending bool) {
-	sku, id, token := row.SKU, row.ID, row.Token
+	sku, id, token := BucketName(row.SKU, row.Bucket), row.ID, row.Token
+	key := holdKey(sku, id)
 	qty, user, gid := int64(row.Qty), row.UserID, row.GroupID
 	giveBack := func(n int64, who, group string, counted bool) {
 		if _, ok := m.stock[sku]; ok && !counted {
@@ -316,7 +332,9 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		if m.users[sku] == nil {
 			m.users[sku] = map[string]int64{}
 		}
-		if m.users[sku][who] -= n; m.users[sku][who] <= 0 {
+		if who == "" {
+			// a transfer: no per-user units
+		} else if m.users[sku][who] -= n; m.users[sku][who] <= 0 {
 			delete(m.users[sku], who)
 		}
 		key := groupKey(sku, gid)
@@ -332,7 +350,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 
 	var old memHold // HMGET's answer: the hold before this call
 	var state Status
-	if h, ok := m.holds[id]; ok {
+	if h, ok := m.holds[key]; ok {
 		old, state = *h, h.state
 	}
 	if state != "" && token != "" && old.token != token { // a stray
@@ -341,7 +359,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 			giveBack(old.qty, old.user, old.group, false)
 			returned = true
 		}
-		delete(m.holds, id)
+		delete(m.holds, key)
 		state = ""
 	}
 	if _, stocked := m.stock[sku]; row.Status == StatusCancelled && row.Refunded && !row.Released &&
@@ -349,9 +367,10 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		return returned, true
 	}
 	if state == "" { // the row's tombstone
-		m.holds[id] = &memHold{sku: sku, qty: qty, user: user, group: gid, token: token, state: row.Status}
+		m.holds[key] = &memHold{sku: row.SKU, qty: qty, user: user, group: gid, token: token, state: row.Status,
+			bucket: row.Bucket, transfer: row.Transfer, into: row.Into}
 	}
-	h := m.holds[id]
+	h := m.holds[key]
 
 	if row.Status == StatusConfirmed {
 		if _, stocked := m.stock[sku]; state == "" && version > 0 && stocked && version > m.metaOf(sku)["wver"] {
@@ -359,7 +378,9 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 			if m.users[sku] == nil {
 				m.users[sku] = map[string]int64{}
 			}
-			m.users[sku][user] += qty
+			if user != "" {
+				m.users[sku][user] += qty
+			}
 		}
 		if state == StatusHeld {
 			unhold(old.qty)
@@ -390,17 +411,18 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 }
 
 // Hold mirrors redisstore's Hold (HGETALL of the hold the id names).
-func (m *memHolds) Hold(_ context.Context, id string) (Reservation, error) {
+func (m *memHolds) Hold(_ context.Context, id string, bucket int) (Reservation, error) {
 	err := m.enter("Hold")
 	defer m.mu.Unlock()
 	if err != nil {
 		return Reservation{}, err
 	}
-	if _, ok := SKUOf(id); !ok {
+	sku, ok := SKUOf(id)
+	if !ok {
 		return Reservation{}, ErrNotFound
 	}
-	h, ok := m.holds[id]
-	if !ok {
+	h, ok := m.holds[holdKey(BucketName(sku, bucket), id)]
+	if !ok || h.credited {
 		return Reservation{}, ErrNotFound
 	}
 	return h.reservation(id), nil
@@ -429,7 +451,7 @@ func (m *memHolds) Expired(_ context.Context, sku string, grace time.Duration, l
 	}
 	var out []Reservation
 	for _, id := range ids {
-		h, ok := m.holds[id]
+		h, ok := m.holds[holdKey(sku, id)]
 		if !ok {
 			delete(m.exp[sku], id)
 			continue
@@ -476,7 +498,7 @@ func (m *memHolds) Sync(_ context.Context, level StockLevel) (SyncResult, error)
 	}
 	added := meta["added"] // a SKU written before meta.added existed counts as 0 applied
 	meta["ver"], meta["added"], meta["limit"] = level.Version, level.AdminDelta, int64(level.PerUserLimit)
-	meta["rate"], meta["burst"] = int64(level.UserRate), int64(level.UserBurst)
+	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
 	d := level.AdminDelta - added
 	if d == 0 {
 		return SyncNone, nil
@@ -528,7 +550,7 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	for _, id := range ids {
 		var state Status
 		var h *memHold
-		if h = m.holds[id]; h != nil {
+		if h = m.holds[holdKey(level.SKU, id)]; h != nil {
 			state = h.state
 		}
 		t, ok := token[id]
@@ -542,7 +564,7 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	}
 	m.stock[level.SKU] = level.Available - held
 	meta["ver"], meta["added"], meta["limit"], meta["wver"] = level.Version, level.AdminDelta, int64(level.PerUserLimit), level.Version
-	meta["rate"], meta["burst"] = int64(level.UserRate), int64(level.UserBurst)
+	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
 	return SyncWarmed, nil
 }
 
@@ -574,6 +596,73 @@ func (m *memHolds) Heal(_ context.Context, seen RedisStock, drift int64, after t
 	delete(meta, "drift")
 	delete(meta, "drift_at")
 	return true, nil
+}
+
+// Buckets mirrors redisstore's Buckets (EXISTS stock, HGET meta k).
+func (m *memHolds) Buckets(_ context.Context, sku string) (int, error) {
+	err := m.enter("Buckets")
+	defer m.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := m.stock[sku]; !ok {
+		return 0, ErrUnknownSKU
+	}
+	return int(max(1, m.meta[sku]["k"])), nil
+}
+
+// TakeOut mirrors takeout.lua.
+func (m *memHolds) TakeOut(_ context.Context, t Reservation, ttl time.Duration) (Reservation, error) {
+	err := m.enter("TakeOut")
+	defer m.mu.Unlock()
+	if err != nil {
+		return Reservation{}, err
+	}
+	name := BucketName(t.SKU, t.Bucket)
+	if h, ok := m.holds[holdKey(name, t.ID)]; ok {
+		return h.reservation(t.ID), nil
+	}
+	avail, ok := m.stock[name]
+	if !ok {
+		return Reservation{}, ErrUnknownSKU
+	}
+	if avail < int64(t.Qty) {
+		return Reservation{}, ErrSoldOut
+	}
+	now := m.nowMS()
+	deadline := now + ttl.Milliseconds()
+	m.stock[name] -= int64(t.Qty)
+	m.metaOf(name)["held"] += int64(t.Qty)
+	m.holds[holdKey(name, t.ID)] = &memHold{sku: t.SKU, qty: int64(t.Qty), token: t.Token, state: StatusHeld,
+		deadline: deadline, created: now, bucket: t.Bucket, transfer: true, into: t.Into}
+	if m.exp[name] == nil {
+		m.exp[name] = map[string]int64{}
+	}
+	m.exp[name][t.ID] = deadline
+	t.ExpiresAt, t.CreatedAt, t.Status = time.UnixMilli(deadline).UTC(), time.UnixMilli(now).UTC(), StatusHeld
+	return t, nil
+}
+
+// Credit mirrors credit.lua.
+func (m *memHolds) Credit(_ context.Context, t Reservation) (bool, error) {
+	err := m.enter("Credit")
+	defer m.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	name := BucketName(t.SKU, t.Into)
+	if _, ok := m.holds[holdKey(name, t.ID)]; ok {
+		return false, nil
+	}
+	if _, ok := m.stock[name]; !ok {
+		return false, ErrUnknownSKU
+	}
+	credited := m.metaOf(name)["wver"] < t.RefundVersion
+	if credited {
+		m.stock[name] += int64(t.Qty)
+	}
+	m.holds[holdKey(name, t.ID)] = &memHold{sku: t.SKU, qty: int64(t.Qty), credited: true, bucket: t.Into}
+	return credited, nil
 }
 
 // FollowAll mirrors redisstore's pipeline of follow.lua calls.
@@ -852,9 +941,10 @@ func (l *memLedger) insert(r Reservation, status Status, reason Reason, now time
 		ID: r.ID, SKU: r.SKU, Qty: r.Qty, UserID: r.UserID, GroupID: r.GroupID, Token: r.Token,
 		Status: status, Reason: reason, Released: true, Notified: true,
 		ExpiresAt: msNullTime(r.ExpiresAt), CreatedAt: msUTC(r.CreatedAt),
+		Bucket: r.Bucket, Transfer: r.Transfer, Into: r.Into,
 	}
-	if status == StatusCancelled { // a fence: unreleased, event pending
-		row.Released, row.Notified = false, false
+	if status == StatusCancelled { // a fence: unreleased, event pending (none for a transfer)
+		row.Released, row.Notified = false, r.Transfer
 	}
 	l.rows[r.ID] = &memRow{r: row, updated: msUTC(now)}
 	return row
@@ -918,6 +1008,7 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 	// Commit.
 	l.insert(r, StatusConfirmed, "", now)
 	st.Available -= int64(r.Qty)
+	moveShare(st, r.Bucket, -int64(r.Qty))
 	st.Version++
 	if st.PerUserLimit > 0 {
 		l.addUnits(r.SKU, r.UserID, int64(r.Qty))
@@ -1009,6 +1100,7 @@ func (l *memLedger) ApplyBatch(_ context.Context, sku string, rs []Reservation, 
 			r := rs[i]
 			r.GroupID = ""
 			l.insert(r, StatusConfirmed, "", now)
+			moveShare(st, r.Bucket, -int64(r.Qty))
 		}
 	}
 	if sum > 0 {
@@ -1058,6 +1150,7 @@ func (l *memLedger) Refund(_ context.Context, id string, reason Reason, now time
 	r.RefundVersion = 0 // SELECT version after the UPDATE: NULL (0) if the stock row is gone
 	if st, ok := l.stock[r.SKU]; ok {
 		st.Available += int64(r.Qty)
+		moveShare(st, r.Bucket, int64(r.Qty))
 		st.Version++
 		r.RefundVersion = st.Version
 	}
@@ -1128,7 +1221,7 @@ func (l *memLedger) Outbox(_ context.Context, t time.Time, limit int) ([]Reserva
 	pick := func(want func(Reservation) bool) []Reservation {
 		var out []Reservation
 		for _, row := range l.rows {
-			if row.r.Status == StatusCancelled && row.updated.Before(msUTC(t)) && want(row.r) {
+			if (row.r.Status == StatusCancelled || row.r.Transfer) && row.updated.Before(msUTC(t)) && want(row.r) {
 				out = append(out, row.r)
 			}
 		}
@@ -1177,7 +1270,7 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	level := StockLevel{SKU: c.SKU}
 	st, exists := l.stock[c.SKU]
 	if exists {
-		level = *st
+		level = levelCopy(st)
 	}
 	// A retried change (the same key) is answered before its precondition:
 	// the first one moved the version it was based on. The key records every
@@ -1221,6 +1314,16 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 		l.keys[key] = changeFingerprint(c)
 	}
 	oldLimit := level.PerUserLimit
+	level.Buckets = level.BucketCount()
+	if c.Buckets != nil {
+		if *c.Buckets < level.Buckets {
+			return StockLevel{}, &InvalidError{Field: "buckets", Msg: "buckets can be raised, not lowered"}
+		}
+		level.Buckets = *c.Buckets
+	}
+	for len(level.BucketAvailable) < level.Buckets-1 {
+		level.BucketAvailable = append(level.BucketAvailable, 0)
+	}
 	if c.Limit != nil {
 		level.PerUserLimit = *c.Limit
 	}
@@ -1233,7 +1336,8 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	level.Available += delta
 	level.AdminDelta += delta
 	level.Version++
-	l.stock[c.SKU] = &level
+	stored := levelCopy(&level)
+	l.stock[c.SKU] = &stored
 	if exists && oldLimit == 0 && level.PerUserLimit > 0 { // rebuild user_units
 		l.units[c.SKU] = map[string]int64{}
 		for _, row := range l.rows {
@@ -1260,7 +1364,50 @@ func changeFingerprint(c StockChange) string {
 		}
 		return "-"
 	}
-	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists)
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets))
+}
+
+// levelCopy is a level read from product_stock and stock_buckets: its own
+// copy of the shares.
+func levelCopy(st *StockLevel) StockLevel {
+	out := *st
+	out.BucketAvailable = append([]int64(nil), st.BucketAvailable...)
+	return out
+}
+
+// moveShare mirrors mysqlstore's moveShares for one bucket (bucket 0's share is the rest).
+func moveShare(st *StockLevel, b int, n int64) {
+	if b == 0 || n == 0 {
+		return
+	}
+	for len(st.BucketAvailable) < b {
+		st.BucketAvailable = append(st.BucketAvailable, 0)
+	}
+	st.BucketAvailable[b-1] += n
+}
+
+// Transfer mirrors mysqlstore's transfer transaction.
+func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (Reservation, error) {
+	err := l.enter("Transfer")
+	defer l.mu.Unlock()
+	if err != nil {
+		return Reservation{}, err
+	}
+	if row, ok := l.rows[t.ID]; ok {
+		return row.r, nil
+	}
+	st, ok := l.stock[t.SKU]
+	if !ok {
+		return Reservation{}, ErrUnknownSKU
+	}
+	row := l.insert(t, StatusConfirmed, "", now)
+	st.Version++
+	moveShare(st, t.Bucket, -int64(t.Qty))
+	moveShare(st, t.Into, int64(t.Qty))
+	r := &l.rows[t.ID].r
+	r.Released, r.RefundVersion = false, st.Version
+	row.Released, row.RefundVersion = false, st.Version
+	return row, nil
 }
 
 // Stock mirrors `SELECT … FROM product_stock WHERE sku = ?`.
@@ -1274,7 +1421,7 @@ func (l *memLedger) Stock(_ context.Context, sku string) (StockLevel, error) {
 	if !ok {
 		return StockLevel{SKU: sku}, ErrUnknownSKU
 	}
-	return *st, nil
+	return levelCopy(st), nil
 }
 
 // Snapshot mirrors mysqlstore's Snapshot (product_stock and CONFIRMED rows among ids, one read-only tx).
@@ -1294,7 +1441,7 @@ func (l *memLedger) Snapshot(_ context.Context, sku string, ids []string) (Stock
 			confirmed = append(confirmed, row.r)
 		}
 	}
-	return *st, confirmed, nil
+	return levelCopy(st), confirmed, nil
 }
 
 // StocksAfter mirrors `SELECT … FROM product_stock WHERE sku > ? ORDER BY sku LIMIT ?`.
@@ -1307,7 +1454,7 @@ func (l *memLedger) StocksAfter(_ context.Context, after string, limit int) ([]S
 	var out []StockLevel
 	for _, st := range l.stock {
 		if st.SKU > after {
-			out = append(out, *st)
+			out = append(out, levelCopy(st))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SKU < out[j].SKU })
@@ -1326,7 +1473,7 @@ func (l *memLedger) Levels(_ context.Context, skus []string) ([]StockLevel, erro
 	for _, sku := range skus {
 		if st, ok := l.stock[sku]; ok && !seen[sku] {
 			seen[sku] = true
-			out = append(out, *st)
+			out = append(out, levelCopy(st))
 		}
 	}
 	return out, nil

@@ -142,7 +142,7 @@ func (s *Service) failGroup(ctx context.Context, g Group) (bool, error) {
 
 // cancelMember cancels a member of a failed group known to Redis.
 func (s *Service) cancelMember(ctx context.Context, id string) error {
-	h, err := s.holds.Hold(ctx, id)
+	h, err := s.holds.Hold(ctx, id, 0) // a join is held in bucket 0
 	if errors.Is(err, ErrNotFound) {
 		return nil // nothing held in Redis; MySQL has no row either
 	}

@@ -94,6 +94,7 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 			// took again) that is its first copy, followed once.
 			r := results[j].Row
 			if followed[r.ID] {
+				s.followStray(ctx, r, rs[i].Bucket) // a twin held in another bucket
 				continue
 			}
 			followed[r.ID] = true
@@ -176,6 +177,7 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 		if res.Row.Token != r.Token && r.Token != "" {
 			s.metrics.Count("strays", 1)
 		}
+		s.followStray(ctx, res.Row, r.Bucket)
 		return s.follow(ctx, res.Row, 0), nil
 	default:
 		return s.settle(ctx, r, reasonOf(res.Result))

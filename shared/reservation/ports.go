@@ -12,6 +12,10 @@ import (
 // failovers), and none of them gives stock back on its own authority — a
 // give-back is always the effect of a MySQL row (Follow). Scripts read the
 // time from Redis (TIME), so no caller's clock moves a deadline.
+//
+// Methods that take a SKU (or a level's SKU) take the name of one of its
+// buckets (BucketName): bucket 0 is named by the SKU itself. Methods that
+// take a reservation use its SKU and Bucket.
 type Holds interface {
 	// Reserve atomically checks and deducts r.Qty units (and, for a group
 	// join, one slot and the one-join-per-user rule), records the hold HELD
@@ -40,8 +44,23 @@ type Holds interface {
 	// effect is that of Follow on each row in turn; returned[i] and errs[i]
 	// are row i's.
 	FollowAll(ctx context.Context, rows []Reservation, version int64) (returned []bool, errs []error)
-	// Hold returns the hold recorded for id, or ErrNotFound.
-	Hold(ctx context.Context, id string) (Reservation, error)
+	// Hold returns the hold recorded for id in bucket, or ErrNotFound.
+	Hold(ctx context.Context, id string, bucket int) (Reservation, error)
+	// Buckets returns K as the SKU's bucket 0 has it (1 for a SKU warmed
+	// without it); ErrUnknownSKU if Redis has no stock for bucket 0.
+	Buckets(ctx context.Context, sku string) (int, error)
+	// TakeOut holds t.Qty units of bucket t.Bucket for the transfer t (its
+	// id, token, Into) until ttl after Redis's now, as Reserve holds a
+	// buyer's: stock down, held up, the hold indexed by deadline. A hold
+	// with t.ID is returned as it is and nothing is taken. ErrSoldOut if
+	// the bucket has fewer units, ErrUnknownSKU if it has no stock figure.
+	TakeOut(ctx context.Context, t Reservation, ttl time.Duration) (Reservation, error)
+	// Credit adds the units of the transfer t, which MySQL recorded at
+	// version t.RefundVersion, to bucket t.Into once: not again for a
+	// repeat, nor when the bucket was warmed from a level at or past that
+	// version. credited reports whether stock moved. ErrUnknownSKU if the
+	// bucket has no stock figure: nothing changed; warm it and credit again.
+	Credit(ctx context.Context, t Reservation) (credited bool, err error)
 	// Expired returns up to limit HELD holds of sku whose deadline passed
 	// more than grace ago by Redis's clock.
 	Expired(ctx context.Context, sku string, grace time.Duration, limit int) ([]Reservation, error)
@@ -215,16 +234,25 @@ type Ledger interface {
 	// returns its stock, per-user units and — unless the group formed — its
 	// group slot in one transaction; refunded reports whether this call did it.
 	Refund(ctx context.Context, id string, reason Reason, now time.Time) (row Reservation, refunded bool, err error)
+	// Transfer records the transfer t, whose units bucket t.Bucket holds
+	// (TakeOut), in one transaction: its row CONFIRMED and unreleased (its
+	// credit owed to bucket t.Into), the two buckets' shares moved, the stock
+	// row's version moved on (the returned row's RefundVersion). If a row
+	// with t.ID exists (the sweeper fenced the hold), it is returned as it
+	// stands and nothing moves.
+	Transfer(ctx context.Context, t Reservation, now time.Time) (Reservation, error)
 	// Reservation returns the row for id, or ErrNotFound.
 	Reservation(ctx context.Context, id string) (Reservation, error)
 	// MarkReleased records that Redis followed the CANCELLED row of id.
 	MarkReleased(ctx context.Context, id string) error
 	// MarkNotified records that the cancellation event of id went out.
 	MarkNotified(ctx context.Context, id string) error
-	// Outbox returns CANCELLED rows last changed before t that Redis has not
-	// followed yet or whose event has not gone out (the sweeper drains them).
+	// Outbox returns rows last changed before t that Redis has not followed
+	// yet (CANCELLED rows, and transfers not credited yet) or whose event
+	// has not gone out (the sweeper drains them).
 	Outbox(ctx context.Context, t time.Time, limit int) ([]Reservation, error)
-	// Unreleased counts the SKU's CANCELLED rows Redis has not followed yet.
+	// Unreleased counts the SKU's rows Redis has not followed yet
+	// (cancellations and transfers).
 	Unreleased(ctx context.Context, sku string) (int, error)
 	// ChangeStock applies an admin's change in one transaction (creating
 	// the SKU on an absolute change) and returns the new level.

@@ -77,6 +77,15 @@ type Reservation struct {
 	Notified      bool      // the cancellation event went out (MySQL's outbox flag)
 	ExpiresAt     time.Time // the hold's deadline
 	CreatedAt     time.Time
+	// Bucket is the bucket of the SKU the hold is in (0 with one bucket).
+	Bucket int
+	// Transfer marks a transfer of Qty units from bucket Bucket to bucket
+	// Into (Service.refill): a hold in the giving bucket, confirmed by the
+	// MySQL transaction that moves the buckets' shares (RefundVersion is its
+	// version), and credited to Into once (its row unreleased until then). It
+	// has no user and no event.
+	Transfer bool
+	Into     int
 }
 
 // GroupStatus is the state of a group-buy.
@@ -121,6 +130,11 @@ type StockLevel struct {
 	// follows admin changes exactly once each, in any order: it moves by the
 	// difference between the newest figure and the one it has.
 	AdminDelta int64
+	// Buckets is K, the Redis buckets the SKU's stock is split over (0 or
+	// 1: one). BucketAvailable[b-1] is bucket b's share of Available for
+	// b ≥ 1; bucket 0 has the rest (see Bucket).
+	Buckets         int
+	BucketAvailable []int64
 }
 
 // StockChange is an admin's change of a SKU's sellable stock: an absolute
@@ -135,6 +149,7 @@ type StockChange struct {
 	Limit     *int   // new per-user limit, when not nil
 	Rate      *int   // new per-user attempts per second, when not nil (0: the default)
 	Burst     *int   // new per-user burst, when not nil (0: the default)
+	Buckets   *int   // new K, when not nil: 1..MaxBuckets, never fewer than the SKU has
 	IfVersion *int64
 	// IfExists is If-Match: *: Set applies to the SKU as it stands, without
 	// a version, and fails (ErrPreconditionFailed) if there is none.

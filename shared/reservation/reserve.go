@@ -98,16 +98,30 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		}
 		checked = true
 	}
+	k, err := s.bucketsOf(ctx, r.SKU)
+	if err != nil {
+		return Reservation{}, false, err
+	}
+	r.Bucket = HomeBucket(r.UserID, r.GroupID, k)
 	s.touch(ctx, r.SKU)
 	held, out, err := s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	if errors.Is(err, ErrUnknownSKU) {
-		// Redis may have lost the SKU (failover, flush): warm it from MySQL
-		// once and try again; MySQL says whether the SKU exists at all.
-		if _, werr := s.warm(ctx, r.SKU); werr != nil {
+		// Redis may have lost the bucket (failover, flush): warm it from
+		// MySQL once and try again; MySQL says whether the SKU exists at all.
+		if _, werr := s.warm(ctx, r.SKU, r.Bucket); werr != nil {
 			if errors.Is(werr, ErrUnknownSKU) {
 				s.withdraw(ctx, r.SKU)
 			}
 			return Reservation{}, false, werr
+		}
+		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
+	}
+	// The buyer's bucket ran dry: while another bucket has the units, move
+	// some here and try again (bounded), so no buyer hears sold out while
+	// the SKU has stock anywhere.
+	for round := 0; k > 1 && errors.Is(err, ErrSoldOut) && round < maxRefills; round++ {
+		if !s.refill(ctx, r.SKU, r.Bucket, k, r.Qty) {
+			break
 		}
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
@@ -250,14 +264,16 @@ func (s *Service) abandon(ctx context.Context, r Reservation) {
 // their confirms arrive: the safe side).
 const maxWarmHolds = 5000
 
-// warm loads a SKU Redis has no stock for from MySQL, counting every unit
-// once: the HELD holds Redis still has are read first, then MySQL's level
-// and which of them it has confirmed in one consistent read, then the
-// script refuses a level older than a confirm it has already seen (it
-// would miss that confirm's deduction): read again.
-func (s *Service) warm(ctx context.Context, sku string) (warmed bool, err error) {
+// warm loads bucket b of a SKU Redis has no stock for from MySQL, counting
+// every unit once: the HELD holds Redis still has are read first, then
+// MySQL's level (the bucket's share) and which of them it has confirmed in
+// one consistent read, then the script refuses a level older than a
+// confirm it has already seen (it would miss that confirm's deduction):
+// read again.
+func (s *Service) warm(ctx context.Context, sku string, b int) (warmed bool, err error) {
+	name := BucketName(sku, b)
 	for range 3 {
-		ids, err := s.holds.HeldIDs(ctx, sku, maxWarmHolds)
+		ids, err := s.holds.HeldIDs(ctx, name, maxWarmHolds)
 		if err != nil {
 			return false, err
 		}
@@ -265,13 +281,14 @@ func (s *Service) warm(ctx context.Context, sku string) (warmed bool, err error)
 		if err != nil {
 			return false, err
 		}
-		res, err := s.holds.Warm(ctx, level, ids, confirmed)
+		share := level.Bucket(b)
+		res, err := s.holds.Warm(ctx, share, ids, confirmed)
 		if err != nil {
 			return false, err
 		}
 		if res == SyncWarmed {
 			s.metrics.Count("warmed", 1)
-			s.log.InfoContext(ctx, "warmed sku from mysql", "sku", sku, "available", level.Available, "holds", len(ids))
+			s.log.InfoContext(ctx, "warmed sku from mysql", "sku", sku, "bucket", b, "available", share.Available, "holds", len(ids))
 		}
 		if res != SyncStale {
 			return res == SyncWarmed, nil
@@ -292,7 +309,7 @@ func (s *Service) Get(ctx context.Context, id, user string) (Reservation, error)
 	if err == nil {
 		return owned(row, user)
 	}
-	h, herr := s.holds.Hold(ctx, id)
+	h, herr := s.holdOf(ctx, id, user)
 	switch {
 	case herr == nil:
 		return owned(h, user)
@@ -312,17 +329,41 @@ func owned(r Reservation, user string) (Reservation, error) {
 	return r, nil
 }
 
-// Available returns the units buyers can still reserve (the Redis figure).
+// holdOf finds user's hold of id in Redis: in their home bucket, or in
+// bucket 0 (a group join's).
+func (s *Service) holdOf(ctx context.Context, id, user string) (Reservation, error) {
+	sku, _ := SKUOf(id)
+	k, err := s.bucketsOf(ctx, sku)
+	if errors.Is(err, ErrUnknownSKU) {
+		return Reservation{}, ErrNotFound
+	}
+	if err != nil {
+		return Reservation{}, err
+	}
+	h, err := s.holds.Hold(ctx, id, HomeBucket(user, "", k))
+	if errors.Is(err, ErrNotFound) && HomeBucket(user, "", k) != 0 {
+		h, err = s.holds.Hold(ctx, id, 0)
+	}
+	return h, err
+}
+
+// Available returns the units buyers can still reserve (the Redis figure,
+// summed over the SKU's buckets).
 func (s *Service) Available(ctx context.Context, sku string) (int64, error) {
 	if !ValidID(sku) {
 		return 0, ErrUnknownSKU
 	}
-	rs, err := s.holds.Stock(ctx, sku)
-	if errors.Is(err, ErrUnknownSKU) {
-		if _, werr := s.warm(ctx, sku); werr != nil {
-			return 0, werr
-		}
-		rs, err = s.holds.Stock(ctx, sku)
+	k, err := s.bucketsOf(ctx, sku)
+	if err != nil {
+		return 0, err
 	}
-	return rs.Available, err
+	var sum int64
+	for b := range k {
+		n, err := s.bucketStock(ctx, sku, b)
+		if err != nil {
+			return 0, err
+		}
+		sum += n
+	}
+	return sum, nil
 }

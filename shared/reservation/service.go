@@ -57,6 +57,8 @@ type Service struct {
 	sleep    func(context.Context, time.Duration)
 	soldOut  sync.Map // sku -> time.Time until which this instance answers sold_out
 	touched  touches  // SKUs this instance marked live, and until when it need not again
+	counts   counts   // K per SKU as Redis had it lately
+	refills  sync.Map // bucket name -> *sync.Mutex: one refill of a bucket at a time here
 	idSecret []byte   // the key of ids derived from an Idempotency-Key
 }
 

@@ -32,7 +32,7 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		}
 	}
 	if errors.Is(err, ErrNotFound) {
-		h, herr := s.holds.Hold(ctx, id)
+		h, herr := s.holdOf(ctx, id, user)
 		if herr != nil {
 			return Reservation{}, herr
 		}
@@ -67,6 +67,7 @@ func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Res
 	if inserted {
 		s.metrics.Count("cancelled_"+string(row.Reason), 1)
 	}
+	s.followStray(ctx, row, r.Bucket)
 	return s.follow(ctx, row, 0), nil
 }
 
@@ -99,12 +100,15 @@ func (s *Service) follow(ctx context.Context, row Reservation, version int64) Re
 }
 
 func (s *Service) followNow(ctx context.Context, row Reservation, version int64) error {
+	if row.Transfer {
+		return s.followTransfer(ctx, row)
+	}
 	var errs []error
 	returned, err := s.holds.Follow(ctx, row, version)
 	if errors.Is(err, ErrUnknownSKU) {
-		// A refund while Redis has no stock for the SKU: warm it (from a
+		// A refund while Redis has no stock for the bucket: warm it (from a
 		// level that may already count the refund: wver says so), then follow.
-		if _, err = s.warm(ctx, row.SKU); err == nil {
+		if _, err = s.warm(ctx, row.SKU, row.Bucket); err == nil {
 			returned, err = s.holds.Follow(ctx, row, version)
 		}
 	}

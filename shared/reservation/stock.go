@@ -33,6 +33,8 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 		return StockLevel{}, invalid("version", "must not be negative")
 	case len(c.Key) > 128:
 		return StockLevel{}, invalid("Idempotency-Key", "must be at most 128 characters")
+	case c.Buckets != nil && (*c.Buckets < 1 || *c.Buckets > MaxBuckets):
+		return StockLevel{}, invalid("buckets", "must be between 1 and %d", MaxBuckets)
 	}
 	s.touch(ctx, c.SKU) // the sweeper applies the change if Redis cannot follow now
 	level, err := s.ledger.ChangeStock(ctx, c)
@@ -40,13 +42,16 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 		return StockLevel{}, err
 	}
 	s.soldOut.Delete(c.SKU)
-	res, err := s.holds.Sync(ctx, level)
-	if err == nil && res == SyncMissing {
-		_, err = s.warm(ctx, c.SKU)
-	}
-	if err != nil {
-		// MySQL changed and Redis did not yet: the sweeper applies it.
-		s.log.WarnContext(ctx, "stock change not in redis yet; the sweeper applies it", "sku", c.SKU, "error", err)
+	s.counts.put(c.SKU, level.BucketCount(), s.clock.Now().Add(touchEvery).Round(0))
+	for b := range level.BucketCount() {
+		res, err := s.holds.Sync(ctx, level.Bucket(b))
+		if err == nil && res == SyncMissing && b == 0 {
+			_, err = s.warm(ctx, c.SKU, b) // the others warm when first asked
+		}
+		if err != nil {
+			// MySQL changed and Redis did not yet: the sweeper applies it.
+			s.log.WarnContext(ctx, "stock change not in redis yet; the sweeper applies it", "sku", c.SKU, "bucket", b, "error", err)
+		}
 	}
 	return level, nil
 }
@@ -59,6 +64,7 @@ type StockReport struct {
 	Held           int64 // units HELD in Redis, not yet decided
 	Version        int64
 	PerUserLimit   int
+	Buckets        int // K: the Redis figures are summed over the buckets
 }
 
 // Drift is MySQL's figure minus what Redis accounts for; 0 at quiescence.
@@ -74,20 +80,24 @@ func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, er
 	if err != nil {
 		return StockReport{}, err
 	}
-	rs, err := s.holds.Stock(ctx, sku)
-	if errors.Is(err, ErrUnknownSKU) { // Redis lost it: warm it, as a buyer's request would
-		if _, err := s.warm(ctx, sku); err != nil {
+	rep := StockReport{SKU: sku, MySQLAvailable: level.Available, Version: level.Version, PerUserLimit: level.PerUserLimit,
+		Buckets: level.BucketCount()}
+	for b := range level.BucketCount() {
+		name := BucketName(sku, b)
+		rs, err := s.holds.Stock(ctx, name)
+		if errors.Is(err, ErrUnknownSKU) { // Redis lost it: warm it, as a buyer's request would
+			if _, err := s.warm(ctx, sku, b); err != nil {
+				return StockReport{}, err
+			}
+			rs, err = s.holds.Stock(ctx, name)
+		}
+		if err != nil {
 			return StockReport{}, err
 		}
-		rs, err = s.holds.Stock(ctx, sku)
+		rep.RedisAvailable += rs.Available
+		rep.Held += rs.Held
 	}
-	if err != nil {
-		return StockReport{}, err
-	}
-	return StockReport{
-		SKU: sku, MySQLAvailable: level.Available, RedisAvailable: rs.Available, Held: rs.Held,
-		Version: level.Version, PerUserLimit: level.PerUserLimit,
-	}, nil
+	return rep, nil
 }
 
 // SetTo is the absolute change of sku to n units without a precondition:

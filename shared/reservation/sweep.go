@@ -261,20 +261,33 @@ func (s *Service) sweepCatalog(ctx context.Context, visited map[string]bool, rep
 	return nil
 }
 
-// sweepSKU works on one SKU with the level the sweep listed: Sync applies
-// only levels newer than Redis has, and reconcile needs MySQL read before
-// Redis, which a level listed earlier is. It reports whether the SKU is
-// quiet: Redis in line with MySQL's level and no hold HELD.
+// sweepSKU works on each bucket of one SKU with the level the sweep
+// listed. It reports whether the SKU is quiet: every bucket is.
 func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepReport) (quiet bool) {
-	sku := level.SKU
-	res, err := s.holds.Sync(ctx, level)
+	quiet = true
+	for b := range level.BucketCount() {
+		if !s.sweepBucket(ctx, level, b, rep) {
+			quiet = false
+		}
+	}
+	return quiet
+}
+
+// sweepBucket works on bucket b of a SKU with the level the sweep listed:
+// Sync applies only levels newer than Redis has, and reconcile needs MySQL
+// read before Redis, which a level listed earlier is. It reports whether
+// the bucket is quiet: Redis in line with MySQL's level and no hold HELD.
+func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep *SweepReport) (quiet bool) {
+	share := level.Bucket(b)
+	sku := share.SKU // the bucket's name
+	res, err := s.holds.Sync(ctx, share)
 	switch {
 	case err != nil:
 	case res == SyncAdjusted:
 		rep.Adjusted++
 	case res == SyncMissing:
 		var warmed bool
-		if warmed, err = s.warm(ctx, sku); warmed {
+		if warmed, err = s.warm(ctx, level.SKU, b); warmed {
 			rep.Warmed++
 		}
 	}
@@ -321,7 +334,7 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 	if decided > 0 || !synced {
 		return false // holds are being decided right now, or Redis lacks the level: measure next time
 	}
-	return s.reconcile(ctx, level, rep)
+	return s.reconcile(ctx, level, b, rep)
 }
 
 // reconcile heals Redis when a drift is real: the same value across sweeps
@@ -336,8 +349,9 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 // and is never "healed". MySQL stays the arbiter: a heal only moves the
 // figure buyers see.
 // It reports whether Redis showed no hold HELD.
-func (s *Service) reconcile(ctx context.Context, level StockLevel, rep *SweepReport) (quiet bool) {
-	sku := level.SKU
+func (s *Service) reconcile(ctx context.Context, whole StockLevel, b int, rep *SweepReport) (quiet bool) {
+	level := whole.Bucket(b)
+	sku := level.SKU // the bucket's name
 	rs, err := s.holds.Stock(ctx, sku)
 	if err != nil {
 		rep.Errors++
@@ -351,12 +365,12 @@ func (s *Service) reconcile(ctx context.Context, level StockLevel, rep *SweepRep
 		if rs.Held != 0 || rs.AdminDelta != level.AdminDelta {
 			return quiet // live holds may be mid-decision, or an admin change is on its way
 		}
-		n, err := s.ledger.Unreleased(ctx, sku)
+		n, err := s.ledger.Unreleased(ctx, whole.SKU)
 		if err != nil || n > 0 {
-			return quiet // a release is on its way to Redis
+			return quiet // a release or a transfer's credit is on its way to Redis
 		}
-		again, err := s.ledger.Stock(ctx, sku)
-		if err != nil || again.Available != level.Available {
+		again, err := s.ledger.Stock(ctx, whole.SKU)
+		if err != nil || again.Version != whole.Version || again.Bucket(b).Available != level.Available {
 			return quiet // MySQL moved: not a stable measurement
 		}
 	}

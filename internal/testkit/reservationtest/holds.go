@@ -109,10 +109,10 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		if _, _, err := s.Reserve(ctx, other, ttl); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
 			t.Errorf("same id, other qty = %v, want ErrIdempotencyMismatch", err)
 		}
-		if h, err := s.Hold(ctx, r.ID); err != nil || h.SKU != sku || h.UserID != "u" {
+		if h, err := s.Hold(ctx, r.ID, 0); err != nil || h.SKU != sku || h.UserID != "u" {
 			t.Errorf("Hold(%s) = %+v %v", r.ID, h, err)
 		}
-		if _, err := s.Hold(ctx, "no-sku-in-this-id"); !errors.Is(err, reservation.ErrNotFound) {
+		if _, err := s.Hold(ctx, "no-sku-in-this-id", 0); !errors.Is(err, reservation.ErrNotFound) {
 			t.Errorf("Hold(bad id) = %v, want ErrNotFound", err)
 		}
 	})
@@ -234,7 +234,7 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		if a, h := stockOf(t, s, sku); a != 9 || h != 0 {
 			t.Errorf("after the stray = %d/%d, want 9/0", a, h)
 		}
-		if h, err := s.Hold(ctx, id); err != nil || h.Status != reservation.StatusConfirmed || h.Qty != 1 || h.Token != first.Token {
+		if h, err := s.Hold(ctx, id, 0); err != nil || h.Status != reservation.StatusConfirmed || h.Qty != 1 || h.Token != first.Token {
 			t.Errorf("hold = %+v %v, want MySQL's CONFIRMED qty 1", h, err)
 		}
 	})
@@ -606,7 +606,7 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		if avail, held := stockOf(t, s, sku); avail != 6 || held != 0 {
 			t.Errorf("stock = %d/%d, want 6 available, 0 held", avail, held)
 		}
-		if h, err := s.Hold(ctx, a.ID); err != nil || h.Status != reservation.StatusConfirmed {
+		if h, err := s.Hold(ctx, a.ID, 0); err != nil || h.Status != reservation.StatusConfirmed {
 			t.Errorf("hold a = %+v %v, want CONFIRMED", h, err)
 		}
 		returned, errs = s.FollowAll(ctx, rows, 7)

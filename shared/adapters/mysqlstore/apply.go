@@ -24,9 +24,9 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	_, err = tx.ExecContext(ctx, `INSERT INTO reservations
-		(reservation_id, sku, qty, user_id, group_id, hold_token, status, expires_at, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?)`,
-		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+		(reservation_id, sku, qty, user_id, group_id, bucket, hold_token, status, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?)`,
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), r.Bucket, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
 	if isDuplicate(err) {
 		_ = tx.Rollback()
 		row, err := s.Reservation(ctx, r.ID)
@@ -69,6 +69,9 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 		return out, translate("apply update stock", err)
 	} else if n == 0 {
 		return out, fmt.Errorf("apply %s: %w", r.ID, reservation.ErrVersionConflict)
+	}
+	if err := moveShares(ctx, tx, r.SKU, map[int]int64{r.Bucket: -int64(r.Qty)}); err != nil {
+		return out, err
 	}
 	if limit > 0 {
 		have, err := userUnits(ctx, tx, r.SKU, []any{r.UserID})
@@ -244,11 +247,11 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 		args := make([]any, 0, (hi-lo)*8)
 		for _, i := range fresh[lo:hi] {
 			r := rs[i]
-			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, r.Bucket, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO reservations
-			(reservation_id, sku, qty, user_id, hold_token, status, expires_at, created_at, updated_at) VALUES `+
-			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, hi-lo), ","), args...)
+			(reservation_id, sku, qty, user_id, bucket, hold_token, status, expires_at, created_at, updated_at) VALUES `+
+			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, hi-lo), ","), args...)
 		return err
 	})
 	if isDuplicate(err) && !read {
@@ -290,6 +293,7 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	var sum int64
 	var refused []any
 	added := map[string]int64{}
+	shares := map[int]int64{} // units taken per bucket
 	for _, i := range fresh {
 		r := rs[i]
 		switch {
@@ -299,6 +303,7 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 			out[i] = reservation.BatchResult{Result: reservation.OverLimit, Row: r}
 		default:
 			sum += int64(r.Qty)
+			shares[r.Bucket] -= int64(r.Qty)
 			if limit > 0 {
 				added[r.UserID] += int64(r.Qty)
 			}
@@ -334,6 +339,9 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 		} else if n == 0 {
 			return nil, fmt.Errorf("batch %s: %w", sku, reservation.ErrVersionConflict)
 		}
+	}
+	if err := moveShares(ctx, tx, sku, shares); err != nil {
+		return nil, err
 	}
 	if err := addUserUnits(ctx, tx, sku, added); err != nil {
 		return nil, err

@@ -22,11 +22,13 @@ func (s *Store) Fence(ctx context.Context, r reservation.Reservation, reason res
 }
 
 func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+	// A transfer's fence has no event to send: notified from the start.
 	res, err := s.db.ExecContext(ctx, `INSERT INTO reservations
-		(reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, released, notified, expires_at, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, 0, ?, ?, ?)
+		(reservation_id, sku, qty, user_id, group_id, bucket, into_bucket, hold_token, status, reason, released, notified, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?, ?)
 		ON DUPLICATE KEY UPDATE reservation_id = reservation_id`,
-		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), nullString(r.Token), string(reason), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), r.Bucket, intoBucket(r), nullString(r.Token), string(reason), r.Transfer,
+		nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
 	if err != nil {
 		return r, false, translate("fence", err)
 	}
@@ -71,6 +73,9 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available + ?, version = version + 1 WHERE sku = ?`, row.Qty, row.SKU); err != nil {
 		return reservation.Reservation{}, false, translate("refund stock", err)
+	}
+	if err := moveShares(ctx, tx, row.SKU, map[int]int64{row.Bucket: int64(row.Qty)}); err != nil {
+		return reservation.Reservation{}, false, err
 	}
 	var version int64
 	if err := tx.QueryRowContext(ctx, `SELECT version FROM product_stock WHERE sku = ?`, row.SKU).Scan(&version); err != nil {
@@ -137,8 +142,9 @@ func (s *Store) MarkReleased(ctx context.Context, id string) error {
 
 // Outbox implements reservation.Ledger: two index range reads, merged.
 func (s *Store) Outbox(ctx context.Context, t time.Time, limit int) ([]reservation.Reservation, error) {
+	// released = 0: a cancellation, or a transfer whose credit is owed.
 	unreleased, err := s.reservations(ctx, "release outbox", `SELECT `+reservationColumns+` FROM reservations
-		WHERE released = 0 AND updated_at < ? AND status = 'CANCELLED' LIMIT ?`, utc(t), limit)
+		WHERE released = 0 AND updated_at < ? LIMIT ?`, utc(t), limit)
 	if err != nil {
 		return nil, err
 	}

@@ -37,15 +37,15 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	level := reservation.StockLevel{SKU: c.SKU}
-	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU).
+		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst, &level.Buckets)
 	exists := err == nil
 	if c.Key != "" && (exists || errors.Is(err, sql.ErrNoRows)) {
 		// A retried change (the same key) is answered before its
 		// precondition: the first one moved the version it was based on.
-		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c))
+		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c), nullInt(c.Buckets))
 		if isDuplicate(err) {
 			return s.replayChange(ctx, tx, c)
 		}
@@ -83,6 +83,14 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 			Msg: fmt.Sprintf("%d available: adding %d passes the most a sku can hold (%d)", level.Available, delta, maxStock)}
 	}
 	oldLimit := level.PerUserLimit
+	level.Buckets = max(level.Buckets, 1)
+	if c.Buckets != nil {
+		if *c.Buckets < level.Buckets {
+			return reservation.StockLevel{}, &reservation.InvalidError{Field: "buckets",
+				Msg: fmt.Sprintf("%s: %s has %d", errFewerBuckets, c.SKU, level.Buckets)}
+		}
+		level.Buckets = *c.Buckets
+	}
 	if c.Limit != nil {
 		level.PerUserLimit = *c.Limit
 	}
@@ -97,12 +105,12 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 	level.Version++
 	if exists {
 		_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ?,
-			user_rate = ?, user_burst = ? WHERE sku = ?`,
-			level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, c.SKU)
+			user_rate = ?, user_burst = ?, buckets = ? WHERE sku = ?`,
+			level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets, c.SKU)
 	} else {
-		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst)
+		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets)
 		if isDuplicate(err) {
 			return reservation.StockLevel{}, fmt.Errorf("change stock %s: created concurrently: %w", c.SKU, reservation.ErrPreconditionFailed)
 		}
@@ -121,25 +129,29 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 			}
 		}
 	}
+	levels := []reservation.StockLevel{level}
+	if err := withShares(ctx, tx, levels); err != nil {
+		return reservation.StockLevel{}, err
+	}
 	if err := tx.Commit(); err != nil {
 		return reservation.StockLevel{}, translate("change stock commit", err)
 	}
-	return level, nil
+	return levels[0], nil
 }
 
 // replayChange answers a change whose key was used before: the same change
 // is the level as it stands (applied once already); another change under
 // the key is refused.
 func (s *Store) replayChange(ctx context.Context, tx *sql.Tx, c reservation.StockChange) (reservation.StockLevel, error) {
-	var set, add, limit, rate, burst, version sql.NullInt64
-	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
-		Scan(&set, &add, &limit, &rate, &burst, &version)
+	var set, add, limit, rate, burst, version, buckets sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
+		Scan(&set, &add, &limit, &rate, &burst, &version, &buckets)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock replay", err)
 	}
 	_ = tx.Rollback()
 	if set != nullInt(c.Set) || add != nullInt(c.Add) || limit != nullInt(c.Limit) ||
-		rate != nullInt(c.Rate) || burst != nullInt(c.Burst) || version != ifVersion(c) {
+		rate != nullInt(c.Rate) || burst != nullInt(c.Burst) || version != ifVersion(c) || buckets != nullInt(c.Buckets) {
 		return reservation.StockLevel{}, fmt.Errorf("change stock %s: key %q: %w", c.SKU, c.Key, reservation.ErrIdempotencyMismatch)
 	}
 	return s.Stock(ctx, c.SKU)
@@ -161,18 +173,11 @@ func nullInt[T int | int64](p *T) sql.NullInt64 {
 	return sql.NullInt64{Int64: int64(*p), Valid: true}
 }
 
-// Stock implements reservation.Ledger.
+// Stock implements reservation.Ledger: one consistent read of the level
+// and its bucket shares.
 func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, error) {
-	level := reservation.StockLevel{SKU: sku}
-	err := s.db.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ?`, sku).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
-	if errors.Is(err, sql.ErrNoRows) {
-		return level, reservation.ErrUnknownSKU
-	}
-	if err != nil {
-		return level, translate("read stock", err)
-	}
-	return level, nil
+	level, _, err := s.Snapshot(ctx, sku, nil)
+	return level, err
 }
 
 // Snapshot implements reservation.Ledger: one consistent read.
@@ -182,15 +187,18 @@ func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reserv
 		return reservation.StockLevel{}, nil, translate("snapshot begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only
-	level := reservation.StockLevel{SKU: sku}
-	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst FROM product_stock WHERE sku = ?`, sku).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst)
+	level, err := scanLevel(tx.QueryRowContext(ctx, `SELECT `+levelColumns+` FROM product_stock WHERE sku = ?`, sku))
 	if errors.Is(err, sql.ErrNoRows) {
-		return level, nil, reservation.ErrUnknownSKU
+		return reservation.StockLevel{SKU: sku}, nil, reservation.ErrUnknownSKU
 	}
 	if err != nil {
 		return level, nil, translate("snapshot stock", err)
 	}
+	levels := []reservation.StockLevel{level}
+	if err := withShares(ctx, tx, levels); err != nil {
+		return level, nil, err
+	}
+	level = levels[0]
 	var confirmed []reservation.Reservation
 	err = inChunks(len(held), func(lo, hi int) error {
 		rows, err := queryAll(ctx, tx, "snapshot confirmed", scanReservation, `SELECT `+reservationColumns+` FROM reservations
@@ -213,25 +221,42 @@ func anys(ss []string) []any {
 	return out
 }
 
-const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst`
+const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets`
 
 func scanLevel(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
 	var l reservation.StockLevel
-	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst)
+	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst, &l.Buckets)
 	return l, err
 }
 
-// StocksAfter implements reservation.Ledger: a range of the primary key.
+// StocksAfter implements reservation.Ledger: a range of the primary key,
+// then the shares of SKUs with buckets (one consistent read).
 func (s *Store) StocksAfter(ctx context.Context, after string, limit int) ([]reservation.StockLevel, error) {
-	return queryAll(ctx, s.db, "list stock", scanLevel,
-		`SELECT `+levelColumns+` FROM product_stock WHERE sku > ? ORDER BY sku LIMIT ?`, after, limit)
+	return s.levels(ctx, "list stock", `SELECT `+levelColumns+` FROM product_stock WHERE sku > ? ORDER BY sku LIMIT ?`, after, limit)
+}
+
+// levels reads levels and their bucket shares in one read-only transaction.
+func (s *Store) levels(ctx context.Context, op, q string, args ...any) ([]reservation.StockLevel, error) {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, translate(op+" begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only
+	levels, err := queryAll(ctx, tx, op, scanLevel, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	if err := withShares(ctx, tx, levels); err != nil {
+		return nil, err
+	}
+	return levels, nil
 }
 
 // Levels implements reservation.Ledger: primary-key lookups, rowsPerStatement a query.
 func (s *Store) Levels(ctx context.Context, skus []string) ([]reservation.StockLevel, error) {
 	var out []reservation.StockLevel
 	err := inChunks(len(skus), func(lo, hi int) error {
-		levels, err := queryAll(ctx, s.db, "read levels", scanLevel,
+		levels, err := s.levels(ctx, "read levels",
 			`SELECT `+levelColumns+` FROM product_stock WHERE sku IN (?`+strings.Repeat(",?", hi-lo-1)+`)`, anys(skus[lo:hi])...)
 		out = append(out, levels...)
 		return err

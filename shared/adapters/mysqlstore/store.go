@@ -87,17 +87,19 @@ func utc(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: utc(t), Valid: !t.IsZero()} }
 
-const reservationColumns = `reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, refunded, released, refund_version, notified, expires_at, created_at`
+const reservationColumns = `reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, refunded, released, refund_version, notified, expires_at, created_at, bucket, into_bucket`
 
 func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservation, error) {
 	var r reservation.Reservation
 	var group, token, reason sql.NullString
 	var expires sql.NullTime
-	var refundVersion sql.NullInt64
+	var refundVersion, into sql.NullInt64
 	var status string
-	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &token, &status, &reason, &r.Refunded, &r.Released, &refundVersion, &r.Notified, &expires, &r.CreatedAt); err != nil {
+	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &token, &status, &reason, &r.Refunded, &r.Released, &refundVersion, &r.Notified, &expires, &r.CreatedAt,
+		&r.Bucket, &into); err != nil {
 		return r, err
 	}
+	r.Transfer, r.Into = into.Valid, int(into.Int64)
 	r.RefundVersion = refundVersion.Int64
 	r.GroupID, r.Token, r.Reason, r.Status = group.String, token.String, reservation.Reason(reason.String), reservation.Status(status)
 	if expires.Valid {

@@ -39,6 +39,9 @@ type Message struct {
 	HoldToken string    `json:"hold_token,omitempty"`
 	ExpiresAt time.Time `json:"expires_at"`
 	CreatedAt time.Time `json:"created_at"`
+	// Bucket is the bucket of the SKU the hold is in (absent: 0, the only
+	// one of a SKU without buckets).
+	Bucket int `json:"bucket,omitempty"`
 }
 
 // ErrPoison marks a message that can never be processed: it is reported as
@@ -54,6 +57,7 @@ func Encode(r reservation.Reservation) ([]byte, error) {
 	return json.Marshal(Message{
 		Version: Version, Type: MessageType, ReservationID: r.ID, SKU: r.SKU, Qty: r.Qty,
 		UserID: r.UserID, GroupID: r.GroupID, HoldToken: r.Token, ExpiresAt: r.ExpiresAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
+		Bucket: r.Bucket,
 	})
 }
 
@@ -73,7 +77,10 @@ func Decode(body []byte) (reservation.Reservation, error) {
 	}
 	r := reservation.Reservation{
 		ID: m.ReservationID, SKU: m.SKU, Qty: m.Qty, UserID: m.UserID, GroupID: m.GroupID, Token: m.HoldToken,
-		Status: reservation.StatusHeld, ExpiresAt: m.ExpiresAt, CreatedAt: m.CreatedAt,
+		Status: reservation.StatusHeld, ExpiresAt: m.ExpiresAt, CreatedAt: m.CreatedAt, Bucket: m.Bucket,
+	}
+	if m.Bucket < 0 || m.Bucket >= reservation.MaxBuckets || (m.Bucket != 0 && m.GroupID != "") {
+		return reservation.Reservation{}, fmt.Errorf("%w: bucket %d out of range", ErrPoison, m.Bucket)
 	}
 	if r.ID == "" {
 		return reservation.Reservation{}, fmt.Errorf("%w: reservation_id missing", ErrPoison)

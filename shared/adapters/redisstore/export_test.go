@@ -8,7 +8,7 @@ import (
 
 // Forget deletes a hold, as retention or a failover would.
 func (s *Store) Forget(ctx context.Context, r reservation.Reservation) error {
-	return s.rdb.Del(ctx, keysOf(r.SKU).hold(r.ID)).Err()
+	return s.rdb.Del(ctx, keysOfHold(r).hold(r.ID)).Err()
 }
 
 // ForgetStock deletes a SKU's stock figure, as a failover might.

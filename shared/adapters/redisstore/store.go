@@ -1,7 +1,9 @@
 // Package redisstore is the Redis adapter of the reservation protocol: the
 // stock buyers see, holds and group slots, changed only by the Lua scripts in
-// lua/ so that every change is atomic and safe to repeat. All keys of one SKU
-// share the hash tag {sku}, so each script touches one cluster slot.
+// lua/ so that every change is atomic and safe to repeat. All keys of one
+// bucket of a SKU share its hash tag — {sku} for bucket 0, {sku#b} for bucket
+// b — so each script touches one cluster slot, and a SKU's K buckets can sit
+// on K shards.
 package redisstore
 
 import (
@@ -43,6 +45,10 @@ var (
 	touchLua string
 	//go:embed lua/unmark.lua
 	unmarkLua string
+	//go:embed lua/takeout.lua
+	takeoutLua string
+	//go:embed lua/credit.lua
+	creditLua string
 )
 
 // ReserveLua is the reserve script's source (with its clock prelude), for
@@ -52,7 +58,7 @@ var ReserveLua = clockLua + reserveLua
 
 // ReserveKeys returns the KEYS of reserve.lua for a reservation.
 func ReserveKeys(r reservation.Reservation) []string {
-	k := keysOf(r.SKU)
+	k := keysOfHold(r)
 	return append(k.holdKeys(r), k.bucket(r.UserID))
 }
 
@@ -76,6 +82,8 @@ var (
 	confirmScript     = redis.NewScript(confirmLua)
 	touchScript       = redis.NewScript(clockLua + touchLua)
 	unmarkScript      = redis.NewScript(clockLua + unmarkLua)
+	takeoutScript     = redis.NewScript(clockLua + takeoutLua)
+	creditScript      = redis.NewScript(creditLua)
 )
 
 var _ reservation.Holds = (*Store)(nil)
@@ -139,10 +147,16 @@ func (s *Store) now() string {
 	return strconv.FormatInt(s.clock.Now().UnixMilli(), 10)
 }
 
-// keys names every key of one SKU. Scripts never build key names.
+// keys names every key of one bucket of a SKU (its name: see
+// reservation.BucketName). Scripts never build key names.
 type keys struct{ tag string }
 
-func keysOf(sku string) keys { return keys{tag: "hf:{" + sku + "}"} }
+func keysOf(bucket string) keys { return keys{tag: "hf:{" + bucket + "}"} }
+
+// keysOfHold names the keys of the bucket r's hold is in.
+func keysOfHold(r reservation.Reservation) keys {
+	return keysOf(reservation.BucketName(r.SKU, r.Bucket))
+}
 
 func (k keys) stock() string             { return k.tag + ":stock" }
 func (k keys) meta() string              { return k.tag + ":meta" }
@@ -190,7 +204,7 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 		r.ExpiresAt, r.CreatedAt, r.Status = time.UnixMilli(deadline).UTC(), time.UnixMilli(created).UTC(), reservation.StatusHeld
 		return r, reservation.ReserveOutcome{Full: out[3] == "1"}, nil
 	case "REPLAY":
-		h, err := holdFromPairs(r.ID, out[1:])
+		h, err := holdFromPairs(r.ID, r.Bucket, out[1:])
 		return h, reservation.ReserveOutcome{Replayed: true}, err
 	case "MISMATCH":
 		return reservation.Reservation{}, none, reservation.ErrIdempotencyMismatch
@@ -220,7 +234,7 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 
 // Follow implements reservation.Holds.
 func (s *Store) Follow(ctx context.Context, row reservation.Reservation, version int64) (bool, error) {
-	k := keysOf(row.SKU)
+	k := keysOfHold(row)
 	n, err := followScript.Run(ctx, s.rdb, k.holdKeys(row), s.followArgs(row, version)...).Int()
 	if err != nil {
 		return false, reservation.Unavailable("redis follow", err)
@@ -256,7 +270,7 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 	confirms, err := s.pipeline(ctx, func(p redis.Pipeliner) []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(chunks))
 		for c, chunk := range chunks {
-			k := keysOf(rows[chunk[0]].SKU)
+			k := keysOfHold(rows[chunk[0]])
 			ks := make([]string, 0, 2+len(chunk))
 			ks = append(ks, k.meta(), k.exp())
 			args := make([]any, 0, 2+2*len(chunk))
@@ -291,7 +305,7 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 	follows, err := s.pipeline(ctx, func(p redis.Pipeliner) []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(rest))
 		for j, i := range rest {
-			cmds[j] = followScript.EvalSha(ctx, p, keysOf(rows[i].SKU).holdKeys(rows[i]), s.followArgs(rows[i], version)...)
+			cmds[j] = followScript.EvalSha(ctx, p, keysOfHold(rows[i]).holdKeys(rows[i]), s.followArgs(rows[i], version)...)
 		}
 		return cmds
 	}, followScript)
@@ -336,13 +350,13 @@ func (s *Store) pipeline(ctx context.Context, build func(redis.Pipeliner) []*red
 	return cmds, nil
 }
 
-// chunkBySKU splits the rows at idx into runs of one SKU of at most
-// confirmChunk rows, keeping their order within a SKU.
+// chunkBySKU splits the rows at idx into runs of one SKU's bucket of at
+// most confirmChunk rows, keeping their order within a bucket.
 func chunkBySKU(rows []reservation.Reservation, idx []int) [][]int {
 	bySKU := map[string][]int{}
 	var order []string
 	for _, i := range idx {
-		sku := rows[i].SKU
+		sku := reservation.BucketName(rows[i].SKU, rows[i].Bucket)
 		if _, ok := bySKU[sku]; !ok {
 			order = append(order, sku)
 		}
@@ -372,29 +386,26 @@ func flag(b bool) string {
 }
 
 // Hold implements reservation.Holds. The id names its SKU, so one read
-// finds the hold.
-func (s *Store) Hold(ctx context.Context, id string) (reservation.Reservation, error) {
+// finds the hold in the bucket named.
+func (s *Store) Hold(ctx context.Context, id string, bucket int) (reservation.Reservation, error) {
 	sku, ok := reservation.SKUOf(id)
 	if !ok {
 		return reservation.Reservation{}, reservation.ErrNotFound
 	}
-	return s.holdOf(ctx, sku, id)
-}
-
-func (s *Store) holdOf(ctx context.Context, sku, id string) (reservation.Reservation, error) {
-	m, err := s.rdb.HGetAll(ctx, keysOf(sku).hold(id)).Result()
+	m, err := s.rdb.HGetAll(ctx, keysOf(reservation.BucketName(sku, bucket)).hold(id)).Result()
 	if err != nil {
 		return reservation.Reservation{}, reservation.Unavailable("redis hold", err)
 	}
-	if len(m) == 0 {
+	if len(m) == 0 || m["state"] == "CREDITED" {
 		return reservation.Reservation{}, reservation.ErrNotFound
 	}
-	return holdFromMap(id, m)
+	return holdFromMap(id, bucket, m)
 }
 
 // Expired implements reservation.Holds.
 func (s *Store) Expired(ctx context.Context, sku string, grace time.Duration, limit int) ([]reservation.Reservation, error) {
 	k := keysOf(sku)
+	_, bucket := reservation.ParseBucket(sku)
 	ids, err := expiredScript.Run(ctx, s.rdb, []string{k.exp()}, grace.Milliseconds(), limit, s.now()).StringSlice()
 	if err != nil {
 		return nil, reservation.Unavailable("redis expired", err)
@@ -421,7 +432,7 @@ func (s *Store) Expired(ctx context.Context, sku string, grace time.Duration, li
 			s.rdb.ZRem(ctx, k.exp(), id)
 			continue
 		}
-		h, err := holdFromMap(id, m)
+		h, err := holdFromMap(id, bucket, m)
 		if err != nil {
 			return nil, err
 		}
@@ -467,7 +478,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
 	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()}, level.Version, level.PerUserLimit, level.AdminDelta,
-		level.UserRate, level.UserBurst).Int()
+		level.UserRate, level.UserBurst, level.BucketCount()).Int()
 	if err != nil {
 		return reservation.SyncNone, reservation.Unavailable("redis sync stock", err)
 	}
@@ -498,8 +509,8 @@ func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []s
 	}
 	ks := make([]string, 0, 2+len(held))
 	ks = append(ks, k.stock(), k.meta())
-	args := make([]any, 0, 6+2*len(held))
-	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst)
+	args := make([]any, 0, 7+2*len(held))
+	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.BucketCount())
 	for _, id := range held {
 		ks = append(ks, k.hold(id))
 		if t, ok := token[id]; ok {
@@ -621,15 +632,16 @@ func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservatio
 	return reservation.GroupClosing{}, fmt.Errorf("redis close group %s: unknown code %q", g.ID, out[0])
 }
 
-func holdFromPairs(id string, kv []string) (reservation.Reservation, error) {
+func holdFromPairs(id string, bucket int, kv []string) (reservation.Reservation, error) {
 	m := make(map[string]string, len(kv)/2)
 	for i := 0; i+1 < len(kv); i += 2 {
 		m[kv[i]] = kv[i+1]
 	}
-	return holdFromMap(id, m)
+	return holdFromMap(id, bucket, m)
 }
 
-func holdFromMap(id string, m map[string]string) (reservation.Reservation, error) {
+// holdFromMap reads a hold hash of the bucket numbered bucket.
+func holdFromMap(id string, bucket int, m map[string]string) (reservation.Reservation, error) {
 	qty, err := strconv.Atoi(m["qty"])
 	if err != nil {
 		return reservation.Reservation{}, fmt.Errorf("hold %s: bad qty %q", id, m["qty"])
@@ -639,7 +651,11 @@ func holdFromMap(id string, m map[string]string) (reservation.Reservation, error
 	r := reservation.Reservation{
 		ID: id, SKU: m["sku"], Qty: qty, UserID: m["user"], GroupID: m["group"],
 		Token: m["token"], Status: reservation.Status(m["state"]), Reason: reservation.Reason(m["reason"]),
-		Refunded: m["refunded"] == "1",
+		Refunded: m["refunded"] == "1", Bucket: bucket,
+	}
+	if into, ok := m["into"]; ok {
+		r.Transfer = true
+		r.Into, _ = strconv.Atoi(into)
 	}
 	if deadline > 0 {
 		r.ExpiresAt = time.UnixMilli(deadline).UTC()

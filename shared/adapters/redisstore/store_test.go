@@ -116,10 +116,10 @@ func TestFollowAllLoadsAScriptRedisForgot(t *testing.T) {
 	if _, errs := s.FollowAll(ctx, []reservation.Reservation{h, g}, 2); errors.Join(errs...) != nil {
 		t.Fatalf("FollowAll after SCRIPT FLUSH: %v", errs)
 	}
-	if got, err := s.Hold(ctx, h.ID); err != nil || got.Status != reservation.StatusConfirmed {
+	if got, err := s.Hold(ctx, h.ID, 0); err != nil || got.Status != reservation.StatusConfirmed {
 		t.Errorf("hold = %+v %v, want CONFIRMED", got, err)
 	}
-	if got, err := s.Hold(ctx, g.ID); err != nil || got.Status != reservation.StatusCancelled {
+	if got, err := s.Hold(ctx, g.ID, 0); err != nil || got.Status != reservation.StatusCancelled {
 		t.Errorf("hold = %+v %v, want CANCELLED", got, err)
 	}
 }

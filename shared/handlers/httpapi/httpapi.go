@@ -146,7 +146,7 @@ var routes = map[string]route{
 		}
 		resp := reply(http.StatusOK, map[string]any{
 			"sku": r.SKU, "mysql_available": r.MySQLAvailable, "redis_available": r.RedisAvailable,
-			"held": r.Held, "drift": r.Drift(), "version": r.Version, "per_user_limit": r.PerUserLimit,
+			"held": r.Held, "drift": r.Drift(), "version": r.Version, "per_user_limit": r.PerUserLimit, "buckets": r.Buckets,
 		})
 		resp.Headers["ETag"] = etag(r.Version)
 		return resp
@@ -263,6 +263,7 @@ type stockRequest struct {
 	PerUserLimit *int   `json:"per_user_limit"`
 	RatePerSec   *int   `json:"rate_per_second"`
 	Burst        *int   `json:"burst"`
+	Buckets      *int   `json:"buckets"`
 	Version      *int64 `json:"version"`
 }
 
@@ -278,7 +279,7 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 		return invalid("give exactly one of stock (the new figure) and add (units to add or remove)")
 	}
 	c := reservation.StockChange{SKU: sku, Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, Rate: b.RatePerSec, Burst: b.Burst, IfVersion: b.Version,
-		Key: header(req, "Idempotency-Key")}
+		Buckets: b.Buckets, Key: header(req, "Idempotency-Key")}
 	if m := strings.TrimSpace(header(req, "If-Match")); m == "*" {
 		// RFC 9110: * matches any current representation: the SKU as it
 		// stands, whatever its version (and 412 if there is none).
@@ -302,7 +303,7 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	}
 	resp := reply(http.StatusOK, map[string]any{
 		"sku": level.SKU, "stock": level.Available, "per_user_limit": level.PerUserLimit, "version": level.Version,
-		"rate_per_second": level.UserRate, "burst": level.UserBurst,
+		"rate_per_second": level.UserRate, "burst": level.UserBurst, "buckets": level.BucketCount(),
 	})
 	resp.Headers["ETag"] = etag(level.Version)
 	return resp

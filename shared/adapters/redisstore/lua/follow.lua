@@ -26,6 +26,8 @@
 --                               unless the stock was warmed from a level at or past the refund
 --                               (meta.wver >= ARGV[13]): that level has the units already
 --   anything else            -> nothing moves; a missing hold becomes a tombstone of the row
+-- A transfer's row (user "") is followed in its giving bucket like a buy without a user: no
+-- per-user units move.
 -- Idempotent: the hold's state and its rel field (the token whose release was applied)
 -- make a repeat a no-op; MySQL's released flag ends the retries.
 local sku, id, token = ARGV[1], ARGV[2], ARGV[3]
@@ -36,7 +38,7 @@ local refund_version = tonumber(ARGV[13])
 
 local function give_back(n, who, group, counted)
   if not counted and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], n) end
-  if redis.call('HINCRBY', KEYS[4], who, -n) <= 0 then redis.call('HDEL', KEYS[4], who) end
+  if who ~= '' and redis.call('HINCRBY', KEYS[4], who, -n) <= 0 then redis.call('HDEL', KEYS[4], who) end
   if group ~= '' and group == gid and redis.call('HGET', KEYS[7], who) == id
       and redis.call('HGET', KEYS[6], 'status') == 'OPEN' then
     redis.call('HDEL', KEYS[7], who)
@@ -77,7 +79,7 @@ if status == 'CONFIRMED' then
   if not state and version > 0 and redis.call('EXISTS', KEYS[1]) == 1
       and version > tonumber(redis.call('HGET', KEYS[2], 'wver') or '0') then
     redis.call('DECRBY', KEYS[1], qty)
-    redis.call('HINCRBY', KEYS[4], user, qty)
+    if user ~= '' then redis.call('HINCRBY', KEYS[4], user, qty) end
   end
   if state == 'HELD' then
     unhold(tonumber(h[2]))

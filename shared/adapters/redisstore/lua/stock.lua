@@ -4,6 +4,7 @@
 -- ARGV[1] MySQL version  ARGV[2] per-user limit
 -- ARGV[3] MySQL admin delta (the sum of every admin change ever made)
 -- ARGV[4] per-user attempts per second  ARGV[5] burst (0: the service's defaults)
+-- ARGV[6] the SKU's bucket count K (meta.k: reserve picks buckets by it)
 --
 -- Returns
 --   4  missing: Redis has no stock for the SKU (warm.lua loads it); nothing changed
@@ -16,7 +17,7 @@ local version, limit, delta = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 if redis.call('EXISTS', KEYS[1]) == 0 then return 4 end
 if version <= tonumber(redis.call('HGET', KEYS[2], 'ver') or '-1') then return 0 end
 local added = tonumber(redis.call('HGET', KEYS[2], 'added') or '0')
-redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'rate', ARGV[4], 'burst', ARGV[5])
+redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'rate', ARGV[4], 'burst', ARGV[5], 'k', ARGV[6])
 local d = delta - added
 if d == 0 then return 0 end
 redis.call('INCRBY', KEYS[1], d)

@@ -1,0 +1,295 @@
+package reservation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Buckets: one SKU's sellable stock split over K Redis buckets, each with
+// its own hash tag, so that a cluster spreads one hot SKU over K shards.
+//
+// A buy is held in its buyer's home bucket (a hash of the user), so the
+// per-user limit, the attempt rate and the idempotency record stay in one
+// script call on one slot; a group join in bucket 0, where the SKU's groups
+// live, so a group's slots stay exact. A bucket that runs dry is refilled from
+// another through a transfer MySQL records (Service.refill): no buyer is told
+// sold out while any bucket has the units. MySQL keeps each bucket's share of
+// the SKU's available units (bucket 0's is the rest), so one bucket Redis
+// lost is warmed alone. K = 1 is the layout of a SKU without buckets.
+
+// MaxBuckets bounds K.
+const MaxBuckets = 64
+
+// BucketName names bucket b of sku in Redis: the SKU itself for bucket 0,
+// "<sku>#<b>" otherwise ('#' is never part of a SKU). Holds methods that take
+// a SKU take a bucket's name.
+func BucketName(sku string, b int) string {
+	if b == 0 {
+		return sku
+	}
+	return sku + "#" + strconv.Itoa(b)
+}
+
+// ParseBucket splits a bucket's name into its SKU and bucket number.
+func ParseBucket(name string) (sku string, b int) {
+	i := strings.LastIndexByte(name, '#')
+	if i < 0 {
+		return name, 0
+	}
+	b, err := strconv.Atoi(name[i+1:])
+	if err != nil || b <= 0 || b >= MaxBuckets {
+		return name, 0
+	}
+	return name[:i], b
+}
+
+// HomeBucket is the bucket a request is held in with k buckets: a group
+// join's is bucket 0 (the group's slots are there); a buy's is a hash of its
+// buyer.
+func HomeBucket(user, group string, k int) int {
+	if k <= 1 || group != "" {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(user))
+	return int(h.Sum32() % uint32(k))
+}
+
+// BucketCount is K of a level (1 when unset).
+func (l StockLevel) BucketCount() int { return max(1, l.Buckets) }
+
+// Bucket returns bucket b's share of the level, named BucketName(sku, b):
+// its available units (bucket 0 has what the others do not), the SKU's
+// version (one order for every bucket's events), limits and, for bucket 0,
+// the admin changes (they land there; transfers spread them).
+func (l StockLevel) Bucket(b int) StockLevel {
+	out := l
+	out.SKU = BucketName(l.SKU, b)
+	out.BucketAvailable = nil
+	if b == 0 {
+		for _, n := range l.BucketAvailable {
+			out.Available -= n
+		}
+		return out
+	}
+	out.AdminDelta = 0
+	out.Available = 0
+	if b-1 < len(l.BucketAvailable) {
+		out.Available = l.BucketAvailable[b-1]
+	}
+	return out
+}
+
+// transferTTL is how long a transfer's hold may wait for MySQL before the
+// sweeper fences it and its units return to the giving bucket. The
+// transfer itself takes milliseconds.
+const transferTTL = 30 * time.Second
+
+// maxRefills bounds the rounds of refill and retry one reserve makes.
+const maxRefills = 3
+
+// counts caches, per SKU, K as Redis has it, for touchEvery: one read per
+// SKU per instance per period, not per request.
+type counts struct {
+	mu sync.Mutex
+	m  map[string]count
+}
+
+type count struct {
+	k     int
+	until time.Time
+}
+
+func (c *counts) get(sku string, now time.Time) (int, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[sku]
+	return e.k, ok && now.Before(e.until)
+}
+
+func (c *counts) put(sku string, k int, until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxTouched {
+		c.m = make(map[string]count)
+	}
+	c.m[sku] = count{k: k, until: until}
+}
+
+// bucketsOf returns K of sku, warming its bucket 0 if Redis lost it
+// (ErrUnknownSKU: MySQL has no such SKU).
+func (s *Service) bucketsOf(ctx context.Context, sku string) (int, error) {
+	now := s.clock.Now()
+	if k, ok := s.counts.get(sku, now); ok {
+		return k, nil
+	}
+	k, err := s.holds.Buckets(ctx, sku)
+	if errors.Is(err, ErrUnknownSKU) {
+		if _, err = s.warm(ctx, sku, 0); err != nil {
+			return 0, err
+		}
+		k, err = s.holds.Buckets(ctx, sku)
+	}
+	if err != nil {
+		return 0, err
+	}
+	s.counts.put(sku, k, now.Add(touchEvery).Round(0))
+	return k, nil
+}
+
+// refill moves units into bucket home of sku from the other buckets, the
+// fullest first, until home has need units or no bucket has any: at least
+// need from a bucket, and half of what it has, so that a bucket drained by
+// its buyers draws once, not once per buyer. Buyers of one instance refill a
+// bucket one at a time. It reports whether home has need units now.
+func (s *Service) refill(ctx context.Context, sku string, home, k, need int) bool {
+	mu := s.refilling(BucketName(sku, home))
+	mu.Lock()
+	defer mu.Unlock()
+	have, err := s.bucketStock(ctx, sku, home)
+	if err != nil {
+		s.log.WarnContext(ctx, "refill: read bucket", "sku", sku, "bucket", home, "error", err)
+		return false
+	}
+	if have >= int64(need) {
+		return true // refilled while this buyer waited
+	}
+	type donor struct {
+		b     int
+		avail int64
+	}
+	var donors []donor
+	for b := range k {
+		if b == home {
+			continue
+		}
+		n, err := s.bucketStock(ctx, sku, b)
+		if err != nil {
+			s.log.WarnContext(ctx, "refill: read bucket", "sku", sku, "bucket", b, "error", err)
+			continue
+		}
+		if n > 0 {
+			donors = append(donors, donor{b, n})
+		}
+	}
+	sort.Slice(donors, func(i, j int) bool { return donors[i].avail > donors[j].avail })
+	for _, d := range donors {
+		want := max(int64(need)-have, 1)
+		n := min(d.avail, max(want, (d.avail+1)/2))
+		moved, err := s.transfer(ctx, sku, d.b, home, n)
+		if err != nil {
+			s.metrics.Count("transfer_failed", 1)
+			s.log.WarnContext(ctx, "refill: transfer failed; the sweeper settles it", "sku", sku, "from", d.b, "into", home, "error", err)
+			continue
+		}
+		if moved {
+			have += n
+		}
+		if have >= int64(need) {
+			return true
+		}
+	}
+	return false
+}
+
+// refilling returns the lock of one bucket's refills in this instance.
+func (s *Service) refilling(name string) *sync.Mutex {
+	mu, _ := s.refills.LoadOrStore(name, &sync.Mutex{})
+	return mu.(*sync.Mutex)
+}
+
+// bucketStock returns the units bucket b of sku has free in Redis,
+// warming it if Redis lost it.
+func (s *Service) bucketStock(ctx context.Context, sku string, b int) (int64, error) {
+	name := BucketName(sku, b)
+	rs, err := s.holds.Stock(ctx, name)
+	if errors.Is(err, ErrUnknownSKU) {
+		if _, err = s.warm(ctx, sku, b); err != nil {
+			return 0, err
+		}
+		rs, err = s.holds.Stock(ctx, name)
+	}
+	return rs.Available, err
+}
+
+// transfer moves n units of sku from bucket from to bucket into: the giving
+// bucket holds them (TakeOut), MySQL records the move (Transfer), and Redis
+// follows it — the hold confirmed, the units credited to into once. A crash
+// anywhere leaves a hold the sweeper fences (its units go back) or a row
+// whose credit the outbox completes. moved is false when the giving bucket
+// no longer had n units.
+func (s *Service) transfer(ctx context.Context, sku string, from, into int, n int64) (moved bool, err error) {
+	t := Reservation{
+		ID: ReservationID(ReserveRequest{SKU: sku}, nil), SKU: sku, Qty: int(n), Bucket: from,
+		Transfer: true, Into: into, Token: newToken(), Status: StatusHeld,
+	}
+	held, err := s.holds.TakeOut(ctx, t, transferTTL)
+	if errors.Is(err, ErrSoldOut) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("transfer %s: take out: %w", t.ID, err)
+	}
+	row, err := s.ledger.Transfer(ctx, held, s.clock.Now())
+	if err != nil {
+		return false, fmt.Errorf("transfer %s: record: %w", t.ID, err)
+	}
+	s.follow(ctx, row, 0)
+	if row.Status != StatusConfirmed {
+		return false, nil // fenced first: the units went back
+	}
+	s.metrics.Count("transfers", 1)
+	s.soldOut.Delete(sku)
+	return true, nil
+}
+
+// followTransfer makes Redis follow a transfer's row: its hold in the giving
+// bucket confirmed (or, fenced, its units returned there), then — once —
+// the units credited to the receiving bucket; the row is released when both
+// are done.
+func (s *Service) followTransfer(ctx context.Context, row Reservation) error {
+	if _, err := s.holds.Follow(ctx, row, row.RefundVersion); err != nil {
+		return fmt.Errorf("follow transfer %s: %w", row.ID, err)
+	}
+	if row.Released {
+		return nil
+	}
+	if row.Status == StatusConfirmed {
+		_, err := s.holds.Credit(ctx, row)
+		if errors.Is(err, ErrUnknownSKU) {
+			if _, err = s.warm(ctx, row.SKU, row.Into); err == nil {
+				_, err = s.holds.Credit(ctx, row)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("credit transfer %s: %w", row.ID, err)
+		}
+	}
+	if err := s.ledger.MarkReleased(ctx, row.ID); err != nil {
+		return fmt.Errorf("mark released %s: %w", row.ID, err)
+	}
+	return nil
+}
+
+// followStray makes the hold of a reservation in bucket b follow MySQL's
+// row when the row was decided for a hold in another bucket (K changed
+// between the two holds): the hold there is a stray, returned if HELD, and
+// nothing else moves — the row's own bucket follows it as always.
+func (s *Service) followStray(ctx context.Context, row Reservation, b int) {
+	if row.Bucket == b {
+		return
+	}
+	stray := row
+	stray.Bucket, stray.Released, stray.Notified = b, true, true
+	if _, err := s.holds.Follow(ctx, stray, 0); err != nil {
+		s.log.WarnContext(ctx, "a stray in another bucket did not follow mysql; the sweeper retries",
+			"reservation_id", row.ID, "bucket", b, "error", err)
+	}
+}
