@@ -42,7 +42,7 @@ type memHold struct {
 	bucket                  int    // the bucket the hash is in
 	transfer                bool   // a transfer's hold (field into)
 	into                    int
-	credited                bool   // a transfer's mark in the receiving bucket (credit.lua)
+	credited                bool // a transfer's mark in the receiving bucket (credit.lua)
 }
 
 // reservation mirrors redisstore's holdFromMap: Released is not a Redis field.
