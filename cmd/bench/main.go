@@ -450,7 +450,7 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers, batch int, pr
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	r := result{group: "persist", name: modeBatch, ops: int64(n), elapsed: time.Since(start), lat: lat}
 	var confirmed, cancelled, avail int64
-	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&confirmed)
+	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL`, sku).Scan(&confirmed)
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CANCELLED'`, sku).Scan(&cancelled)
 	_ = db.QueryRowContext(ctx, `SELECT available FROM product_stock WHERE sku = ?`, sku).Scan(&avail)
 	r.extra = map[string]string{"retries": fmt.Sprint(rec.get("persist_retries")), "false cancellations": fmt.Sprint(cancelled), "redelivered": fmt.Sprint(failed.Load())}

@@ -66,8 +66,9 @@ type stack struct {
 	clock      *testClock
 	sqs        *sqs.Client
 	queues     testservices.Queues
-	rdb        *redis.Client // straight to Redis, past any fault proxy
-	db         *sql.DB       // straight to MariaDB, past any fault proxy
+	rdb        *redis.Client        // straight to Redis, past any fault proxy
+	cluster    *redis.ClusterClient // straight to the Redis Cluster, when the stack runs on one (withCluster)
+	db         *sql.DB              // straight to MariaDB, past any fault proxy
 	cfg        config.Config
 	env        testservices.Env
 	idSecret   []byte // the key of ids derived from an Idempotency-Key
@@ -95,7 +96,11 @@ func (s *stack) twin(clock reservation.Clock, enq reservation.Enqueuer) *reserva
 // check runs the invariant checker on the stores.
 func (s *stack) check(e invariant.Expect) {
 	s.t.Helper()
-	vs, err := invariant.Check(context.Background(), s.db, redisstore.New(s.rdb, 0), e)
+	var rdb redis.UniversalClient = s.rdb
+	if s.cluster != nil {
+		rdb = s.cluster
+	}
+	vs, err := invariant.Check(context.Background(), s.db, redisstore.New(rdb, 0), e)
 	if err != nil {
 		s.t.Fatalf("invariant check: %v", err)
 	}
@@ -148,6 +153,17 @@ func withRedis(addr string) stackOption {
 		vars["HOLDFAST_REDIS_ADDR"] = addr
 		s.rdb = redis.NewClient(&redis.Options{Addr: addr})
 		s.t.Cleanup(func() { _ = s.rdb.Close() })
+	}
+}
+
+// withCluster runs the stack on a three-master Redis Cluster (seeds addrs,
+// from testservices.StartCluster); the test reads it through s.cluster.
+func withCluster(addrs []string) stackOption {
+	return func(s *stack, _ *app.Options, vars map[string]string) {
+		vars["HOLDFAST_REDIS_ADDR"] = strings.Join(addrs, ",")
+		vars["HOLDFAST_REDIS_CLUSTER"] = "true"
+		s.cluster = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		s.t.Cleanup(func() { _ = s.cluster.Close() })
 	}
 }
 

@@ -48,7 +48,12 @@ func Violations(vs []Violation) string {
 //   - I1 no oversell: MySQL available ≥ 0, and available + confirmed units =
 //     units made sellable (the ledger balances: nothing taken twice or lost).
 //   - I2 conservation (quiescent): Redis available = MySQL available, no hold
-//     left, no cancellation Redis has not followed (the release outbox is empty).
+//     left, no cancellation Redis has not followed (the release outbox is empty);
+//     for a SKU over K buckets, each bucket's Redis figure is its MySQL share
+//     (and so their sum is MySQL's available).
+//
+// A transfer's row (into_bucket set) moves units between buckets and takes
+// none: it is not a confirmed reservation here.
 //   - I3 at most once: no reservation id is confirmed twice; with I1 and I2,
 //     each id took stock once per store.
 //   - I4 termination (quiescent): every accepted id has a final row; every
@@ -72,11 +77,12 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 	sort.Strings(skus)
 	for _, sku := range skus {
 		var available, confirmed int64
-		if err := db.QueryRowContext(ctx, `SELECT available FROM product_stock WHERE sku = ?`, sku).Scan(&available); err != nil {
+		var buckets int
+		if err := db.QueryRowContext(ctx, `SELECT available, buckets FROM product_stock WHERE sku = ?`, sku).Scan(&available, &buckets); err != nil {
 			return nil, fmt.Errorf("invariant: stock of %s: %w", sku, err)
 		}
 		var sum sql.NullInt64
-		if err := db.QueryRowContext(ctx, `SELECT SUM(qty) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&sum); err != nil {
+		if err := db.QueryRowContext(ctx, `SELECT SUM(qty) FROM reservations WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL`, sku).Scan(&sum); err != nil {
 			return nil, err
 		}
 		confirmed = sum.Int64
@@ -87,12 +93,36 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 			add("I1", "%s: MySQL available %d + confirmed %d != sellable %d", sku, available, confirmed, e.Sellable[sku])
 		}
 		if e.Quiescent {
-			rs, err := redis.Stock(ctx, sku)
+			shares := map[int]int64{0: available}
+			rows, err := db.QueryContext(ctx, `SELECT bucket, available FROM stock_buckets WHERE sku = ? AND bucket < ?`, sku, buckets)
 			if err != nil {
-				return nil, fmt.Errorf("invariant: redis stock of %s: %w", sku, err)
+				return nil, err
 			}
-			if rs.Available != available || rs.Held != 0 {
-				add("I2", "%s: Redis available %d held %d, MySQL available %d", sku, rs.Available, rs.Held, available)
+			for rows.Next() {
+				var b int
+				var n int64
+				if err := rows.Scan(&b, &n); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				shares[b] += n
+				shares[0] -= n
+			}
+			rows.Close()
+			var redisSum int64
+			for b := range max(buckets, 1) {
+				name := reservation.BucketName(sku, b)
+				rs, err := redis.Stock(ctx, name)
+				if err != nil {
+					return nil, fmt.Errorf("invariant: redis stock of %s: %w", name, err)
+				}
+				redisSum += rs.Available
+				if rs.Available != shares[b] || rs.Held != 0 {
+					add("I2", "%s: Redis available %d held %d, MySQL's share %d", name, rs.Available, rs.Held, shares[b])
+				}
+			}
+			if redisSum != available {
+				add("I2", "%s: Redis available %d over %d buckets, MySQL available %d", sku, redisSum, buckets, available)
 			}
 			var unreleased int
 			if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND released = 0`, sku).Scan(&unreleased); err != nil {
@@ -110,7 +140,7 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 			var user sql.NullString
 			var counted, confirmed sql.NullInt64
 			err := db.QueryRowContext(ctx, `SELECT c.user_id, u.units, c.units FROM
-				(SELECT user_id, SUM(qty) AS units FROM reservations WHERE sku = ? AND status = 'CONFIRMED' GROUP BY user_id) c
+				(SELECT user_id, SUM(qty) AS units FROM reservations WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL GROUP BY user_id) c
 				LEFT JOIN user_units u ON u.sku = ? AND u.user_id = c.user_id
 				WHERE u.units IS NULL OR u.units <> c.units LIMIT 1`, sku, sku).Scan(&user, &counted, &confirmed)
 			if err != nil && err != sql.ErrNoRows {

@@ -122,7 +122,7 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 		for _, st := range []stmt{
 			{`DELETE FROM user_units WHERE sku = ?`, []any{c.SKU}},
 			{`INSERT INTO user_units (sku, user_id, units) SELECT sku, user_id, SUM(qty) FROM reservations
-				WHERE sku = ? AND status = 'CONFIRMED' GROUP BY sku, user_id`, []any{c.SKU}},
+				WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL GROUP BY sku, user_id`, []any{c.SKU}},
 		} {
 			if _, err := tx.ExecContext(ctx, st.q, st.args...); err != nil {
 				return reservation.StockLevel{}, translate("rebuild user units", err)
