@@ -103,45 +103,92 @@ type counts struct {
 }
 
 type count struct {
-	k     int
+	layout
 	until time.Time
 }
 
-func (c *counts) get(sku string, now time.Time) (int, bool) {
+// layout is how a SKU's stock sits in Redis.
+type layout struct {
+	k      int  // buckets
+	groups bool // the SKU has group-buys (in bucket 0)
+}
+
+func (c *counts) get(sku string, now time.Time) (layout, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[sku]
-	return e.k, ok && now.Before(e.until)
+	return e.layout, ok && now.Before(e.until)
 }
 
-func (c *counts) put(sku string, k int, until time.Time) {
+func (c *counts) put(sku string, l layout, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil || len(c.m) >= maxTouched {
 		c.m = make(map[string]count)
 	}
-	c.m[sku] = count{k: k, until: until}
+	c.m[sku] = count{layout: l, until: until}
 }
 
-// bucketsOf returns K of sku, warming its bucket 0 if Redis lost it
-// (ErrUnknownSKU: MySQL has no such SKU).
+// drop forgets sku: the next request reads its layout again.
+func (c *counts) drop(sku string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, sku)
+}
+
+// bucketsOf returns K of sku.
 func (s *Service) bucketsOf(ctx context.Context, sku string) (int, error) {
+	l, err := s.layoutOf(ctx, sku)
+	return l.k, err
+}
+
+// layoutOf returns the layout of sku, warming its bucket 0 if Redis lost it
+// (ErrUnknownSKU: MySQL has no such SKU).
+func (s *Service) layoutOf(ctx context.Context, sku string) (layout, error) {
 	now := s.clock.Now()
-	if k, ok := s.counts.get(sku, now); ok {
-		return k, nil
+	if l, ok := s.counts.get(sku, now); ok {
+		return l, nil
 	}
-	k, err := s.holds.Buckets(ctx, sku)
+	k, groups, err := s.holds.Buckets(ctx, sku)
 	if errors.Is(err, ErrUnknownSKU) {
 		if _, err = s.warm(ctx, sku, 0); err != nil {
-			return 0, err
+			return layout{}, err
 		}
-		k, err = s.holds.Buckets(ctx, sku)
+		k, groups, err = s.holds.Buckets(ctx, sku)
 	}
 	if err != nil {
-		return 0, err
+		return layout{}, err
 	}
-	s.counts.put(sku, k, now.Add(touchEvery).Round(0))
-	return k, nil
+	l := layout{k: k, groups: groups}
+	s.counts.put(sku, l, now.Add(touchEvery).Round(0))
+	return l, nil
+}
+
+// crossBucketMismatch reports whether a keyed request's id is held in
+// Redis, for another request, in the other bucket a request with this key
+// could be held in: a join's id in the buyer's home bucket, a buy's in
+// bucket 0 (where a SKU with group-buys holds its joins). The id names the
+// buyer, the SKU and the key, not the group, so a join and a buy under one
+// key are one id in two buckets, and neither bucket's script sees the other.
+func (s *Service) crossBucketMismatch(ctx context.Context, r Reservation, l layout) (bool, error) {
+	other := HomeBucket(r.UserID, "", l.k)
+	if r.GroupID == "" {
+		if !l.groups {
+			return false, nil
+		}
+		other = 0
+	}
+	if other == r.Bucket {
+		return false, nil
+	}
+	h, err := s.holds.Hold(ctx, r.ID, other)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return h.Qty != r.Qty || h.UserID != r.UserID || h.GroupID != r.GroupID, nil
 }
 
 // refill moves units into bucket home of sku from the other buckets, the
@@ -197,6 +244,26 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) boo
 		}
 	}
 	return false
+}
+
+// cover refills the buckets of sku that owe units (below zero: an admin
+// removal landed in bucket 0 while its units sat in other buckets) from the
+// others, so that the buckets never offer more than the SKU has free.
+func (s *Service) cover(ctx context.Context, sku string, k int) {
+	for b := range k {
+		rs, err := s.holds.Stock(ctx, BucketName(sku, b))
+		if err == nil && rs.Available < 0 {
+			s.refill(ctx, sku, b, k, 0)
+		}
+	}
+}
+
+// returned is told that units came back to a bucket of sku: with several
+// buckets, they first pay what a bucket owes (cover).
+func (s *Service) returned(ctx context.Context, sku string) {
+	if l, err := s.layoutOf(ctx, sku); err == nil && l.k > 1 {
+		s.cover(ctx, sku, l.k)
+	}
 }
 
 // refilling returns the lock of one bucket's refills in this instance.

@@ -598,17 +598,18 @@ func (m *memHolds) Heal(_ context.Context, seen RedisStock, drift int64, after t
 	return true, nil
 }
 
-// Buckets mirrors redisstore's Buckets (EXISTS stock, HGET meta k).
-func (m *memHolds) Buckets(_ context.Context, sku string) (int, error) {
+// Buckets mirrors redisstore's Buckets (EXISTS stock, HMGET meta k groups).
+func (m *memHolds) Buckets(_ context.Context, sku string) (int, bool, error) {
 	err := m.enter("Buckets")
 	defer m.mu.Unlock()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if _, ok := m.stock[sku]; !ok {
-		return 0, ErrUnknownSKU
+		return 0, false, ErrUnknownSKU
 	}
-	return int(max(1, m.meta[sku]["k"])), nil
+	_, groups := m.meta[sku]["groups"]
+	return int(max(1, m.meta[sku]["k"])), groups, nil
 }
 
 // TakeOut mirrors takeout.lua.
@@ -774,6 +775,7 @@ func (m *memHolds) CreateGroup(_ context.Context, g Group) error {
 		return nil
 	}
 	m.groups[key] = &memGroup{capacity: g.Capacity, remaining: g.Capacity, status: GroupOpen, deadline: g.Deadline.UnixMilli()}
+	m.metaOf(g.SKU)["groups"] = 1
 	return nil
 }
 

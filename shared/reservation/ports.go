@@ -47,8 +47,10 @@ type Holds interface {
 	// Hold returns the hold recorded for id in bucket, or ErrNotFound.
 	Hold(ctx context.Context, id string, bucket int) (Reservation, error)
 	// Buckets returns K as the SKU's bucket 0 has it (1 for a SKU warmed
-	// without it); ErrUnknownSKU if Redis has no stock for bucket 0.
-	Buckets(ctx context.Context, sku string) (int, error)
+	// without it), and whether a group-buy was created on the SKU (its
+	// groups live in bucket 0); ErrUnknownSKU if Redis has no stock for
+	// bucket 0.
+	Buckets(ctx context.Context, sku string) (k int, groups bool, err error)
 	// TakeOut holds t.Qty units of bucket t.Bucket for the transfer t (its
 	// id, token, Into) until ttl after Redis's now, as Reserve holds a
 	// buyer's: stock down, held up, the hold indexed by deadline. A hold
@@ -88,7 +90,8 @@ type Holds interface {
 	Heal(ctx context.Context, seen RedisStock, drift int64, after time.Duration) (healed bool, err error)
 	// Now returns Redis's clock (or the injected test clock).
 	Now(ctx context.Context) (time.Time, error)
-	// CreateGroup records an OPEN group with all its slots free.
+	// CreateGroup records an OPEN group with all its slots free (in bucket
+	// 0), and that the SKU has groups.
 	CreateGroup(ctx context.Context, g Group) error
 	// Group returns the group's slots and status as Redis has them.
 	Group(ctx context.Context, sku, id string) (Group, error)

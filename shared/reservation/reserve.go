@@ -98,11 +98,20 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		}
 		checked = true
 	}
-	k, err := s.bucketsOf(ctx, r.SKU)
+	l, err := s.layoutOf(ctx, r.SKU)
 	if err != nil {
 		return Reservation{}, false, err
 	}
+	k := l.k
 	r.Bucket = HomeBucket(r.UserID, r.GroupID, k)
+	if keyed && k > 1 {
+		if mismatch, err := s.crossBucketMismatch(ctx, r, l); err != nil || mismatch {
+			if err == nil {
+				err = ErrIdempotencyMismatch
+			}
+			return Reservation{}, false, err
+		}
+	}
 	s.touch(ctx, r.SKU)
 	held, out, err := s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	if errors.Is(err, ErrUnknownSKU) {
@@ -142,6 +151,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		// MySQL unreachable: go on; persist recognises a stray by its token
 		// and returns it.
 		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
+			s.followStray(ctx, row, held.Bucket) // the row's hold was in another bucket
 			s.follow(ctx, row, 0)
 			if rerr != nil {
 				return Reservation{}, false, rerr

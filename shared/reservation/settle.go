@@ -123,6 +123,7 @@ func (s *Service) followNow(ctx context.Context, row Reservation, version int64)
 	if returned {
 		s.soldOut.Delete(row.SKU) // stock came back: ask Redis again
 		s.metrics.Count("released", 1)
+		s.returned(ctx, row.SKU)
 	}
 	// The event does not wait for Redis: the order service hears of MySQL's
 	// decision even while Redis is down.

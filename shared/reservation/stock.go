@@ -42,7 +42,7 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 		return StockLevel{}, err
 	}
 	s.soldOut.Delete(c.SKU)
-	s.counts.put(c.SKU, level.BucketCount(), s.clock.Now().Add(touchEvery).Round(0))
+	s.counts.drop(c.SKU)
 	for b := range level.BucketCount() {
 		res, err := s.holds.Sync(ctx, level.Bucket(b))
 		if err == nil && res == SyncMissing && b == 0 {
@@ -52,6 +52,9 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 			// MySQL changed and Redis did not yet: the sweeper applies it.
 			s.log.WarnContext(ctx, "stock change not in redis yet; the sweeper applies it", "sku", c.SKU, "bucket", b, "error", err)
 		}
+	}
+	if level.BucketCount() > 1 {
+		s.cover(ctx, c.SKU, level.BucketCount())
 	}
 	return level, nil
 }

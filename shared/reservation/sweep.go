@@ -270,6 +270,9 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 			quiet = false
 		}
 	}
+	if level.BucketCount() > 1 {
+		s.cover(ctx, level.SKU, level.BucketCount())
+	}
 	return quiet
 }
 

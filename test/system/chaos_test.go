@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
@@ -117,16 +118,35 @@ type chaos struct {
 	crash   *crashes
 	skewed  *reservation.Service // a second execution environment whose clock runs ahead
 	skewClk *testClock
+	k       int // each schedule's SKU has k buckets
 }
 
 func TestChaos(t *testing.T) {
+	runChaos(t, 1, nil, "HOLDFAST_CHAOS_SCHEDULES", 1000)
+}
+
+// TestChaosBuckets is TestChaos with each schedule's SKU over K = 3 buckets
+// on the three shards of a real Redis Cluster; Redis losing a key loses one
+// bucket's.
+func TestChaosBuckets(t *testing.T) {
+	testservices.Require(t)
+	runChaos(t, 3, testservices.StartCluster(t), "HOLDFAST_CHAOS_BUCKET_SCHEDULES", 300)
+}
+
+// runChaos runs the schedules with SKUs of k buckets, on the cluster when
+// addrs is not nil; countEnv (default def) sets how many.
+func runChaos(t *testing.T, k int, addrs []string, countEnv string, def int) {
 	q := &chaosQueue{modes: map[string]sendMode{}}
 	cr := &crashes{afterHold: map[string]bool{}, afterCmt: map[string]bool{}}
-	s := newStack(t, withEnqueuer(q), withHooks(cr.hooks()), withVars(map[string]string{
+	opts := []stackOption{withEnqueuer(q), withHooks(cr.hooks()), withVars(map[string]string{
 		"HOLDFAST_HOLD_TTL": "30s", "HOLDFAST_SWEEP_GRACE": "2s", "HOLDFAST_RECONCILE_AFTER": "1m",
-	}))
+	})}
+	if addrs != nil {
+		opts = append(opts, withCluster(addrs))
+	}
+	s := newStack(t, opts...)
 	skewClk := &testClock{now: s.clock.Now()}
-	c := &chaos{s: s, q: q, crash: cr, skewClk: skewClk, skewed: s.twin(skewClk, q)}
+	c := &chaos{s: s, q: q, crash: cr, skewClk: skewClk, skewed: s.twin(skewClk, q), k: k}
 
 	if seed := os.Getenv("HOLDFAST_CHAOS_SEED"); seed != "" {
 		n, err := strconv.ParseUint(seed, 10, 64)
@@ -136,9 +156,9 @@ func TestChaos(t *testing.T) {
 		c.schedule(t, n)
 		return
 	}
-	count, _ := strconv.Atoi(os.Getenv("HOLDFAST_CHAOS_SCHEDULES"))
+	count, _ := strconv.Atoi(os.Getenv(countEnv))
 	if count == 0 {
-		count = 1000
+		count = def
 	}
 	if testing.Short() {
 		count = 50
@@ -164,7 +184,7 @@ func TestChaos(t *testing.T) {
 		}
 		seed := base + uint64(i)
 		if !c.schedule(t, seed) {
-			t.Fatalf("chaos: schedule with seed %d broke an invariant; replay: HOLDFAST_CHAOS_SEED=%d go test ./test/system -run TestChaos", seed, seed)
+			t.Fatalf("chaos: schedule with seed %d broke an invariant; replay: HOLDFAST_CHAOS_SEED=%d go test ./test/system -run '%s$'", seed, seed, t.Name())
 		}
 		ran++
 	}
@@ -177,9 +197,12 @@ func (c *chaos) schedule(t *testing.T, seed uint64) bool {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	s := c.s
 	ctx := context.Background()
-	sku := fmt.Sprintf("chaos-%d", seed)
+	sku := fmt.Sprintf("chaos%d-%d", c.k, seed)
 	stock := 1 + rng.IntN(8)
-	s.setStock(sku, stock)
+	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", fmt.Sprintf(`{"stock":%d,"buckets":%d}`, stock, c.k), nil); code != http.StatusOK {
+		t.Errorf("seed %d: create sku = %d %v", seed, code, body)
+		return false
+	}
 	var group string
 	if rng.IntN(3) == 0 {
 		code, body := s.call("POST", "/groups", fmt.Sprintf(`{"sku":%q,"capacity":%d,"ttl_seconds":%d}`, sku, 2+rng.IntN(3), 20+rng.IntN(60)), nil)
@@ -303,10 +326,11 @@ func (c *chaos) schedule(t *testing.T, seed uint64) bool {
 					}
 					healed.Add(int64(rep.Healed))
 				})
-			default: // Redis loses this SKU's stock key (a lost write)
+			default: // Redis loses a stock key of this SKU (a lost write)
+				b := rng.IntN(c.k)
 				actions = append(actions, func() {
 					lossInjected.Store(true)
-					s.rdb.Del(ctx, "hf:{"+sku+"}:stock")
+					s.redis().Del(ctx, "hf:{"+reservation.BucketName(sku, b)+"}:stock")
 				})
 			}
 		}
@@ -344,7 +368,7 @@ func (c *chaos) schedule(t *testing.T, seed uint64) bool {
 	for id := range accepted {
 		ids = append(ids, id)
 	}
-	vs, err := invariant.Check(ctx, s.db, redisstore.New(s.rdb, 0), invariant.Expect{
+	vs, err := invariant.Check(ctx, s.db, redisstore.New(s.redis(), 0), invariant.Expect{
 		Sellable: map[string]int64{sku: int64(stock)}, Accepted: ids, Quiescent: true,
 	})
 	if err != nil {

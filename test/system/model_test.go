@@ -76,16 +76,35 @@ const (
 )
 
 func TestModel(t *testing.T) {
+	runModel(t, 1, nil, "HOLDFAST_MODEL_CHECKS", "100")
+}
+
+// TestModelBuckets is TestModel with each case's SKU over K = 3 buckets on
+// the three shards of a real Redis Cluster: the same promise, the same exact
+// predictions (the Redis figures are the sums over the buckets; a buyer's
+// per-user units are counted in the bucket their request is held in).
+func TestModelBuckets(t *testing.T) {
+	testservices.Require(t)
+	runModel(t, 3, testservices.StartCluster(t), "HOLDFAST_MODEL_BUCKET_CHECKS", "30")
+}
+
+// runModel runs the model with SKUs of k buckets, on the cluster when addrs
+// is not nil; checksEnv (default def) sets the number of cases.
+func runModel(t *testing.T, k int, addrs []string, checksEnv, def string) {
 	rec := &recordingEnqueuer{}
-	s := newStack(t, withEnqueuer(rec), withVars(map[string]string{
+	opts := []stackOption{withEnqueuer(rec)}
+	if addrs != nil {
+		opts = append(opts, withCluster(addrs))
+	}
+	s := newStack(t, append(opts, withVars(map[string]string{
 		"HOLDFAST_RECONCILE_AFTER": "1s",
 		"HOLDFAST_HOLD_RETENTION":  modelRetention.String(),
 		// The sold-out flag answers from memory for a while after a sold_out;
 		// time only moves when the test says so, so it would answer for whole
 		// sequences. It is a documented staleness, not part of the promise.
 		"HOLDFAST_SOLD_OUT_TTL": "0s",
-	}))
-	setRapidFlag(t, "rapid.checks", "HOLDFAST_MODEL_CHECKS", "100")
+	}))...)
+	setRapidFlag(t, "rapid.checks", checksEnv, def)
 	setRapidFlag(t, "rapid.steps", "HOLDFAST_MODEL_STEPS", "40")
 	// A case takes ~0.1 s on the real stack: give shrinking time to drop
 	// the actions a failure does not need.
@@ -101,7 +120,7 @@ func TestModel(t *testing.T) {
 	start := time.Now()
 	rapid.Check(t, func(rt *rapid.T) {
 		n++
-		m := newModelMachine(rt, s, rec, fmt.Sprintf("%s-%d", prefix, n))
+		m := newModelMachine(rt, s, rec, fmt.Sprintf("%s-%d", prefix, n), k)
 		rt.Repeat(m.actions(skip))
 		m.quiesce(rt)
 	})
@@ -219,7 +238,8 @@ type modelMachine struct {
 	stock  int64
 	held   int64
 	rlimit int
-	units  map[string]int // user -> units held or confirmed (hf:{sku}:users)
+	units  map[string]int // user (and bucket: ukey) -> units held or confirmed (hf:{sku}:users)
+	k      int            // the SKU's buckets
 
 	res     map[string]*modelRes
 	all     []*modelRes
@@ -229,12 +249,12 @@ type modelMachine struct {
 	nmsg    int
 }
 
-func newModelMachine(t *rapid.T, s *stack, rec *recordingEnqueuer, sku string) *modelMachine {
+func newModelMachine(t *rapid.T, s *stack, rec *recordingEnqueuer, sku string, k int) *modelMachine {
 	rec.mu.Lock()
 	rec.msgs = nil
 	rec.mu.Unlock()
 	m := &modelMachine{
-		s: s, rec: rec, sku: sku, exact: true,
+		s: s, rec: rec, sku: sku, exact: true, k: k,
 		buyers:  []string{"u1", "u2", "u3"},
 		units:   map[string]int{},
 		res:     map[string]*modelRes{},
@@ -245,14 +265,14 @@ func newModelMachine(t *rapid.T, s *stack, rec *recordingEnqueuer, sku string) *
 	limit := rapid.SampledFrom([]int{0, 0, 2, 3, 4}).Draw(t, "per_user_limit")
 	m.mayForget = rapid.IntRange(0, 2).Draw(t, "redisMayForget") == 2
 	// Creating a SKU needs no precondition.
-	r := m.call(t, "PUT", "/admin/skus/"+sku+"/stock", map[string]any{"stock": stock, "per_user_limit": limit}, nil)
+	r := m.call(t, "PUT", "/admin/skus/"+sku+"/stock", map[string]any{"stock": stock, "per_user_limit": limit, "buckets": k}, nil)
 	if r.code != 200 {
 		m.fatalf(t, "create sku: %s", r)
 	}
 	m.available, m.sellable, m.limit = int64(stock), int64(stock), limit
 	m.stock, m.rlimit = int64(stock), limit
 	m.version, m.checkedAvail = r.num("version"), m.available
-	t.Logf("sku %s: stock %d, per-user limit %d", sku, stock, limit)
+	t.Logf("sku %s: stock %d, per-user limit %d, %d buckets", sku, stock, limit, k)
 	return m
 }
 
@@ -267,7 +287,7 @@ func (m *modelMachine) retire() {
 		_, _ = m.s.db.ExecContext(ctx, q, m.sku)
 	}
 	if keys, err := m.keys(ctx); err == nil && len(keys) > 0 {
-		m.s.rdb.Del(ctx, keys...)
+		m.del(ctx, keys)
 	}
 }
 
@@ -417,14 +437,50 @@ func (m *modelMachine) sentSince(n int) []reservation.Reservation {
 	return slices.Clone(m.rec.msgs[n:])
 }
 
-// keys lists every Redis key of the SKU.
+// keys lists every Redis key of the SKU, in all its buckets (on every
+// master of a cluster).
 func (m *modelMachine) keys(ctx context.Context) ([]string, error) {
+	var mu sync.Mutex
 	var out []string
-	iter := m.s.rdb.Scan(ctx, 0, `hf:\{`+m.sku+`\}:*`, 100).Iterator()
-	for iter.Next(ctx) {
-		out = append(out, iter.Val())
+	scan := func(ctx context.Context, c *redis.Client) error {
+		for b := range m.k {
+			iter := c.Scan(ctx, 0, `hf:\{`+reservation.BucketName(m.sku, b)+`\}:*`, 100).Iterator()
+			for iter.Next(ctx) {
+				mu.Lock()
+				out = append(out, iter.Val())
+				mu.Unlock()
+			}
+			if err := iter.Err(); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	return out, iter.Err()
+	if m.s.cluster != nil {
+		err := m.s.cluster.ForEachMaster(ctx, scan)
+		return out, err
+	}
+	return out, scan(ctx, m.s.rdb)
+}
+
+// del deletes keys one by one (a cluster refuses a DEL across slots).
+func (m *modelMachine) del(ctx context.Context, keys []string) {
+	for _, k := range keys {
+		m.s.redis().Del(ctx, k)
+	}
+}
+
+// ukey names a user's units as Redis counts them: per bucket (the one their
+// request is held in) when the SKU has several.
+func (m *modelMachine) ukey(user string, g *modelGroup) string {
+	if m.k == 1 {
+		return user
+	}
+	gid := ""
+	if g != nil {
+		gid = g.id
+	}
+	return fmt.Sprintf("%s#%d", user, reservation.HomeBucket(user, gid, m.k))
 }
 
 type modelRow struct {
@@ -436,7 +492,7 @@ type modelRow struct {
 func (m *modelMachine) rows(t *rapid.T) map[string]modelRow {
 	t.Helper()
 	rs, err := m.s.db.Query(`SELECT reservation_id, status, COALESCE(reason, ''), refunded, qty, user_id, COALESCE(group_id, '')
-		FROM reservations WHERE sku = ?`, m.sku)
+		FROM reservations WHERE sku = ? AND into_bucket IS NULL`, m.sku)
 	if err != nil {
 		m.fatalf(t, "read reservations: %v", err)
 	}
@@ -483,20 +539,29 @@ func (m *modelMachine) dbVersion(t *rapid.T) int64 {
 	return v
 }
 
-// redisFigures returns hf:{sku}:stock and meta.held; ok false if the stock key is missing.
+// redisFigures returns hf:{sku}:stock and meta.held, summed over the
+// buckets that have them; ok false if bucket 0's stock key is missing (the
+// others are warmed when first asked).
 func (m *modelMachine) redisFigures(t *rapid.T) (stock, held int64, ok bool) {
 	t.Helper()
 	ctx := context.Background()
-	stock, err := m.s.rdb.Get(ctx, "hf:{"+m.sku+"}:stock").Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0, 0, false
-	}
-	if err != nil {
-		m.fatalf(t, "redis stock: %v", err)
-	}
-	held, err = m.s.rdb.HGet(ctx, "hf:{"+m.sku+"}:meta", "held").Int64()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		m.fatalf(t, "redis held: %v", err)
+	for b := range m.k {
+		name := reservation.BucketName(m.sku, b)
+		n, err := m.s.redis().Get(ctx, "hf:{"+name+"}:stock").Int64()
+		if errors.Is(err, redis.Nil) {
+			if b == 0 {
+				return 0, 0, false
+			}
+			continue
+		}
+		if err != nil {
+			m.fatalf(t, "redis stock: %v", err)
+		}
+		h, err := m.s.redis().HGet(ctx, "hf:{"+name+"}:meta", "held").Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			m.fatalf(t, "redis held: %v", err)
+		}
+		stock, held = stock+n, held+h
 	}
 	return stock, held, true
 }
@@ -534,8 +599,9 @@ func (m *modelMachine) confirmedUnits(user string) int {
 // giveBack mirrors release.lua giving a hold's units back in Redis.
 func (m *modelMachine) giveBack(x *modelRes, qty int) {
 	m.stock += int64(qty)
-	if m.units[x.user] -= qty; m.units[x.user] <= 0 {
-		delete(m.units, x.user)
+	u := m.ukey(x.user, x.group)
+	if m.units[u] -= qty; m.units[u] <= 0 {
+		delete(m.units, u)
 	}
 	if g := x.group; g != nil && g.inRedis && g.slots[x.user] == x.id {
 		delete(g.slots, x.user)
@@ -631,7 +697,7 @@ func (m *modelMachine) expectNew(user string, qty int, g *modelGroup) []string {
 		switch {
 		case m.stock < int64(qty):
 			return []string{"sold_out"}
-		case m.rlimit > 0 && m.units[user]+qty > m.rlimit:
+		case m.rlimit > 0 && m.units[m.ukey(user, g)]+qty > m.rlimit:
 			return []string{"limit_exceeded"}
 		}
 		return m.expectJoin(user, g)
@@ -789,7 +855,7 @@ func (m *modelMachine) reserve(t *rapid.T, user string, qty int, key string, g *
 		got := errCode(r)
 		if !slices.Contains(want, got) || r.code != httpCode(got) {
 			m.fatalf(t, "%s = %s, want one of %q (\"\" = 202); Redis stock %d, user units %d, limit %d%s",
-				desc, r, want, m.stock, m.units[user], m.rlimit, m.groupState(g))
+				desc, r, want, m.stock, m.units[m.ukey(user, g)], m.rlimit, m.groupState(g))
 		}
 		if got != "" {
 			noMessage()
@@ -806,7 +872,7 @@ func (m *modelMachine) reserve(t *rapid.T, user string, qty int, key string, g *
 		x.hold, x.holdQty, x.deadline = mHeld, qty, m.now().Add(modelHoldTTL)
 		m.stock -= int64(qty)
 		m.held += int64(qty)
-		m.units[user] += qty
+		m.units[m.ukey(user, g)] += qty
 		if g != nil {
 			if !g.inRedis {
 				g.loose = true // joined a group Redis lost: its slots are no longer predicted
@@ -1467,12 +1533,12 @@ func (m *modelMachine) actRetention(t *rapid.T) {
 	}
 	var gone []string
 	for _, k := range keys {
-		if ttl, err := m.s.rdb.PTTL(ctx, k).Result(); err == nil && ttl > 0 {
+		if ttl, err := m.s.redis().PTTL(ctx, k).Result(); err == nil && ttl > 0 {
 			gone = append(gone, k)
 		}
 	}
 	if len(gone) > 0 {
-		m.s.rdb.Del(ctx, gone...)
+		m.del(ctx, gone)
 	}
 	for _, x := range m.all {
 		if x.hold == mConfirmed || x.hold == mCancelled {
@@ -1496,7 +1562,7 @@ func (m *modelMachine) actForget(t *rapid.T) {
 		m.fatalf(t, "scan: %v", err)
 	}
 	if len(keys) > 0 {
-		m.s.rdb.Del(ctx, keys...)
+		m.del(ctx, keys)
 	}
 	m.exact = false
 	for _, x := range m.all {
@@ -1693,7 +1759,7 @@ func (m *modelMachine) quiesce(t *rapid.T) {
 	for _, x := range m.accepted() {
 		ids = append(ids, x.id)
 	}
-	vs, err := invariant.Check(context.Background(), m.s.db, redisstore.New(m.s.rdb, 0), invariant.Expect{
+	vs, err := invariant.Check(context.Background(), m.s.db, redisstore.New(m.s.redis(), 0), invariant.Expect{
 		Sellable: map[string]int64{m.sku: m.sellable}, Accepted: ids, Quiescent: true,
 	})
 	if err != nil {

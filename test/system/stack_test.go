@@ -96,11 +96,7 @@ func (s *stack) twin(clock reservation.Clock, enq reservation.Enqueuer) *reserva
 // check runs the invariant checker on the stores.
 func (s *stack) check(e invariant.Expect) {
 	s.t.Helper()
-	var rdb redis.UniversalClient = s.rdb
-	if s.cluster != nil {
-		rdb = s.cluster
-	}
-	vs, err := invariant.Check(context.Background(), s.db, redisstore.New(rdb, 0), e)
+	vs, err := invariant.Check(context.Background(), s.db, redisstore.New(s.redis(), 0), e)
 	if err != nil {
 		s.t.Fatalf("invariant check: %v", err)
 	}
@@ -299,10 +295,18 @@ func apiRequest(user, method, path, body string, headers map[string]string) even
 // stores), a fixed tester otherwise. Tests that check who may do what call
 // callAs.
 func (s *stack) caller(method, path, body string) string {
-	return ownerOf(s.db, s.rdb, method, path, body)
+	return ownerOf(s.db, s.redis(), method, path, body)
 }
 
-func ownerOf(db *sql.DB, rdb *redis.Client, method, path, body string) string {
+// redis is the stack's Redis: the cluster when it runs on one.
+func (s *stack) redis() redis.UniversalClient {
+	if s.cluster != nil {
+		return s.cluster
+	}
+	return s.rdb
+}
+
+func ownerOf(db *sql.DB, rdb redis.UniversalClient, method, path, body string) string {
 	if method == "POST" && path == "/reservations" {
 		var b struct {
 			UserID string `json:"user_id"`
@@ -317,8 +321,12 @@ func ownerOf(db *sql.DB, rdb *redis.Client, method, path, body string) string {
 			return user
 		}
 		if sku, ok := reservation.SKUOf(id); ok {
-			if u, err := rdb.HGet(context.Background(), "hf:{"+sku+"}:r:"+id, "user").Result(); err == nil {
-				return u
+			k := 1
+			_ = db.QueryRow(`SELECT buckets FROM product_stock WHERE sku = ?`, sku).Scan(&k)
+			for b := range k {
+				if u, err := rdb.HGet(context.Background(), "hf:{"+reservation.BucketName(sku, b)+"}:r:"+id, "user").Result(); err == nil {
+					return u
+				}
 			}
 		}
 	}

@@ -269,46 +269,12 @@ func StartCluster(t testing.TB) []string {
 			t.Skipf("%s not installed", bin)
 		}
 	}
-	var addrs []string
-	for range 3 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		_ = l.Close()
-		_, port, _ := net.SplitHostPort(addr)
-		dir := t.TempDir()
-		cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", dir,
-			"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction", "--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--cluster-node-timeout", "2000")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
-		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-		Eventually(t, 10*time.Second, "cluster node answers PING", func() bool { return c.Ping(context.Background()).Err() == nil })
-		_ = c.Close()
-		addrs = append(addrs, addr)
+	c, err := services.StartCluster(context.Background(), t.TempDir(), 3)
+	if err != nil {
+		t.Fatal(err)
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer c.Close()
-	Eventually(t, 20*time.Second, "cluster state ok on every node", func() bool {
-		ok := true
-		_ = c.ForEachShard(context.Background(), func(ctx context.Context, n *redis.Client) error {
-			info, err := n.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				ok = false
-			}
-			return nil
-		})
-		return ok
-	})
+	t.Cleanup(c.Stop)
+	addrs := c.Addrs
 	return addrs
 }
 

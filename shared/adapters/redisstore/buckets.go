@@ -12,26 +12,29 @@ import (
 )
 
 // Buckets implements reservation.Holds: K as bucket 0's meta has it.
-func (s *Store) Buckets(ctx context.Context, sku string) (int, error) {
+func (s *Store) Buckets(ctx context.Context, sku string) (int, bool, error) {
 	k := keysOf(sku)
 	var exists *redis.IntCmd
-	var count *redis.StringCmd
+	var fields *redis.SliceCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		exists = p.Exists(ctx, k.stock())
-		count = p.HGet(ctx, k.meta(), "k")
+		fields = p.HMGet(ctx, k.meta(), "k", "groups")
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return 0, reservation.Unavailable("redis buckets", err)
+		return 0, false, reservation.Unavailable("redis buckets", err)
 	}
 	if exists.Val() == 0 {
-		return 0, reservation.ErrUnknownSKU
+		return 0, false, reservation.ErrUnknownSKU
 	}
-	n, err := strconv.Atoi(count.Val())
+	vals := fields.Val()
+	groups := len(vals) > 1 && vals[1] != nil
+	count, _ := vals[0].(string)
+	n, err := strconv.Atoi(count)
 	if err != nil || n < 1 {
-		return 1, nil // a SKU warmed before buckets existed has one
+		return 1, groups, nil // a SKU warmed before buckets existed has one
 	}
-	return min(n, reservation.MaxBuckets), nil
+	return min(n, reservation.MaxBuckets), groups, nil
 }
 
 // TakeOut implements reservation.Holds.

@@ -558,7 +558,7 @@ func (s *Store) Heal(ctx context.Context, seen reservation.RedisStock, drift int
 // CreateGroup implements reservation.Holds.
 func (s *Store) CreateGroup(ctx context.Context, g reservation.Group) error {
 	k := keysOf(g.SKU)
-	err := groupCreateScript.Run(ctx, s.rdb, []string{k.group(g.ID)},
+	err := groupCreateScript.Run(ctx, s.rdb, []string{k.group(g.ID), k.meta()},
 		g.Capacity, ms(g.Deadline), ms(g.Deadline.Add(s.retention))).Err()
 	if err != nil {
 		return reservation.Unavailable("redis create group", err)
