@@ -26,7 +26,7 @@ func TestBenchPartsRun(t *testing.T) {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
 	for _, row := range []string{"http c=32  accepted (202)", "http c=128 sold out (409)", modeHandlerSDK, modeHandlerDirect, "accept → CONFIRMED",
-		"reserve, K = 3 on 3 shards", "shards' shares of the time", "projected ceiling"} {
+		"reserve, K = 3 on 3 shards", "shards' shares of the CPU", "projected ceiling"} {
 		if !strings.Contains(out.String(), row) {
 			t.Errorf("no %q row in:\n%s", row, out.String())
 		}

@@ -23,10 +23,11 @@ import (
 // shardFigure is one shard's share of a run.
 type shardFigure struct {
 	addr     string
-	scripts  int64 // EVALSHA and EVAL calls: reserves and refills
-	calls    int64 // every command
-	usec     int64 // server time of every command
-	scriptUS int64 // server time of the scripts
+	scripts  int64   // EVALSHA and EVAL calls: reserves and refills
+	calls    int64   // every command
+	usec     int64   // time in commands (commandstats: wall time, so a preempted command counts the wait)
+	scriptUS int64   // of that, in the scripts
+	cpu      float64 // CPU seconds of the main thread (INFO cpu): commands, network I/O and all
 }
 
 // bucketRun is one run of the part: K buckets, the reserves taken.
@@ -70,6 +71,12 @@ func (b *bench) buckets(ctx context.Context) error {
 		if err := cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.ConfigResetStat(ctx).Err() }); err != nil {
 			return err
 		}
+		cpu0 := map[string]float64{}
+		for _, addr := range cl.Addrs {
+			if cpu0[addr], err = mainThreadCPU(ctx, addr); err != nil {
+				return err
+			}
+		}
 		b.log("buckets: K = %d …", k)
 		ops, el, lat, err := hammer(b.o.concurrency, b.o.duration, func(w, i int) error {
 			_, _, err := svc.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("b%d-%d-%d", k, w, i)})
@@ -84,6 +91,11 @@ func (b *bench) buckets(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			cpu, err := mainThreadCPU(ctx, addr)
+			if err != nil {
+				return err
+			}
+			f.cpu = cpu - cpu0[addr]
 			run.shards = append(run.shards, f)
 		}
 		avail, err := svc.Available(ctx, sku)
@@ -122,6 +134,28 @@ func spreadSKU(ctx context.Context, c *redis.ClusterClient, prefix string, k int
 	return "", fmt.Errorf("no SKU named %s-<n> spreads over %d masters", prefix, k)
 }
 
+// mainThreadCPU reads the CPU seconds a node's main thread has used.
+func mainThreadCPU(ctx context.Context, addr string) (float64, error) {
+	n := redis.NewClient(&redis.Options{Addr: addr})
+	defer n.Close()
+	info, err := n.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_user_main_thread" || k == "used_cpu_sys_main_thread" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %s %q: %w", addr, k, v, err)
+			}
+			sum += f
+		}
+	}
+	return sum, nil
+}
+
 // commandStats reads a node's INFO commandstats.
 func commandStats(ctx context.Context, addr string) (shardFigure, error) {
 	n := redis.NewClient(&redis.Options{Addr: addr})
@@ -156,47 +190,47 @@ func commandStats(ctx context.Context, addr string) (shardFigure, error) {
 	return f, nil
 }
 
-// bucketLines reports the runs: the spread over the shards, the server time
-// per reserve, and the projected ceiling for K shards.
+// bucketLines reports the runs: the spread over the shards, each shard's
+// main-thread CPU and command time per reserve, and the projected ceiling
+// for K shards.
 func (b *bench) bucketLines() []string {
 	if len(b.bucketRuns) == 0 {
 		return nil
 	}
-	out := []string{"one hot SKU over K buckets on a 3-shard Redis Cluster (INFO commandstats per shard):"}
-	var perReserve float64 // server µs per reserve, summed over the shards, at K = 3
-	var evenness float64
+	out := []string{"one hot SKU over K buckets on a 3-shard Redis Cluster (INFO cpu and commandstats per shard):"}
+	var cpuPer, evenness float64 // at K = 3: main-thread CPU µs per reserve on a shard; mean/max shard load
 	for _, r := range b.bucketRuns {
+		var cpu, most float64
 		var usec, scripts int64
-		var most int64
 		for _, s := range r.shards {
+			cpu += s.cpu
 			usec += s.usec
 			scripts += s.scripts
-			most = max(most, s.usec)
+			most = max(most, s.cpu)
 		}
 		shares := make([]string, len(r.shards))
 		for i, s := range r.shards {
-			shares[i] = fmt.Sprintf("%.0f%%", 100*float64(s.usec)/float64(max(usec, 1)))
+			shares[i] = fmt.Sprintf("%.0f%%", 100*s.cpu/max(cpu, 1e-9))
 		}
-		per := float64(usec) / float64(max(r.ops, 1))
-		mean := float64(usec) / float64(len(r.shards))
-		out = append(out, fmt.Sprintf("  K = %d: %d reserves, %.1f µs of server time each (all shards), %d script calls; shards' shares of the time %s",
-			r.k, r.ops, per, scripts, strings.Join(shares, " / ")))
+		per := 1e6 * cpu / float64(max(r.ops, 1))
+		out = append(out, fmt.Sprintf("  K = %d: %d reserves; per reserve %.1f µs of shard main-thread CPU, %.1f µs in commands; %d script calls; shards' shares of the CPU %s",
+			r.k, r.ops, per, float64(usec)/float64(max(r.ops, 1)), scripts, strings.Join(shares, " / ")))
 		if r.k == 3 {
-			perReserve, evenness = per, mean/float64(max(most, 1))
+			cpuPer, evenness = per, cpu/float64(len(r.shards))/max(most, 1e-9)
 		}
 	}
-	if perReserve == 0 {
+	if cpuPer == 0 {
 		return out
 	}
-	floor, ok := b.find(modeFloor)
-	perShard := 1e6 / perReserve // command time alone: an upper bound
-	basis := "command time alone (an upper bound: network I/O is not in commandstats)"
-	if ok {
-		perShard, basis = floor.rate(), "the raw script floor measured above on one shard"
+	perShard := 1e6 / cpuPer
+	out = append(out, fmt.Sprintf("  at K = 3: mean/max shard load %.2f; one shard's thread, busy with nothing else, does ≈ %.0fk reserves/s (1 s / %.1f µs)",
+		evenness, perShard/1000, cpuPer))
+	if floor, ok := b.find(modeFloor); ok {
+		out = append(out, fmt.Sprintf("  (the raw script floor above, one shard with the client on the same 2 cores: %.0fk/s)", floor.rate()/1000))
 	}
-	out = append(out, fmt.Sprintf("  spread at K = 3: mean/max shard time = %.2f; projected ceiling of one hot SKU, from %s:", evenness, basis))
+	out = append(out, "  projected ceiling of one hot SKU, K = shards, from that and the spread:")
 	for _, shards := range []int{1, 3, 6, 12, 24} {
-		out = append(out, fmt.Sprintf("    %2d shards (K = %2d): ≈ %6.0fk reserves/s", shards, shards, perShard*float64(shards)*min(1, evenness)/1000))
+		out = append(out, fmt.Sprintf("    %2d shards: ≈ %6.0fk reserves/s", shards, perShard*float64(shards)*min(1, evenness)/1000))
 	}
 	return out
 }

@@ -291,7 +291,10 @@ func (nopQueue) Enqueue(context.Context, reservation.Reservation) error { return
 // service is another service on the same stores, wired by app.Build as the
 // functions are, with o's overrides; closed when the bench ends.
 func (b *bench) service(ctx context.Context, cfg config.Config, o app.Options) (*reservation.Service, error) {
-	o.Function, o.Out = "bench", io.Discard
+	o.Function = "bench"
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
 	a, err := app.Build(ctx, cfg, o)
 	if err != nil {
 		return nil, err

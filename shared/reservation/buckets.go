@@ -195,7 +195,9 @@ func (s *Service) crossBucketMismatch(ctx context.Context, r Reservation, l layo
 // fullest first, until home has need units or no bucket has any: at least
 // need from a bucket, and half of what it has, so that a bucket drained by
 // its buyers draws once, not once per buyer. Buyers of one instance refill a
-// bucket one at a time. It reports whether home has need units now.
+// bucket one at a time. A donor drained between the read and the move (by
+// its buyers, or another refill) is read again: up to maxRefills passes.
+// It reports whether home has need units now.
 func (s *Service) refill(ctx context.Context, sku string, home, k, need int) bool {
 	mu := s.refilling(BucketName(sku, home))
 	mu.Lock()
@@ -205,45 +207,50 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) boo
 		s.log.WarnContext(ctx, "refill: read bucket", "sku", sku, "bucket", home, "error", err)
 		return false
 	}
-	if have >= int64(need) {
-		return true // refilled while this buyer waited
-	}
-	type donor struct {
-		b     int
-		avail int64
-	}
-	var donors []donor
-	for b := range k {
-		if b == home {
-			continue
-		}
-		n, err := s.bucketStock(ctx, sku, b)
-		if err != nil {
-			s.log.WarnContext(ctx, "refill: read bucket", "sku", sku, "bucket", b, "error", err)
-			continue
-		}
-		if n > 0 {
-			donors = append(donors, donor{b, n})
-		}
-	}
-	sort.Slice(donors, func(i, j int) bool { return donors[i].avail > donors[j].avail })
-	for _, d := range donors {
-		want := max(int64(need)-have, 1)
-		n := min(d.avail, max(want, (d.avail+1)/2))
-		moved, err := s.transfer(ctx, sku, d.b, home, n)
-		if err != nil {
-			s.metrics.Count("transfer_failed", 1)
-			s.log.WarnContext(ctx, "refill: transfer failed; the sweeper settles it", "sku", sku, "from", d.b, "into", home, "error", err)
-			continue
-		}
-		if moved {
-			have += n
-		}
+	for range maxRefills {
 		if have >= int64(need) {
-			return true
+			return true // enough, perhaps refilled while this buyer waited
+		}
+		type donor struct {
+			b     int
+			avail int64
+		}
+		var donors []donor
+		for b := range k {
+			if b == home {
+				continue
+			}
+			n, err := s.bucketStock(ctx, sku, b)
+			if err != nil {
+				s.log.WarnContext(ctx, "refill: read bucket", "sku", sku, "bucket", b, "error", err)
+				continue
+			}
+			if n > 0 {
+				donors = append(donors, donor{b, n})
+			}
+		}
+		if len(donors) == 0 {
+			return false // no bucket has a unit: sold out
+		}
+		sort.Slice(donors, func(i, j int) bool { return donors[i].avail > donors[j].avail })
+		for _, d := range donors {
+			want := max(int64(need)-have, 1)
+			n := min(d.avail, max(want, (d.avail+1)/2))
+			moved, err := s.transfer(ctx, sku, d.b, home, n)
+			if err != nil {
+				s.metrics.Count("transfer_failed", 1)
+				s.log.WarnContext(ctx, "refill: transfer failed; the sweeper settles it", "sku", sku, "from", d.b, "into", home, "error", err)
+				continue
+			}
+			if moved {
+				have += n
+			}
+			if have >= int64(need) {
+				return true
+			}
 		}
 	}
-	return false
+	return have >= int64(need)
 }
 
 // cover refills the buckets of sku that owe units (below zero: an admin

@@ -146,6 +146,40 @@ func TestBuckets(t *testing.T) {
 		s.check(invariant.Expect{Sellable: map[string]int64{sku: units}, Accepted: ids, Quiescent: true})
 	})
 
+	t.Run("concurrent buyers of every bucket never hear sold out while stock remains", func(t *testing.T) {
+		// Buckets 1 and 2 start empty and draw from bucket 0 at once: a
+		// refill whose donor another refill drained first reads it again.
+		rec := &recordingEnqueuer{}
+		s := newStack(t, withCluster(addrs), withEnqueuer(rec))
+		sku := spreadSKU(t, s.cluster, "race", k)
+		const units, workers, each = 100000, 32, 25
+		if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", fmt.Sprintf(`{"stock":%d,"buckets":3}`, units), nil); code != 200 {
+			t.Fatalf("set stock = %d %v", code, body)
+		}
+		var mu sync.Mutex
+		codes := map[int]int{}
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range each {
+					code, _ := s.reserve(sku, fmt.Sprintf("w%d-%d", w, i), 1, "")
+					mu.Lock()
+					codes[code]++
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if codes[http.StatusAccepted] != workers*each {
+			t.Fatalf("answers %v: want all %d accepted (%d units)", codes, workers*each, units)
+		}
+		if avail, held := bucketStocks(t, s.cluster, sku, k); sum(avail) != units-workers*each || sum(held) != workers*each {
+			t.Errorf("buckets available %v held %v: want %d available and %d held in all", avail, held, units-workers*each, workers*each)
+		}
+	})
+
 	t.Run("the last units reach a buyer of any bucket", func(t *testing.T) {
 		// Buyers one at a time: every unit is sold before anyone hears sold
 		// out, whichever bucket it sits in and whichever the buyer hashes to.
