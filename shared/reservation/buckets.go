@@ -90,10 +90,16 @@ func (l StockLevel) Bucket(b int) StockLevel {
 // transferTTL is how long a transfer's hold may wait for MySQL before the
 // sweeper fences it and its units return to the giving bucket. The
 // transfer itself takes milliseconds.
-const transferTTL = 30 * time.Second
+const transferTTL = 10 * time.Second
 
 // maxRefills bounds the rounds of refill and retry one reserve makes.
 const maxRefills = 3
+
+// transferPause is how long an instance makes no transfer after MySQL
+// failed to record one: each attempt holds units in the giving bucket until
+// a fence decides them, so a MySQL outage must not freeze the stock one
+// buyer at a time. Buyers of a dry bucket hear 503 meanwhile.
+const transferPause = time.Second
 
 // counts caches, per SKU, K as Redis has it, for touchEvery: one read per
 // SKU per instance per period, not per request.
@@ -192,45 +198,47 @@ func (s *Service) crossBucketMismatch(ctx context.Context, r Reservation, l layo
 }
 
 // refill moves units into bucket home of sku from the other buckets, the
-// fullest first, until home has need units or no bucket has any: at least
-// need from a bucket, and half of what it has, so that a bucket drained by
-// its buyers draws once, not once per buyer. Buyers of one instance refill a
-// bucket one at a time. A donor drained between the read and the move (by
-// its buyers, or another refill) is read again: up to maxRefills passes.
-// It reports whether home has need units now.
-func (s *Service) refill(ctx context.Context, sku string, home, k, need int) bool {
+// fullest first, until home has need units: at least need from a bucket,
+// and half of what it has, so that a bucket drained by its buyers draws
+// once, not once per buyer. Buyers of one instance refill a bucket one at a
+// time. Nothing moves when all the buckets together have fewer than need
+// units (a request that cannot be served costs no transfer). A donor
+// drained between the read and the move (by its buyers, or another refill)
+// is read again: up to maxRefills passes. It reports whether home has need
+// units now; an error (a store failed: not the stock's answer) ends it.
+func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bool, error) {
 	mu := s.refilling(BucketName(sku, home))
 	mu.Lock()
 	defer mu.Unlock()
 	have, err := s.bucketStock(ctx, sku, home)
 	if err != nil {
-		s.log.WarnContext(ctx, "refill: read bucket", "sku", sku, "bucket", home, "error", err)
-		return false
+		return false, err
 	}
 	for range maxRefills {
 		if have >= int64(need) {
-			return true // enough, perhaps refilled while this buyer waited
+			return true, nil // enough, perhaps refilled while this buyer waited
 		}
 		type donor struct {
 			b     int
 			avail int64
 		}
 		var donors []donor
+		total := have
 		for b := range k {
 			if b == home {
 				continue
 			}
 			n, err := s.bucketStock(ctx, sku, b)
 			if err != nil {
-				s.log.WarnContext(ctx, "refill: read bucket", "sku", sku, "bucket", b, "error", err)
-				continue
+				return false, err
 			}
+			total += n
 			if n > 0 {
 				donors = append(donors, donor{b, n})
 			}
 		}
-		if len(donors) == 0 {
-			return false // no bucket has a unit: sold out
+		if len(donors) == 0 || total < int64(need) {
+			return false, nil // the buckets together cannot serve it: sold out
 		}
 		sort.Slice(donors, func(i, j int) bool { return donors[i].avail > donors[j].avail })
 		for _, d := range donors {
@@ -239,18 +247,17 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) boo
 			moved, err := s.transfer(ctx, sku, d.b, home, n)
 			if err != nil {
 				s.metrics.Count("transfer_failed", 1)
-				s.log.WarnContext(ctx, "refill: transfer failed; the sweeper settles it", "sku", sku, "from", d.b, "into", home, "error", err)
-				continue
+				return false, err
 			}
 			if moved {
 				have += n
 			}
 			if have >= int64(need) {
-				return true
+				return true, nil
 			}
 		}
 	}
-	return have >= int64(need)
+	return have >= int64(need), nil
 }
 
 // cover refills the buckets of sku that owe units (below zero: an admin
@@ -260,7 +267,9 @@ func (s *Service) cover(ctx context.Context, sku string, k int) {
 	for b := range k {
 		rs, err := s.holds.Stock(ctx, BucketName(sku, b))
 		if err == nil && rs.Available < 0 {
-			s.refill(ctx, sku, b, k, 0)
+			if _, err := s.refill(ctx, sku, b, k, 0); err != nil {
+				s.log.WarnContext(ctx, "cover: a bucket still owes units; the next sweep tries again", "sku", sku, "bucket", b, "error", err)
+			}
 		}
 	}
 }
@@ -300,22 +309,36 @@ func (s *Service) bucketStock(ctx context.Context, sku string, b int) (int64, er
 // whose credit the outbox completes. moved is false when the giving bucket
 // no longer had n units.
 func (s *Service) transfer(ctx context.Context, sku string, from, into int, n int64) (moved bool, err error) {
+	if until, ok := s.transfersPaused.Load().(time.Time); ok && s.clock.Now().Before(until) {
+		return false, Unavailable("transfer", errors.New("paused after mysql failed to record one"))
+	}
 	t := Reservation{
 		ID: ReservationID(ReserveRequest{SKU: sku}, nil), SKU: sku, Qty: int(n), Bucket: from,
 		Transfer: true, Into: into, Token: newToken(), Status: StatusHeld,
 	}
 	held, err := s.holds.TakeOut(ctx, t, transferTTL)
-	if errors.Is(err, ErrSoldOut) {
-		return false, nil
+	if errors.Is(err, ErrSoldOut) || errors.Is(err, ErrUnknownSKU) {
+		return false, nil // drained, or lost, since it was read: read again
 	}
 	if err != nil {
+		s.abandon(ctx, t) // the script may have run: its hold, if any, goes back now
 		return false, fmt.Errorf("transfer %s: take out: %w", t.ID, err)
 	}
 	row, err := s.ledger.Transfer(ctx, held, s.clock.Now())
 	if err != nil {
+		// The record's outcome is unknown (it may have committed): decide
+		// it through the fence at once, as an abandoned hold is, so the
+		// units go back now rather than at the hold's deadline — or, if
+		// MySQL cannot be asked either, the sweeper's.
+		s.abandon(ctx, held)
+		s.transfersPaused.Store(s.clock.Now().Add(transferPause))
 		return false, fmt.Errorf("transfer %s: record: %w", t.ID, err)
 	}
-	s.follow(ctx, row, 0)
+	if err := s.followTransfer(ctx, row, row.RefundVersion); err != nil {
+		// MySQL moved the units; the outbox completes the move in Redis.
+		s.metrics.Count("follow_failed", 1)
+		return false, fmt.Errorf("transfer %s: follow: %w", t.ID, err)
+	}
 	if row.Status != StatusConfirmed {
 		return false, nil // fenced first: the units went back
 	}
@@ -327,9 +350,13 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 // followTransfer makes Redis follow a transfer's row: its hold in the giving
 // bucket confirmed (or, fenced, its units returned there), then — once —
 // the units credited to the receiving bucket; the row is released when both
-// are done.
-func (s *Service) followTransfer(ctx context.Context, row Reservation) error {
-	if _, err := s.holds.Follow(ctx, row, row.RefundVersion); err != nil {
+// are done. version is the record's commit version right after the commit
+// (a hold the giving bucket lost is then taken from its stock, as persist's
+// confirm does), 0 later: from the outbox the hold may be gone for having
+// finished (retention), not for having been lost, and taking again would
+// take twice; reconciliation repairs the rare loss instead.
+func (s *Service) followTransfer(ctx context.Context, row Reservation, version int64) error {
+	if _, err := s.holds.Follow(ctx, row, version); err != nil {
 		return fmt.Errorf("follow transfer %s: %w", row.ID, err)
 	}
 	if row.Released {

@@ -974,8 +974,8 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 		return BatchResult{Result: AlreadyCancelled, Row: row.r}, nil
 	}
 	st, ok := l.stock[r.SKU]
-	if !ok {
-		out.Result = NoSuchSKU
+	if !ok || r.Bucket < 0 || r.Bucket >= st.BucketCount() {
+		out.Result = NoSuchSKU // no such SKU, or no such bucket of it
 		return out, nil
 	}
 	if st.Available < int64(r.Qty) {
@@ -1075,6 +1075,8 @@ func (l *memLedger) ApplyBatch(_ context.Context, sku string, rs []Reservation, 
 	for _, i := range fresh {
 		r := rs[i]
 		switch {
+		case r.Bucket < 0 || r.Bucket >= st.BucketCount():
+			out[i] = BatchResult{Result: NoSuchSKU, Row: r}
 		case sum+int64(r.Qty) > st.Available:
 			out[i] = BatchResult{Result: Insufficient, Row: r}
 		case limit > 0 && l.units[sku][r.UserID]+added[r.UserID]+int64(r.Qty) > limit:

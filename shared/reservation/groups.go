@@ -38,6 +38,7 @@ func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl
 		// its deadline with no members.
 		return Group{}, err
 	}
+	s.counts.drop(sku) // the SKU has groups now: keyed buys check bucket 0 (crossBucketMismatch)
 	return g, nil
 }
 

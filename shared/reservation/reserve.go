@@ -129,7 +129,14 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	// some here and try again (bounded), so no buyer hears sold out while
 	// the SKU has stock anywhere.
 	for round := 0; k > 1 && errors.Is(err, ErrSoldOut) && round < maxRefills; round++ {
-		if !s.refill(ctx, r.SKU, r.Bucket, k, r.Qty) {
+		ok, rerr := s.refill(ctx, r.SKU, r.Bucket, k, r.Qty)
+		if rerr != nil {
+			// A store failed mid-refill: not the stock's answer. Nothing
+			// is held for this buyer; the client retries.
+			s.log.WarnContext(ctx, "reserve: refill failed", "sku", r.SKU, "bucket", r.Bucket, "error", rerr)
+			return Reservation{}, false, Unavailable("reserve refill", rerr)
+		}
+		if !ok {
 			break
 		}
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
@@ -165,7 +172,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		}
 		if errors.Is(err, ErrSoldOut) {
 			s.metrics.Count("sold_out", 1)
-			if s.cfg.SoldOutTTL > 0 && r.GroupID == "" {
+			// Only a buy of one unit says the SKU has none: a bigger one
+			// may be refused while smaller ones can still be served.
+			if s.cfg.SoldOutTTL > 0 && r.GroupID == "" && r.Qty == 1 {
 				s.soldOut.Store(r.SKU, now.Add(s.cfg.SoldOutTTL))
 			}
 		}
@@ -339,8 +348,8 @@ func owned(r Reservation, user string) (Reservation, error) {
 	return r, nil
 }
 
-// holdOf finds user's hold of id in Redis: in their home bucket, or in
-// bucket 0 (a group join's).
+// holdOf finds user's hold of id in Redis: in their home bucket, in bucket
+// 0 (a group join's), or — held before K was raised — in any other.
 func (s *Service) holdOf(ctx context.Context, id, user string) (Reservation, error) {
 	sku, _ := SKUOf(id)
 	k, err := s.bucketsOf(ctx, sku)
@@ -350,11 +359,20 @@ func (s *Service) holdOf(ctx context.Context, id, user string) (Reservation, err
 	if err != nil {
 		return Reservation{}, err
 	}
-	h, err := s.holds.Hold(ctx, id, HomeBucket(user, "", k))
-	if errors.Is(err, ErrNotFound) && HomeBucket(user, "", k) != 0 {
-		h, err = s.holds.Hold(ctx, id, 0)
+	home := HomeBucket(user, "", k)
+	order := []int{home}
+	for b := range k {
+		if b != home {
+			order = append(order, b)
+		}
 	}
-	return h, err
+	for _, b := range order {
+		h, err := s.holds.Hold(ctx, id, b)
+		if !errors.Is(err, ErrNotFound) {
+			return h, err
+		}
+	}
+	return Reservation{}, ErrNotFound
 }
 
 // Available returns the units buyers can still reserve (the Redis figure,

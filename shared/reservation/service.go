@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -59,7 +60,10 @@ type Service struct {
 	touched  touches  // SKUs this instance marked live, and until when it need not again
 	counts   counts   // K per SKU as Redis had it lately
 	refills  sync.Map // bucket name -> *sync.Mutex: one refill of a bucket at a time here
-	idSecret []byte   // the key of ids derived from an Idempotency-Key
+	// transfersPaused holds the time.Time until which this instance makes
+	// no transfer (MySQL failed to record one).
+	transfersPaused atomic.Value
+	idSecret        []byte // the key of ids derived from an Idempotency-Key
 }
 
 // Deps are the Service's collaborators.

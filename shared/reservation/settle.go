@@ -101,7 +101,7 @@ func (s *Service) follow(ctx context.Context, row Reservation, version int64) Re
 
 func (s *Service) followNow(ctx context.Context, row Reservation, version int64) error {
 	if row.Transfer {
-		return s.followTransfer(ctx, row)
+		return s.followTransfer(ctx, row, 0)
 	}
 	var errs []error
 	returned, err := s.holds.Follow(ctx, row, version)

@@ -94,7 +94,7 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 		}
 		if e.Quiescent {
 			shares := map[int]int64{0: available}
-			rows, err := db.QueryContext(ctx, `SELECT bucket, available FROM stock_buckets WHERE sku = ? AND bucket < ?`, sku, buckets)
+			rows, err := db.QueryContext(ctx, `SELECT bucket, available FROM stock_buckets WHERE sku = ?`, sku)
 			if err != nil {
 				return nil, err
 			}
@@ -104,6 +104,10 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 				if err := rows.Scan(&b, &n); err != nil {
 					rows.Close()
 					return nil, err
+				}
+				if b < 1 || b >= max(buckets, 1) {
+					add("I2", "%s: a share of %d units for bucket %d, which the SKU (%d buckets) does not have", sku, n, b, buckets)
+					continue
 				}
 				shares[b] += n
 				shares[0] -= n

@@ -42,15 +42,15 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 		return out, translate("apply insert", err)
 	}
 
-	read := `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ?`
+	read := `SELECT available, version, per_user_limit, buckets FROM product_stock WHERE sku = ?`
 	if lock == reservation.Pessimistic {
 		read += ` FOR UPDATE`
 	}
 	var available, version int64
-	var limit int
-	err = tx.QueryRowContext(ctx, read, r.SKU).Scan(&available, &version, &limit)
-	if errors.Is(err, sql.ErrNoRows) {
-		out.Result = reservation.NoSuchSKU
+	var limit, buckets int
+	err = tx.QueryRowContext(ctx, read, r.SKU).Scan(&available, &version, &limit, &buckets)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !inBuckets(r, buckets)) {
+		out.Result = reservation.NoSuchSKU // no such SKU, or no such bucket of it
 		return out, nil
 	}
 	if err != nil {
@@ -265,8 +265,8 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 		return nil, translate("batch insert", err)
 	}
 	var available, version int64
-	var limit int
-	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit FROM product_stock WHERE sku = ? FOR UPDATE`, sku).Scan(&available, &version, &limit)
+	var limit, buckets int
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, buckets FROM product_stock WHERE sku = ? FOR UPDATE`, sku).Scan(&available, &version, &limit, &buckets)
 	if errors.Is(err, sql.ErrNoRows) {
 		for i := range out {
 			out[i].Result = reservation.NoSuchSKU
@@ -297,6 +297,8 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	for _, i := range fresh {
 		r := rs[i]
 		switch {
+		case !inBuckets(r, buckets):
+			out[i] = reservation.BatchResult{Result: reservation.NoSuchSKU, Row: r}
 		case sum+int64(r.Qty) > available:
 			out[i] = reservation.BatchResult{Result: reservation.Insufficient, Row: r}
 		case limit > 0 && units[r.UserID]+added[r.UserID]+int64(r.Qty) > int64(limit):

@@ -42,6 +42,12 @@ func moveShares(ctx context.Context, tx *sql.Tx, sku string, delta map[int]int64
 	return nil
 }
 
+// inBuckets reports whether r's bucket is one of the SKU's k: a message of
+// another (forged, or of a K that was never the SKU's) takes nothing.
+func inBuckets(r reservation.Reservation, k int) bool {
+	return r.Bucket >= 0 && r.Bucket < max(k, 1)
+}
+
 // intoBucket is a row's into_bucket: the receiving bucket of a transfer.
 func intoBucket(r reservation.Reservation) sql.NullInt64 {
 	return sql.NullInt64{Int64: int64(r.Into), Valid: r.Transfer}
