@@ -30,7 +30,8 @@ bench:
 	scripts/bench.sh $(ARGS)
 
 ## chaos: seeded chaos schedules for as long as asked, then the model-based
-## test for MODEL_CHECKS random sequences, on the real services
+## test for MODEL_CHECKS random sequences, on the real services — each twice:
+## with one bucket per SKU, and with three buckets on a three-shard cluster
 ##   make chaos DURATION=10m MODEL_CHECKS=5000
 ##   (a failing chaos seed replays with HOLDFAST_CHAOS_SEED=<seed>; a failing
 ##   model sequence prints its shrunk steps and -rapid.seed / fail file)
@@ -39,9 +40,10 @@ MODEL_CHECKS ?= 2000
 chaos: SHELL := /bin/bash
 chaos:
 	@mkdir -p .holdfast; set -o pipefail; HOLDFAST_CHAOS_DURATION=$(DURATION) HOLDFAST_MODEL_CHECKS=$(MODEL_CHECKS) \
-		scripts/test.sh -run 'TestChaos$$|TestModel$$' -v -timeout 0 ./test/system | tee .holdfast/chaos.log; \
-		grep -q -- '--- PASS: TestChaos' .holdfast/chaos.log && grep -q -- '--- PASS: TestModel' .holdfast/chaos.log || \
-		{ echo "chaos: TestChaos and TestModel did not both run and pass"; exit 1; }
+		HOLDFAST_MODEL_BUCKET_CHECKS=$(MODEL_CHECKS) \
+		scripts/test.sh -run 'TestChaos$$|TestModel$$|TestChaosBuckets$$|TestModelBuckets$$' -v -timeout 0 ./test/system | tee .holdfast/chaos.log; \
+		for t in TestChaos TestModel TestChaosBuckets TestModelBuckets; do \
+			grep -q -- "--- PASS: $$t " .holdfast/chaos.log || { echo "chaos: $$t did not run and pass"; exit 1; }; done
 
 ## load: fire a flash sale at `make dev` and print the invariant report; each
 ## buyer sends its own token, minted with the key `make dev` verifies with
