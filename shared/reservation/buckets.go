@@ -202,7 +202,8 @@ func (s *Service) crossBucketMismatch(ctx context.Context, r Reservation, l layo
 // and half of what it has, so that a bucket drained by its buyers draws
 // once, not once per buyer. Buyers of one instance refill a bucket one at a
 // time. Nothing moves when all the buckets together have fewer than need
-// units (a request that cannot be served costs no transfer). A donor
+// units (a request that cannot be served costs no transfer); with need 0
+// (cover: home owes units) whatever the others have moves. A donor
 // drained between the read and the move (by its buyers, or another refill)
 // is read again: up to maxRefills passes. It reports whether home has need
 // units now; an error (a store failed: not the stock's answer) ends it.
@@ -237,8 +238,10 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bo
 				donors = append(donors, donor{b, n})
 			}
 		}
-		if len(donors) == 0 || total < int64(need) {
-			return false, nil // the buckets together cannot serve it: sold out
+		if len(donors) == 0 || (need > 0 && total < int64(need)) {
+			// The buckets together cannot serve it: sold out. (A debt, need
+			// 0, takes what there is: cover.)
+			return false, nil
 		}
 		sort.Slice(donors, func(i, j int) bool { return donors[i].avail > donors[j].avail })
 		for _, d := range donors {

@@ -74,3 +74,36 @@ func TestSoldOutOnlyWhenEveryBucketIsEmpty(t *testing.T) {
 		t.Error("no transfer counted")
 	}
 }
+
+// A bucket owes units (an admin removed units that sat in other buckets, and
+// more than came back since): a unit returned to another bucket pays the debt
+// first, even when it cannot pay all of it, so no bucket sells a unit the
+// SKU does not have.
+func TestAReturnedUnitPaysWhatABucketOwesFirst(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.svc.ChangeStock(bg, StockChange{SKU: "hot", Set: ptr(int64(2)), Buckets: ptr(3)}); err != nil {
+		t.Fatal(err)
+	}
+	a, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "hot", Qty: 1, UserID: userIn(1, 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "hot", Qty: 1, UserID: userIn(2, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	// Both units are held; the admin takes both away in MySQL: Redis's
+	// bucket 0 owes 2, and the SKU offers −2.
+	if _, err := f.svc.ChangeStock(bg, StockChange{SKU: "hot", Add: ptr(int64(-2))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.Cancel(bg, a.ID, a.UserID); err != nil { // one unit back, into bucket 1
+		t.Fatal(err)
+	}
+	if n, _ := f.svc.Available(bg, "hot"); n != -1 {
+		t.Fatalf("available %d, want -1 (2 owed, 1 back)", n)
+	}
+	_, _, err = f.svc.Reserve(bg, ReserveRequest{SKU: "hot", Qty: 1, UserID: userIn(1, 3)})
+	if !errors.Is(err, ErrSoldOut) {
+		t.Fatalf("a buyer of bucket 1 after the unit came back: %v, want sold out (the SKU has none)", err)
+	}
+}
