@@ -54,6 +54,7 @@ var emittedBy = map[string][]string{
 	"records": {"persist", "compensate"}, "batches": {"persist", "compensate"},
 	"item_failures": {"persist", "compensate"}, "poison_messages": {"persist", "compensate"},
 	"cancelled_dead_letter": {"compensate"},
+	"transfer_failed":       {"reserve", "sweeper"},
 	"drift_units":           {"sweeper"}, "drift_healed": {"sweeper"}, "swept_expired": {"sweeper"}, "sweep_errors": {"sweeper"},
 }
 
