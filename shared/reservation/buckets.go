@@ -95,6 +95,20 @@ const transferTTL = 10 * time.Second
 // maxRefills bounds the rounds of refill and retry one reserve makes.
 const maxRefills = 3
 
+// transitWait and transitWaits bound how long a refill waits for units on
+// their way between buckets that it needs (a transfer takes milliseconds;
+// behind persist's batch on the stock row, longer): past it the buyer hears
+// 503 and retries.
+const (
+	transitWait  = 5 * time.Millisecond
+	transitWaits = 20
+)
+
+// transferTimeout bounds one transfer, which runs to its end even when the
+// buyer who started it goes away: a transfer left half-way holds units until
+// the sweeper decides it.
+const transferTimeout = 5 * time.Second
+
 // transferPause is how long an instance makes no transfer after MySQL
 // failed to record one: each attempt holds units in the giving bucket until
 // a fence decides them, so a MySQL outage must not freeze the stock one
@@ -203,19 +217,23 @@ func (s *Service) crossBucketMismatch(ctx context.Context, r Reservation, l layo
 // once, not once per buyer. Buyers of one instance refill a bucket one at a
 // time. Nothing moves when all the buckets together have fewer than need
 // units (a request that cannot be served costs no transfer); with need 0
-// (cover: home owes units) whatever the others have moves. A donor
-// drained between the read and the move (by its buyers, or another refill)
-// is read again: up to maxRefills passes. It reports whether home has need
-// units now; an error (a store failed: not the stock's answer) ends it.
+// (cover: home owes units) whatever the others have moves. Units on their
+// way between buckets (another transfer, not decided yet) count: while they
+// would make up the need it waits for them briefly, then answers 503, never
+// sold out. A donor drained between the read and the move is read again: up
+// to maxRefills passes. It reports whether home has need units now; an
+// error (a store failed, or units still on their way) ends it.
 func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bool, error) {
 	mu := s.refilling(BucketName(sku, home))
 	mu.Lock()
 	defer mu.Unlock()
-	have, err := s.bucketStock(ctx, sku, home)
-	if err != nil {
-		return false, err
-	}
-	for range maxRefills {
+	waits := 0
+	for pass := 0; pass < maxRefills; {
+		mine, err := s.bucketFigures(ctx, sku, home)
+		if err != nil {
+			return false, err
+		}
+		have := mine.Available
 		if have >= int64(need) {
 			return true, nil // enough, perhaps refilled while this buyer waited
 		}
@@ -224,25 +242,34 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bo
 			avail int64
 		}
 		var donors []donor
-		total := have
+		total, transit := have, mine.Moving
 		for b := range k {
 			if b == home {
 				continue
 			}
-			n, err := s.bucketStock(ctx, sku, b)
+			rs, err := s.bucketFigures(ctx, sku, b)
 			if err != nil {
 				return false, err
 			}
-			total += n
-			if n > 0 {
-				donors = append(donors, donor{b, n})
+			total, transit = total+rs.Available, transit+rs.Moving
+			if rs.Available > 0 {
+				donors = append(donors, donor{b, rs.Available})
 			}
 		}
-		if len(donors) == 0 || (need > 0 && total < int64(need)) {
-			// The buckets together cannot serve it: sold out. (A debt, need
-			// 0, takes what there is: cover.)
-			return false, nil
+		if need > 0 && total < int64(need) {
+			if total+transit < int64(need) {
+				return false, nil // the buckets together cannot serve it: sold out
+			}
+			if waits++; waits > transitWaits {
+				return false, Unavailable("refill", errors.New("units still on their way between buckets"))
+			}
+			s.sleep(ctx, transitWait)
+			continue
 		}
+		if len(donors) == 0 {
+			return false, nil // cover: nothing to pay the debt with yet
+		}
+		pass++
 		sort.Slice(donors, func(i, j int) bool { return donors[i].avail > donors[j].avail })
 		for _, d := range donors {
 			want := max(int64(need)-have, 1)
@@ -260,7 +287,7 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bo
 			}
 		}
 	}
-	return have >= int64(need), nil
+	return false, nil
 }
 
 // cover refills the buckets of sku that owe units (below zero: an admin
@@ -294,15 +321,22 @@ func (s *Service) refilling(name string) *sync.Mutex {
 // bucketStock returns the units bucket b of sku has free in Redis,
 // warming it if Redis lost it.
 func (s *Service) bucketStock(ctx context.Context, sku string, b int) (int64, error) {
+	rs, err := s.bucketFigures(ctx, sku, b)
+	return rs.Available, err
+}
+
+// bucketFigures returns bucket b of sku as Redis has it, warming it if
+// Redis lost it.
+func (s *Service) bucketFigures(ctx context.Context, sku string, b int) (RedisStock, error) {
 	name := BucketName(sku, b)
 	rs, err := s.holds.Stock(ctx, name)
 	if errors.Is(err, ErrUnknownSKU) {
 		if _, err = s.warm(ctx, sku, b); err != nil {
-			return 0, err
+			return RedisStock{}, err
 		}
 		rs, err = s.holds.Stock(ctx, name)
 	}
-	return rs.Available, err
+	return rs, err
 }
 
 // transfer moves n units of sku from bucket from to bucket into: the giving
@@ -315,6 +349,8 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 	if until, ok := s.transfersPaused.Load().(time.Time); ok && s.clock.Now().Before(until) {
 		return false, Unavailable("transfer", errors.New("paused after mysql failed to record one"))
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), transferTimeout)
+	defer cancel()
 	t := Reservation{
 		ID: ReservationID(ReserveRequest{SKU: sku}, nil), SKU: sku, Qty: int(n), Bucket: from,
 		Transfer: true, Into: into, Token: newToken(), Status: StatusHeld,
@@ -350,22 +386,19 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 	return true, nil
 }
 
-// followTransfer makes Redis follow a transfer's row: its hold in the giving
-// bucket confirmed (or, fenced, its units returned there), then — once —
-// the units credited to the receiving bucket; the row is released when both
-// are done. version is the record's commit version right after the commit
-// (a hold the giving bucket lost is then taken from its stock, as persist's
-// confirm does), 0 later: from the outbox the hold may be gone for having
-// finished (retention), not for having been lost, and taking again would
-// take twice; reconciliation repairs the rare loss instead.
+// followTransfer makes Redis follow a transfer's row: the units credited
+// to the receiving bucket once, then its hold in the giving bucket confirmed
+// (or, fenced, its units returned there); the row is released when both are
+// done. The credit comes first: until the hold is decided its units count as
+// on their way (meta.moving), so at no moment are they counted nowhere —
+// for an instant they count twice, which only makes a refill wait. version
+// is the record's commit version right after the commit (a hold the giving
+// bucket lost is then taken from its stock, as persist's confirm does), 0
+// later: from the outbox the hold may be gone for having finished
+// (retention), not for having been lost, and taking again would take twice;
+// reconciliation repairs the rare loss instead.
 func (s *Service) followTransfer(ctx context.Context, row Reservation, version int64) error {
-	if _, err := s.holds.Follow(ctx, row, version); err != nil {
-		return fmt.Errorf("follow transfer %s: %w", row.ID, err)
-	}
-	if row.Released {
-		return nil
-	}
-	if row.Status == StatusConfirmed {
+	if row.Status == StatusConfirmed && !row.Released {
 		_, err := s.holds.Credit(ctx, row)
 		if errors.Is(err, ErrUnknownSKU) {
 			if _, err = s.warm(ctx, row.SKU, row.Into); err == nil {
@@ -375,6 +408,12 @@ func (s *Service) followTransfer(ctx context.Context, row Reservation, version i
 		if err != nil {
 			return fmt.Errorf("credit transfer %s: %w", row.ID, err)
 		}
+	}
+	if _, err := s.holds.Follow(ctx, row, version); err != nil {
+		return fmt.Errorf("follow transfer %s: %w", row.ID, err)
+	}
+	if row.Released {
+		return nil
 	}
 	if err := s.ledger.MarkReleased(ctx, row.ID); err != nil {
 		return fmt.Errorf("mark released %s: %w", row.ID, err)

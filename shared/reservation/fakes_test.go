@@ -237,14 +237,16 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
 			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
-		if h.token != r.Token && h.state == StatusHeld {
+		if h.token != r.Token && h.state == StatusHeld && !r.Charged {
 			if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}
 		}
 		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
 	}
-	if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
+	if r.Charged {
+		// the retry of an attempt already charged: no charge (reserve.lua's ARGV[11])
+	} else if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 		return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 	}
 	avail, ok := m.stock[name]
@@ -343,12 +345,15 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 			g.remaining++
 		}
 	}
+	var old memHold // HMGET's answer: the hold before this call
 	unhold := func(n int64) {
 		m.metaOf(sku)["held"] -= n
+		if old.transfer {
+			m.metaOf(sku)["moving"] -= n
+		}
 		delete(m.exp[sku], id)
 	}
 
-	var old memHold // HMGET's answer: the hold before this call
 	var state Status
 	if h, ok := m.holds[key]; ok {
 		old, state = *h, h.state
@@ -475,7 +480,7 @@ func (m *memHolds) Stock(_ context.Context, sku string) (RedisStock, error) {
 		return RedisStock{}, ErrUnknownSKU
 	}
 	meta := m.meta[sku]
-	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"]}, nil
+	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"]}, nil
 }
 
 // Sync mirrors stock.lua (admin changes of a SKU Redis knows).
@@ -634,6 +639,7 @@ func (m *memHolds) TakeOut(_ context.Context, t Reservation, ttl time.Duration) 
 	deadline := now + ttl.Milliseconds()
 	m.stock[name] -= int64(t.Qty)
 	m.metaOf(name)["held"] += int64(t.Qty)
+	m.metaOf(name)["moving"] += int64(t.Qty)
 	m.holds[holdKey(name, t.ID)] = &memHold{sku: t.SKU, qty: int64(t.Qty), token: t.Token, state: StatusHeld,
 		deadline: deadline, created: now, bucket: t.Bucket, transfer: true, into: t.Into}
 	if m.exp[name] == nil {

@@ -147,6 +147,9 @@ type RedisStock struct {
 	Held       int64 // units HELD, not yet decided
 	AdminDelta int64 // the admin changes applied (StockLevel.AdminDelta)
 	Version    int64 // the MySQL version of the last level applied
+	// Moving is the units of transfers out of this bucket not decided yet
+	// (part of Held): on their way to another bucket.
+	Moving int64
 }
 
 // SyncResult is what Sync did.

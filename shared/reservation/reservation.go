@@ -86,6 +86,10 @@ type Reservation struct {
 	// has no user and no event.
 	Transfer bool
 	Into     int
+	// Charged marks a reserve call that repeats an attempt the script has
+	// charged to the buyer's attempt rate already (the retry after a
+	// refill): it is not charged again. Never stored.
+	Charged bool
 }
 
 // GroupStatus is the state of a group-buy.

@@ -139,6 +139,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		if !ok {
 			break
 		}
+		r.Charged = true // one attempt of the buyer's, charged once
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	if err != nil && keyed && !checked && refusal(err) {

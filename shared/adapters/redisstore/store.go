@@ -185,7 +185,7 @@ func ms(t time.Time) int64 { return t.UnixMilli() }
 // Reserve implements reservation.Holds.
 func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time.Duration) (reservation.Reservation, reservation.ReserveOutcome, error) {
 	var none reservation.ReserveOutcome
-	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst}
+	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.Charged)}
 	res := reserveScript.Run(ctx, s.rdb, ReserveKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
 	if err := res.Err(); err != nil {
 		return reservation.Reservation{}, none, reservation.Unavailable("redis reserve", err)
@@ -450,7 +450,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 	var meta *redis.SliceCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		stock = p.Get(ctx, k.stock())
-		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver")
+		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver", "moving")
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -464,7 +464,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 	if err != nil {
 		return reservation.RedisStock{}, fmt.Errorf("redis stock %s: %w", sku, err)
 	}
-	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version} {
+	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version, &rs.Moving} {
 		if v, ok := meta.Val()[i].(string); ok {
 			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
 				return reservation.RedisStock{}, fmt.Errorf("redis meta %s: %w", sku, err)

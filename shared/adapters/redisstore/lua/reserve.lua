@@ -14,6 +14,8 @@
 -- ARGV[6] hold ttl (ms)  ARGV[7] token (names this incarnation of the hold)
 -- ARGV[8] now (unix ms; "" = Redis's clock, as in production)
 -- ARGV[9] default attempts per second per user  ARGV[10] default burst (0: no rate limit)
+-- ARGV[11] "1": this call repeats an attempt already charged (reserve's retry after it refilled
+--          the bucket), so it is not charged again
 --
 -- Returns a flat array whose first element is the code:
 --   {"OK", deadline, created, full}         hold recorded HELD, stock deducted; full "1" when this join
@@ -36,6 +38,7 @@ local ttl, token = tonumber(ARGV[6]), ARGV[7]
 -- same token: go-redis after a timeout) is free. A clock that stepped back restarts the refill.
 local now = clock_ms(ARGV[8])
 local function charge()
+  if ARGV[11] == '1' then return nil end
   local rate = tonumber(redis.call('HGET', KEYS[2], 'rate') or '0')
   local burst = tonumber(redis.call('HGET', KEYS[2], 'burst') or '0')
   if rate <= 0 then rate = tonumber(ARGV[9]) end
