@@ -1,5 +1,6 @@
 -- credit.lua: the receiving side of a transfer MySQL recorded: add its units to this bucket's
--- stock, exactly once. All keys share the receiving bucket's {hash tag}.
+-- stock, exactly once (before the giving bucket confirms its hold, so that the units are never
+-- counted nowhere). All keys share the receiving bucket's {hash tag}.
 --
 -- KEYS[1] stock  KEYS[2] meta (wver)  KEYS[3] the transfer's mark in this bucket
 -- ARGV[1] qty  ARGV[2] the stock row's version the transfer committed at
