@@ -140,7 +140,7 @@ func (b *bench) confirmLag(ctx context.Context) error {
 		at := time.Now()
 		for i, c := range cmds {
 			out, _ := c.(*redis.Cmd).StringSlice()
-			if len(out) < 3 || out[0] != "OK" {
+			if !heldNow(out, rs[i].Token) {
 				tick.Stop()
 				return fmt.Errorf("accept → CONFIRMED: reserve answered %v", out)
 			}
@@ -162,4 +162,21 @@ func (b *bench) confirmLag(ctx context.Context) error {
 		ops:  int64(sent), elapsed: time.Since(start), lat: lags,
 		extra: map[string]string{"batching": fmt.Sprintf("BatchSize %d, window %d s, %d consumers", ev.BatchSize, ev.MaximumBatchingWindow, ev.MaximumConcurrency)}})
 	return nil
+}
+
+// heldNow reports whether the reserve script's answer says this call's hold
+// (token) is HELD: OK, or the REPLAY a retried call gets (go-redis sends a
+// pipeline again after a timeout; the script is idempotent per token).
+func heldNow(out []string, token string) bool {
+	if len(out) >= 3 && out[0] == "OK" {
+		return true
+	}
+	if len(out) == 0 || out[0] != "REPLAY" {
+		return false
+	}
+	fields := map[string]string{}
+	for i := 1; i+1 < len(out); i += 2 {
+		fields[out[i]] = out[i+1]
+	}
+	return fields["token"] == token && fields["state"] == "HELD"
 }

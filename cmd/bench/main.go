@@ -237,7 +237,7 @@ func (b *bench) reserve(ctx context.Context) error {
 	if err := run(modeFloor, setStock, func(sku string, w, i int) error {
 		r := reservation.Reservation{ID: fmt.Sprintf("f%d-%d", w, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i), Token: "floor"}
 		out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), redisstore.ReserveArgs(r, time.Minute, b.cfg.UserRate, b.cfg.UserBurst)...).StringSlice()
-		if err != nil || out[0] != "OK" {
+		if err != nil || !heldNow(out, r.Token) {
 			return fmt.Errorf("floor: %v %v", out, err)
 		}
 		return nil
@@ -482,8 +482,8 @@ func (b *bench) holdAll(ctx context.Context, msgs []reservation.Reservation) err
 		if err != nil {
 			return fmt.Errorf("persist setup: hold: %w", err)
 		}
-		for _, c := range cmds {
-			if out, _ := c.(*redis.Cmd).StringSlice(); len(out) == 0 || out[0] != "OK" {
+		for i, c := range cmds {
+			if out, _ := c.(*redis.Cmd).StringSlice(); !heldNow(out, msgs[lo+i].Token) {
 				return fmt.Errorf("persist setup: hold: %v", out)
 			}
 		}
