@@ -58,7 +58,7 @@ func (b *bench) buckets(ctx context.Context) error {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
 	defer cc.Close()
 	for _, k := range []int{1, 3} {
-		sku, err := spreadSKU(ctx, cc, fmt.Sprintf("bench-buckets%d-%d", k, time.Now().UnixNano()), k)
+		sku, err := services.SpreadSKU(ctx, cc, fmt.Sprintf("bench-buckets%d-%d", k, time.Now().UnixNano()), k)
 		if err != nil {
 			return err
 		}
@@ -113,26 +113,6 @@ func (b *bench) buckets(ctx context.Context) error {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// spreadSKU returns a SKU named after prefix whose k buckets sit on k
-// different masters.
-func spreadSKU(ctx context.Context, c *redis.ClusterClient, prefix string, k int) (string, error) {
-	for i := range 1000 {
-		sku := fmt.Sprintf("%s-%d", prefix, i)
-		masters := map[string]bool{}
-		for bk := range k {
-			m, err := c.MasterForKey(ctx, "hf:{"+reservation.BucketName(sku, bk)+"}:stock")
-			if err != nil {
-				return "", err
-			}
-			masters[m.Options().Addr] = true
-		}
-		if len(masters) == k {
-			return sku, nil
-		}
-	}
-	return "", fmt.Errorf("no SKU named %s-<n> spreads over %d masters", prefix, k)
-}
 
 // mainThreadCPU reads the CPU seconds a node's main thread has used.
 func mainThreadCPU(ctx context.Context, addr string) (float64, error) {

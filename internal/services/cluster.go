@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/holdfast/holdfast/shared/reservation"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -78,4 +79,25 @@ func (c *Cluster) Stop() {
 		_, _ = cmd.Process.Wait()
 	}
 	c.cmds = nil
+}
+
+// SpreadSKU returns the first SKU named prefix-<n> whose k buckets' hash
+// tags (reservation.BucketName) sit on k different masters of c: the
+// precondition of a test or benchmark of one SKU over k shards.
+func SpreadSKU(ctx context.Context, c *redis.ClusterClient, prefix string, k int) (string, error) {
+	for i := range 1000 {
+		sku := fmt.Sprintf("%s-%d", prefix, i)
+		masters := map[string]bool{}
+		for b := range k {
+			m, err := c.MasterForKey(ctx, "{"+reservation.BucketName(sku, b)+"}") // a key's slot is its hash tag's
+			if err != nil {
+				return "", err
+			}
+			masters[m.Options().Addr] = true
+		}
+		if len(masters) == k {
+			return sku, nil
+		}
+	}
+	return "", fmt.Errorf("no SKU named %s-<n> spreads %d buckets over %d masters", prefix, k, k)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/internal/services"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
@@ -26,23 +27,19 @@ import (
 // its own shard).
 func spreadSKU(t *testing.T, c *redis.ClusterClient, prefix string, k int) string {
 	t.Helper()
-	ctx := context.Background()
-	for i := range 1000 {
-		sku := fmt.Sprintf("%s-%d", prefix, i)
-		masters := map[string]bool{}
-		for b := range k {
-			m, err := c.MasterForKey(ctx, "hf:{"+reservation.BucketName(sku, b)+"}:stock")
-			if err != nil {
-				t.Fatalf("master for bucket %d of %s: %v", b, sku, err)
-			}
-			masters[m.Options().Addr] = true
-		}
-		if len(masters) == k {
-			return sku
-		}
+	sku, err := services.SpreadSKU(context.Background(), c, prefix, k)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no SKU named %s-<n> spreads %d buckets over %d masters", prefix, k, k)
-	return ""
+	return sku
+}
+
+// createSKU creates sku with stock units over k buckets through the admin API.
+func (s *stack) createSKU(sku string, stock, k int) {
+	s.t.Helper()
+	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", fmt.Sprintf(`{"stock":%d,"buckets":%d}`, stock, k), nil); code != 200 {
+		s.t.Fatalf("create %s with %d units over %d buckets = %d %v", sku, stock, k, code, body)
+	}
 }
 
 // bucketStocks returns the Redis figures (available, held) of each bucket.
@@ -153,9 +150,7 @@ func TestBuckets(t *testing.T) {
 		s := newStack(t, withCluster(addrs), withEnqueuer(rec))
 		sku := spreadSKU(t, s.cluster, "race", k)
 		const units, workers, each = 100000, 32, 25
-		if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", fmt.Sprintf(`{"stock":%d,"buckets":3}`, units), nil); code != 200 {
-			t.Fatalf("set stock = %d %v", code, body)
-		}
+		s.createSKU(sku, units, k)
 		var mu sync.Mutex
 		codes := map[int]int{}
 		var wg sync.WaitGroup
@@ -187,9 +182,7 @@ func TestBuckets(t *testing.T) {
 		s := newStack(t, withCluster(addrs), withEnqueuer(rec))
 		sku := spreadSKU(t, s.cluster, "tail", k)
 		const units = 40
-		if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":40,"buckets":3}`, nil); code != 200 {
-			t.Fatalf("set stock = %d %v", code, body)
-		}
+		s.createSKU(sku, 40, k)
 		var ids []string
 		for i := range units + 10 {
 			code, body := s.reserve(sku, fmt.Sprintf("one-%d", i), 1, "")
@@ -236,9 +229,7 @@ func TestBuckets(t *testing.T) {
 	t.Run("a transfer that crashes half-way loses nothing", func(t *testing.T) {
 		s := newStack(t, withCluster(addrs))
 		sku := spreadSKU(t, s.cluster, "crash", k)
-		if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":90,"buckets":3}`, nil); code != 200 {
-			t.Fatalf("set stock = %d %v", code, body)
-		}
+		s.createSKU(sku, 90, k)
 		ctx := context.Background()
 		holds := redisstore.New(s.cluster, 0, redisstore.WithClock(s.clock))
 		ledger := mysqlstore.New(s.db)

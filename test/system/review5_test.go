@@ -30,24 +30,16 @@ func userIn(prefix string, b, k int) string {
 	}
 }
 
-// MySQL unreachable for a moment during a K = 3 sale. With one bucket,
-// reserve never needs MySQL (TestFault07). With three, a buyer whose
-// bucket is dry refills it through a transfer MySQL must record: the
-// transfer fails, the buyer is told 409 sold out although bucket 0 has 30
-// units, and each failed attempt leaves a transfer hold (half the donor) that
-// only the sweeper returns 30 s + grace later. After MySQL is back, buyers
-// are told sold out while MySQL has every unit available and nobody holds any.
-// A MySQL outage: a buyer of a dry bucket hears 503 (not sold out), the
+// A MySQL outage: a buyer of a dry bucket hears 503, not sold out; the
 // transfer's held units are decided by the fence once MySQL is back, and no
-// stock stays frozen.
+// stock stays frozen. (The review found 409s, and half of bucket 0 held
+// per buyer until the sweeper ran.)
 func TestReview5MySQLBlipFreezesBucketStockAsSoldOut(t *testing.T) {
 	var db *faultproxy.Proxy
 	s := newStack(t, withDBProxy(&db))
 	const k = 3
 	sku := testservices.Name("blip")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":30,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 30, 3)
 	// The sale is under way: every bucket is warm (all 30 units in bucket 0).
 	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(30) {
 		t.Fatalf("GET /skus = %d %v", code, body)
@@ -85,18 +77,13 @@ func TestReview5MySQLBlipFreezesBucketStockAsSoldOut(t *testing.T) {
 	}
 }
 
-// A request for more units than the SKU has left is refused (right), and
-// the instance then answers every unkeyed buyer "sold out" for
-// HOLDFAST_SOLD_OUT_TTL without asking Redis, although units remain in the
-// buckets: "while any bucket has stock, no buyer is told sold out".
-// A refused big order does not make the instance answer sold out to small ones.
+// A refused big order does not make the instance answer sold out to small
+// ones. (The review found the sold-out flag set by any refusal.)
 func TestReview5BigOrderRefusedTellsSmallBuyersSoldOut(t *testing.T) {
 	s := newStack(t)
 	const k = 3
 	sku := testservices.Name("bigorder")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":3,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 3, 3)
 	code, body := s.reserve(sku, userIn("whale", 1, k), 4, "")
 	if code != http.StatusConflict {
 		t.Fatalf("4 of 3 units = %d %v, want 409", code, body)
@@ -110,20 +97,14 @@ func TestReview5BigOrderRefusedTellsSmallBuyersSoldOut(t *testing.T) {
 	}
 }
 
-// A hostile client asks, again and again, for more units than the whole
-// SKU has, from accounts whose home buckets differ. Every refused request
-// runs a transfer: a MySQL transaction that bumps the stock row's version
-// (turning persist's optimistic updates and admins' If-Match into
-// conflicts) and drags the SKU's units into the asker's bucket. A request
-// that no bucket combination can satisfy should move nothing.
-// A request the buckets together cannot serve moves nothing and writes nothing.
+// A request the buckets together cannot serve moves nothing and writes
+// nothing. (The review found a MySQL transfer, and a version bump, per
+// refused request: a scalper's lever on the arbiter.)
 func TestReview5RefusedOversizedOrdersEachWriteMySQL(t *testing.T) {
 	s := newStack(t)
 	const k = 3
 	sku := testservices.Name("churn")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":6,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 6, 3)
 	v0 := s.count(`SELECT version FROM product_stock WHERE sku = ?`, sku)
 	const attempts = 30
 	for i := range attempts {
@@ -140,21 +121,15 @@ func TestReview5RefusedOversizedOrdersEachWriteMySQL(t *testing.T) {
 	}
 }
 
-// The layout (K and "has groups") is cached per instance for 5 s, and
-// creating a group does not drop it: a keyed buy right after the SKU's
-// first group is not checked against bucket 0, so a join and a buy under one
-// Idempotency-Key are both accepted (202 twice, one id in two buckets)
-// instead of the second being 422; persist then keeps one and returns the
-// other as a stray: a 202 that silently becomes another request's answer.
-// A buy under the key of a held join is 422, also right after the SKU's first group.
+// A buy under the key of a held join is 422, also right after the SKU's
+// first group. (The review found the instance's cached layout, taken before
+// the group, skipping the check of bucket 0: both were accepted.)
 func TestReview5JoinAndBuyUnderOneKeyBothAcceptedAfterFirstGroup(t *testing.T) {
 	rec := &recordingEnqueuer{}
 	s := newStack(t, withEnqueuer(rec))
 	const k = 3
 	sku := testservices.Name("keyx")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":10,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 10, 3)
 	// Any buyer: the instance caches the layout (no groups yet).
 	if code, body := s.reserve(sku, "someone", 1, ""); code != http.StatusAccepted {
 		t.Fatalf("first buyer = %d %v", code, body)
@@ -180,24 +155,15 @@ func TestReview5JoinAndBuyUnderOneKeyBothAcceptedAfterFirstGroup(t *testing.T) {
 	t.Logf("after persist, GET of the id: %v", got)
 }
 
-// A transfer whose giving bucket confirmed its hold (follow.lua: the hold
-// CONFIRMED, kept for the retention) but whose credit did not go out yet
-// (crash point 3 of TestBuckets, or the receiving bucket's shard down): the
-// release outbox completes it later. If that happens after the finished
-// hold's retention, followTransfer follows with the transfer's version
-// (not 0, as every late follow of a buyer's row does), follow.lua finds no
-// hold and a version newer than wver, and takes the units from the giving
-// bucket a second time: units lost (and again every retention while the
-// credit keeps failing).
 // A transfer completed late by the outbox (its finished hold gone with
-// retention) takes nothing from the giving bucket a second time.
+// retention) takes nothing from the giving bucket a second time. (The review
+// found the late follow carrying the transfer's version, so follow.lua took
+// the units again.)
 func TestReview5LateTransferOutboxTakesGivingBucketTwice(t *testing.T) {
 	s := newStack(t)
 	const k = 3
 	sku := testservices.Name("late")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":90,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 90, 3)
 	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(90) {
 		t.Fatalf("GET /skus = %d %v", code, body)
 	}
@@ -237,22 +203,13 @@ func TestReview5LateTransferOutboxTakesGivingBucketTwice(t *testing.T) {
 	s.check(invariant.Expect{Sellable: map[string]int64{sku: 90}, Quiescent: true})
 }
 
-// A message whose bucket is past the SKU's K (forged, or a bit flipped) is
-// not poison: Decode accepts any bucket below 64. Persist takes the unit in
-// MySQL and writes a share for a bucket that does not exist; Redis follows
-// in that non-existent bucket (no stock key: nothing moves). The SKU's real
-// buckets keep offering a unit MySQL no longer has (bucket 0's MySQL share
-// is available − Σ shares of buckets 1..K−1, so it drops by one while bucket
-// 0's Redis figure does not). The same message with bucket 0 keeps the
-// stores equal (follow.lua takes the unit from Redis).
 // A message naming a bucket the SKU does not have takes nothing in either
-// store: it is cancelled unknown_sku.
+// store: it is cancelled unknown_sku. (The review found it applied, with a
+// share for the missing bucket that MySQL's checker did not see.)
 func TestReview5MessageWithBucketPastKIsApplied(t *testing.T) {
 	s := newStack(t)
 	sku := testservices.Name("forged")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":10,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 10, 3)
 	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(10) {
 		t.Fatalf("GET /skus = %d %v", code, body)
 	}
@@ -274,18 +231,14 @@ func TestReview5MessageWithBucketPastKIsApplied(t *testing.T) {
 	s.check(invariant.Expect{Sellable: map[string]int64{sku: 10}, Quiescent: true})
 }
 
-// K raised from 2 to 3 while a buyer's reservation is HELD (not persisted
-// yet): GET and DELETE look for the hold only in the buyer's new home
-// bucket and bucket 0, so the buyer told 202 gets 404 for their own
-// reservation and cannot cancel it until persist or the sweeper decides it.
-// A buyer finds and cancels their HELD reservation after K was raised.
+// A buyer finds and cancels their HELD reservation after K was raised. (The
+// review found 404 for both: the hold was looked for only in the new home
+// bucket and bucket 0.)
 func TestReview5HeldReservationVanishesForItsBuyerWhenKIsRaised(t *testing.T) {
 	rec := &recordingEnqueuer{}
 	s := newStack(t, withEnqueuer(rec))
 	sku := testservices.Name("raise")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":10,"buckets":2}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 10, 2)
 	var bob string
 	for i := 0; bob == ""; i++ {
 		u := fmt.Sprintf("bob-%d", i)

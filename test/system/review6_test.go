@@ -57,9 +57,7 @@ func TestReview6CoverInTransitTellsBuyersSoldOut(t *testing.T) {
 	s := newStack(t)
 	const k = 3
 	sku := testservices.Name("transit")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":10,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 10, 3)
 	// A buyer of bucket 1 draws 5 units there and holds one: bucket 0 has 5, bucket 1 has 4.
 	if code, body := s.reserve(sku, userIn("first", 1, k), 1, ""); code != http.StatusAccepted {
 		t.Fatalf("first reserve = %d %v", code, body)
@@ -101,9 +99,7 @@ func TestReview6RefillInTransitTellsBiggerBuyerSoldOut(t *testing.T) {
 	s := newStack(t)
 	const k = 3
 	sku := testservices.Name("transit2")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":3,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 3, 3)
 	release := s.lockRow(`SELECT version FROM product_stock WHERE sku = ? FOR UPDATE`, sku)
 	other := s.twin(s.clock, nil)
 	done := make(chan error, 1)
@@ -144,9 +140,7 @@ func TestReview6CancelledBuyerPausesTransfersForEveryone(t *testing.T) {
 	s := newStack(t)
 	const k = 3
 	sku := testservices.Name("pause")
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":10,"buckets":3}`, nil); code != 200 {
-		t.Fatalf("set stock = %d %v", code, body)
-	}
+	s.createSKU(sku, 10, 3)
 	svc := s.twin(reservation.SystemClock{}, nil)
 	release := s.lockRow(`SELECT version FROM product_stock WHERE sku = ? FOR UPDATE`, sku)
 	ctx, cancel := context.WithCancel(context.Background())
