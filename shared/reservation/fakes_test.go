@@ -340,9 +340,11 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 			delete(m.users[sku], who)
 		}
 		key := groupKey(sku, gid)
-		if g := m.groups[key]; group != "" && group == gid && m.members[key][who] == id && g != nil && g.status == GroupOpen {
+		if g := m.groups[key]; group != "" && group == gid && m.members[key][who] == id && g != nil && g.status == GroupOpen &&
+			m.nowMS() < g.deadline {
 			delete(m.members[key], who)
 			g.remaining++
+			g.fullAt = 0
 		}
 	}
 	var old memHold // HMGET's answer: the hold before this call
@@ -802,6 +804,9 @@ func (m *memHolds) Group(_ context.Context, sku, id string) (Group, error) {
 	}
 	if g.formedAt > 0 {
 		out.FormedAt = time.UnixMilli(g.formedAt).UTC()
+	}
+	if g.fullAt > 0 && g.remaining <= 0 {
+		out.FullAt = time.UnixMilli(g.fullAt).UTC()
 	}
 	return out, nil
 }
@@ -1523,8 +1528,8 @@ func (l *memLedger) Group(_ context.Context, id string) (Group, error) {
 	return g.g, nil
 }
 
-// DueGroups mirrors `… WHERE (status = 'OPEN' AND deadline <= ?) OR (status = 'FAILED' AND settled_at IS NULL) ORDER BY deadline LIMIT ?`.
-func (l *memLedger) DueGroups(_ context.Context, t time.Time, limit int) ([]Group, error) {
+// DueGroups mirrors `… WHERE status = 'OPEN' AND deadline <= ? AND (deadline, group_id) > (after) ORDER BY deadline, group_id LIMIT ?`.
+func (l *memLedger) DueGroups(_ context.Context, t time.Time, after Group, limit int) ([]Group, error) {
 	err := l.enter("DueGroups")
 	defer l.mu.Unlock()
 	if err != nil {
@@ -1532,11 +1537,40 @@ func (l *memLedger) DueGroups(_ context.Context, t time.Time, limit int) ([]Grou
 	}
 	var out []Group
 	for _, g := range l.groups {
-		if (g.g.Status == GroupOpen && !g.g.Deadline.After(msUTC(t))) || (g.g.Status == GroupFailed && !g.settled) {
+		if g.g.Status != GroupOpen || g.g.Deadline.After(msUTC(t)) {
+			continue
+		}
+		if after.ID != "" && (g.g.Deadline.Before(after.Deadline) || (g.g.Deadline.Equal(after.Deadline) && g.g.ID <= after.ID)) {
+			continue
+		}
+		out = append(out, g.g)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Deadline.Equal(out[j].Deadline) {
+			return out[i].Deadline.Before(out[j].Deadline)
+		}
+		return out[i].ID < out[j].ID
+	})
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// UnsettledGroups mirrors `… WHERE status IN ('FORMED', 'FAILED') AND settled_at IS NULL LIMIT ?`.
+func (l *memLedger) UnsettledGroups(_ context.Context, limit int) ([]Group, error) {
+	err := l.enter("UnsettledGroups")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []Group
+	for _, g := range l.groups {
+		if (g.g.Status == GroupFailed || g.g.Status == GroupFormed) && !g.settled {
 			out = append(out, g.g)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Deadline.Before(out[j].Deadline) })
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	if len(out) > limit {
 		out = out[:limit]
 	}
@@ -1601,14 +1635,14 @@ func (l *memLedger) GroupMembers(_ context.Context, id string) ([]Reservation, e
 	return out, nil
 }
 
-// GroupSettled mirrors `UPDATE group_buys SET settled_at = … WHERE group_id = ? AND status = 'FAILED' AND settled_at IS NULL`.
+// GroupSettled mirrors `UPDATE group_buys SET settled_at = … WHERE group_id = ? AND status IN ('FORMED', 'FAILED') AND settled_at IS NULL`.
 func (l *memLedger) GroupSettled(_ context.Context, id string) error {
 	err := l.enter("GroupSettled")
 	defer l.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if g, ok := l.groups[id]; ok && g.g.Status == GroupFailed {
+	if g, ok := l.groups[id]; ok && (g.g.Status == GroupFailed || g.g.Status == GroupFormed) {
 		g.settled = true
 	}
 	return nil

@@ -3,7 +3,9 @@ package reservation
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -72,6 +74,78 @@ func (s *Service) Group(ctx context.Context, id string) (Group, error) {
 	return g, nil
 }
 
+// groupWorkers is how many groups a sweep ends at once.
+const groupWorkers = 16
+
+// endGroups ends every group due by cutoff, page after page in deadline
+// order, groupWorkers at a time, until none is left or the sweep nears its
+// deadline; then it brings the ends that have not reached both stores there
+// (a FORMED group Redis was not told of, a FAILED one not settled). Ending
+// one group costs a few round trips whatever other groups exist, so one
+// buyer's many empty groups delay an honest group by their count divided by
+// the workers, never by a sweep each.
+func (s *Service) endGroups(ctx context.Context, cutoff time.Time, rep *SweepReport) {
+	var mu sync.Mutex
+	tally := func(failed bool, g Group, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: end group", "group_id", g.ID, "error", err)
+			return
+		}
+		if failed {
+			rep.GroupsFailed++
+		}
+	}
+	run := func(groups []Group, end func(Group) (bool, error)) {
+		work := make(chan Group)
+		var wg sync.WaitGroup
+		for range min(groupWorkers, len(groups)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for g := range work {
+					failed, err := end(g)
+					tally(failed, g, err)
+				}
+			}()
+		}
+		for _, g := range groups {
+			work <- g
+		}
+		close(work)
+		wg.Wait()
+	}
+	var after Group
+	for !nearDeadline(ctx) {
+		groups, err := s.ledger.DueGroups(ctx, cutoff, after, s.cfg.SweepBatch)
+		if err != nil {
+			tally(false, Group{}, fmt.Errorf("list due groups: %w", err))
+			break
+		}
+		if len(groups) == 0 {
+			break
+		}
+		run(groups, func(g Group) (bool, error) { return s.failGroup(ctx, g) })
+		after = groups[len(groups)-1]
+	}
+	if nearDeadline(ctx) {
+		return
+	}
+	groups, err := s.ledger.UnsettledGroups(ctx, s.cfg.SweepBatch)
+	if err != nil {
+		tally(false, Group{}, fmt.Errorf("list unsettled groups: %w", err))
+		return
+	}
+	run(groups, func(g Group) (bool, error) {
+		if g.Status == GroupFormed {
+			return false, s.formedReachesRedis(ctx, g)
+		}
+		return s.failGroup(ctx, g)
+	})
+}
+
 // failGroup ends a group past its deadline. Redis decides whether it
 // formed — slots are taken there, and a group whose last slot went before the
 // deadline is FORMED for good, however late its members' messages reach
@@ -96,7 +170,10 @@ func (s *Service) failGroup(ctx context.Context, g Group) (bool, error) {
 	case c.NotDue:
 		return false, nil // Redis's clock is behind the sweeper's: next sweep
 	case c.Status == GroupFormed:
-		_, err := s.ledger.FormGroup(ctx, g.ID, orDeadline(c.FormedAt))
+		formed, err := s.ledger.FormGroup(ctx, g.ID, orDeadline(c.FormedAt))
+		if err == nil && formed {
+			err = s.ledger.GroupSettled(ctx, g.ID) // Redis has it FORMED already
+		}
 		return false, err
 	case c.Full:
 		// Every slot was taken before the deadline: it formed, unless a
@@ -161,25 +238,84 @@ func (s *Service) cancelMember(ctx context.Context, id string) error {
 }
 
 // formGroup records a full group FORMED in MySQL, then in Redis. full says
-// the caller knows every slot is taken; otherwise Redis is asked.
+// the caller knows every slot is taken (at: when the last one was);
+// otherwise Redis is asked. Every step that learns a group's last slot went
+// to an accepted join calls it: reserve after the last join's send, persist
+// after it settles a join (the reserve that sent it may have died), a
+// member's cancel before it is decided (a group filled in time stays formed
+// whatever its members do afterwards), and the sweeper at the deadline.
 func (s *Service) formGroup(ctx context.Context, g Group, at time.Time, full bool) {
 	if !full {
 		rg, err := s.holds.Group(ctx, g.SKU, g.ID)
 		if err != nil || rg.Status != GroupOpen || rg.Remaining > 0 {
 			return
 		}
+		if !rg.FullAt.IsZero() {
+			at = rg.FullAt
+		}
+	}
+	if at.IsZero() {
+		at = s.clock.Now()
 	}
 	if err := s.recordFormed(ctx, g, at); err != nil {
-		s.log.WarnContext(ctx, "group formation not recorded yet; the sweeper decides at the deadline", "group_id", g.ID, "error", err)
+		s.log.WarnContext(ctx, "group formation not recorded yet; the next step that meets the group, or the sweeper, records it",
+			"group_id", g.ID, "error", err)
+	}
+}
+
+// formBeforeLeaving is a member's cancel meeting its group: if every slot is
+// taken, the group filled in time with this member in it, so it forms first
+// and the member then leaves a FORMED group (no slot reopens).
+func (s *Service) formBeforeLeaving(ctx context.Context, r Reservation) {
+	if r.GroupID != "" {
+		s.formGroup(ctx, Group{ID: r.GroupID, SKU: r.SKU}, time.Time{}, false)
 	}
 }
 
 // recordFormed records a full group FORMED: MySQL decides (it refuses while
 // a member's cancellation is still on its way to Redis), then Redis follows.
 func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error {
-	formed, err := s.ledger.FormGroup(ctx, g.ID, at)
-	if err == nil && formed {
-		_, err = s.holds.FormGroup(ctx, g, at)
+	if h := s.hooks.RecordFormed; h != nil {
+		if err := h(g); err != nil {
+			return err
+		}
 	}
-	return err
+	formed, err := s.ledger.FormGroup(ctx, g.ID, at)
+	if err != nil || !formed {
+		return err
+	}
+	g.FormedAt = at
+	return s.formedReachesRedis(ctx, g)
+}
+
+// formedReachesRedis tells Redis that MySQL has the group FORMED (no slot of
+// it reopens there any more), then records that Redis knows. Whoever
+// recorded FORMED — reserve, persist's join, the sweeper — Redis learns it
+// here; what fails is retried by the sweeper (Ledger.UnsettledGroups).
+func (s *Service) formedReachesRedis(ctx context.Context, g Group) error {
+	at := g.FormedAt
+	if at.IsZero() {
+		at = g.Deadline
+	}
+	if _, err := s.holds.FormGroup(ctx, g, at); err != nil {
+		return err
+	}
+	return s.ledger.GroupSettled(ctx, g.ID)
+}
+
+// groupFollowsMySQL runs before Redis follows a member's cancellation: if
+// MySQL has the group FORMED, Redis is told first, so the member's leaving
+// never reopens a slot of a formed group (which a join could then take).
+func (s *Service) groupFollowsMySQL(ctx context.Context, row Reservation) error {
+	g, err := s.ledger.Group(ctx, row.GroupID)
+	if errors.Is(err, ErrUnknownGroup) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read group %s: %w", row.GroupID, err)
+	}
+	if g.Status != GroupFormed {
+		return nil
+	}
+	return s.formedReachesRedis(ctx, g)
 }

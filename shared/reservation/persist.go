@@ -170,7 +170,14 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 			}
 		}
 		r.Status = StatusConfirmed
-		return s.follow(ctx, r, res.Version), nil
+		r = s.follow(ctx, r, res.Version)
+		if r.GroupID != "" {
+			// This join was sent, so it was accepted: if its group's slots
+			// are all taken, it formed (the reserve that sent the last join
+			// may have died before recording it).
+			s.formGroup(ctx, Group{ID: r.GroupID, SKU: r.SKU}, time.Time{}, false)
+		}
+		return r, nil
 	case AlreadyConfirmed, AlreadyCancelled:
 		// A redelivery, a fenced reservation, or a stray: take nothing and
 		// bring Redis in line with the row (the fencer may have crashed

@@ -279,9 +279,14 @@ type Ledger interface {
 	CreateGroup(ctx context.Context, g Group) error
 	// Group returns the group, or ErrUnknownGroup.
 	Group(ctx context.Context, id string) (Group, error)
-	// DueGroups returns groups OPEN past t, and FAILED groups whose members
-	// have not all been cancelled yet.
-	DueGroups(ctx context.Context, t time.Time, limit int) ([]Group, error)
+	// DueGroups returns up to limit groups OPEN with their deadline at or
+	// before t, in (deadline, id) order, after the group named by after
+	// (its Deadline and ID; zero: from the first).
+	DueGroups(ctx context.Context, t time.Time, after Group, limit int) ([]Group, error)
+	// UnsettledGroups returns groups whose end has not reached both stores:
+	// FORMED ones Redis has not been told of, FAILED ones whose members are
+	// not all cancelled yet.
+	UnsettledGroups(ctx context.Context, limit int) ([]Group, error)
 	// FormGroup records that the group formed (its last slot was taken in
 	// Redis at formedAt, before its deadline): OPEN → FORMED, final — unless
 	// a member's cancellation is still on its way to Redis (an unreleased
@@ -293,7 +298,8 @@ type Ledger interface {
 	FailGroup(ctx context.Context, id string, now time.Time) (Group, error)
 	// GroupMembers returns the CONFIRMED reservations of a group.
 	GroupMembers(ctx context.Context, id string) ([]Reservation, error)
-	// GroupSettled records that every member of a FAILED group is cancelled.
+	// GroupSettled records that a group's end reached both stores: every
+	// member of a FAILED group is cancelled; Redis knows a FORMED group formed.
 	GroupSettled(ctx context.Context, id string) error
 }
 

@@ -117,6 +117,7 @@ type Group struct {
 	Status    GroupStatus
 	Deadline  time.Time
 	FormedAt  time.Time // when the last slot was taken in Redis (zero unless FORMED)
+	FullAt    time.Time // Redis: when its last slot was taken, while OPEN (zero if a slot is free)
 	CreatedAt time.Time
 }
 

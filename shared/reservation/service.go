@@ -90,6 +90,9 @@ type Hooks struct {
 	// AfterCommit runs in Persist after the MySQL commit, before Redis is
 	// told and before the message is deleted.
 	AfterCommit func(Reservation) error
+	// RecordFormed runs before a full group is recorded FORMED; an error
+	// fails that recording (as a MySQL blip would).
+	RecordFormed func(Group) error
 }
 
 // NewService returns a Service with the given collaborators.

@@ -12,6 +12,7 @@ import (
 // its hold released once, and the cancellation published. Idempotent, also
 // days later: a decided row moves nothing a second time.
 func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, error) {
+	s.formBeforeLeaving(ctx, r) // the join was accepted: its message exists
 	return s.settle(ctx, r, ReasonDeadLetter)
 }
 
@@ -39,6 +40,7 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		if _, err := owned(h, user); err != nil {
 			return Reservation{}, err
 		}
+		s.formBeforeLeaving(ctx, h)
 		if row, err = s.settle(ctx, h, ReasonBuyer); err != nil {
 			return Reservation{}, err
 		}
@@ -51,6 +53,7 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		return Reservation{}, err
 	}
 	if row.Status == StatusConfirmed {
+		s.formBeforeLeaving(ctx, row)
 		return s.refund(ctx, id, ReasonBuyer)
 	}
 	return s.follow(ctx, row, 0), nil
@@ -102,6 +105,11 @@ func (s *Service) follow(ctx context.Context, row Reservation, version int64) Re
 func (s *Service) followNow(ctx context.Context, row Reservation, version int64) error {
 	if row.Transfer {
 		return s.followTransfer(ctx, row, 0)
+	}
+	if row.GroupID != "" && row.Status == StatusCancelled && !row.Released {
+		if err := s.groupFollowsMySQL(ctx, row); err != nil {
+			return fmt.Errorf("follow %s: %w", row.ID, err) // nothing released: the outbox keeps it
+		}
 	}
 	var errs []error
 	returned, err := s.holds.Follow(ctx, row, version)

@@ -125,23 +125,9 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 
 	visited := s.sweepLive(ctx, &rep)
 
-	// Due groups before the catalog pass: they are live activity.
-	groups, err := s.ledger.DueGroups(ctx, cutoff, s.cfg.SweepBatch)
-	if err != nil {
-		rep.Errors++
-		s.log.ErrorContext(ctx, "sweep: list due groups", "error", err)
-	}
-	for _, g := range groups {
-		failed, err := s.failGroup(ctx, g)
-		if err != nil {
-			rep.Errors++
-			s.log.ErrorContext(ctx, "sweep: end group", "group_id", g.ID, "error", err)
-			continue
-		}
-		if failed {
-			rep.GroupsFailed++
-		}
-	}
+	// Due groups before the catalog pass: they are live activity. Every due
+	// group, however many (bounded by the sweep's time, not by a count).
+	s.endGroups(ctx, cutoff, &rep)
 
 	if err := s.sweepCatalog(ctx, visited, &rep); err != nil {
 		return rep, err

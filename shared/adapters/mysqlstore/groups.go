@@ -50,11 +50,22 @@ func (s *Store) Group(ctx context.Context, id string) (reservation.Group, error)
 	return g, nil
 }
 
-// DueGroups implements reservation.Ledger.
-func (s *Store) DueGroups(ctx context.Context, t time.Time, limit int) ([]reservation.Group, error) {
+// DueGroups implements reservation.Ledger: keyset pages over the index
+// (status, deadline), whose entries end in the primary key.
+func (s *Store) DueGroups(ctx context.Context, t time.Time, after reservation.Group, limit int) ([]reservation.Group, error) {
+	if after.ID == "" {
+		return queryAll(ctx, s.db, "due groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
+			WHERE status = 'OPEN' AND deadline <= ? ORDER BY deadline, group_id LIMIT ?`, utc(t), limit)
+	}
 	return queryAll(ctx, s.db, "due groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
-		WHERE (status = 'OPEN' AND deadline <= ?) OR (status = 'FAILED' AND settled_at IS NULL)
-		ORDER BY deadline LIMIT ?`, utc(t), limit)
+		WHERE status = 'OPEN' AND deadline <= ? AND (deadline > ? OR (deadline = ? AND group_id > ?))
+		ORDER BY deadline, group_id LIMIT ?`, utc(t), utc(after.Deadline), utc(after.Deadline), after.ID, limit)
+}
+
+// UnsettledGroups implements reservation.Ledger.
+func (s *Store) UnsettledGroups(ctx context.Context, limit int) ([]reservation.Group, error) {
+	return queryAll(ctx, s.db, "unsettled groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
+		WHERE status IN ('FORMED', 'FAILED') AND settled_at IS NULL ORDER BY status, settled_at LIMIT ?`, limit)
 }
 
 // FormGroup implements reservation.Ledger.
@@ -88,7 +99,7 @@ func (s *Store) FailGroup(ctx context.Context, id string, now time.Time) (reserv
 // GroupSettled implements reservation.Ledger.
 func (s *Store) GroupSettled(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys SET settled_at = CURRENT_TIMESTAMP(3)
-		WHERE group_id = ? AND status = 'FAILED' AND settled_at IS NULL`, id); err != nil {
+		WHERE group_id = ? AND status IN ('FORMED', 'FAILED') AND settled_at IS NULL`, id); err != nil {
 		return translate("settle group", err)
 	}
 	return nil

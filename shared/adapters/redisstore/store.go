@@ -71,7 +71,7 @@ func ReserveArgs(r reservation.Reservation, ttl time.Duration, rate, burst int) 
 
 var (
 	reserveScript     = redis.NewScript(ReserveLua)
-	followScript      = redis.NewScript(followLua)
+	followScript      = redis.NewScript(clockLua + followLua)
 	expiredScript     = redis.NewScript(clockLua + expiredLua)
 	stockScript       = redis.NewScript(stockLua)
 	warmScript        = redis.NewScript(warmLua)
@@ -375,7 +375,7 @@ func chunkBySKU(rows []reservation.Reservation, idx []int) [][]int {
 
 func (s *Store) followArgs(row reservation.Reservation, version int64) []any {
 	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
-		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion}
+		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion, s.now()}
 }
 
 func flag(b bool) string {
@@ -582,6 +582,9 @@ func (s *Store) Group(ctx context.Context, sku, id string) (reservation.Group, e
 	g.Deadline = time.UnixMilli(d).UTC()
 	if f, _ := strconv.ParseInt(m["formed_at"], 10, 64); f > 0 {
 		g.FormedAt = time.UnixMilli(f).UTC()
+	}
+	if f, _ := strconv.ParseInt(m["full_at"], 10, 64); f > 0 && g.Remaining <= 0 {
+		g.FullAt = time.UnixMilli(f).UTC()
 	}
 	return g, nil
 }

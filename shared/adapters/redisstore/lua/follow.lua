@@ -12,6 +12,8 @@
 -- ARGV[10] reason  ARGV[11] retention seconds for the finished hold
 -- ARGV[12] the stock row's version after a CONFIRMED commit (0: unknown)
 -- ARGV[13] the stock row's version right after a refund (0: none)
+-- ARGV[14] now (unix ms; "" = Redis's clock): a group's slot reopens only before its deadline
+-- Prefixed with clock.lua.
 --
 -- Returns 1 if this call returned stock, 0 otherwise, 2 if it cannot follow yet: a refund whose
 -- stock must come back while Redis has no stock for the SKU (warm it first; nothing changed).
@@ -20,7 +22,9 @@
 --   CONFIRMED: HELD          -> CONFIRMED, its units leave held; meta.cver = version
 --   CONFIRMED, hold missing (Redis lost it), a commit newer than the level the stock was warmed
 --   from (version > meta.wver)  -> the units are taken from stock now (Redis never took them)
---   CANCELLED: HELD          -> CANCELLED, stock, per-user units and (OPEN group) slot returned
+--   CANCELLED: HELD          -> CANCELLED, stock, per-user units and group slot returned (the slot
+--                               only to a group still OPEN before its deadline: after formation or
+--                               the deadline the group is decided as it stood, and no slot reopens)
 --   CANCELLED refunded, hold CONFIRMED or missing, released "0", not yet applied for this token
 --                            -> stock and per-user units returned (a formed group keeps its slot),
 --                               unless the stock was warmed from a level at or past the refund
@@ -39,10 +43,13 @@ local refund_version = tonumber(ARGV[13])
 local function give_back(n, who, group, counted)
   if not counted and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], n) end
   if who ~= '' and redis.call('HINCRBY', KEYS[4], who, -n) <= 0 then redis.call('HDEL', KEYS[4], who) end
-  if group ~= '' and group == gid and redis.call('HGET', KEYS[7], who) == id
-      and redis.call('HGET', KEYS[6], 'status') == 'OPEN' then
-    redis.call('HDEL', KEYS[7], who)
-    redis.call('HINCRBY', KEYS[6], 'remaining', 1)
+  if group ~= '' and group == gid and redis.call('HGET', KEYS[7], who) == id then
+    local g = redis.call('HMGET', KEYS[6], 'status', 'deadline')
+    if g[1] == 'OPEN' and clock_ms(ARGV[14]) < tonumber(g[2]) then
+      redis.call('HDEL', KEYS[7], who)
+      redis.call('HINCRBY', KEYS[6], 'remaining', 1)
+      redis.call('HDEL', KEYS[6], 'full_at')
+    end
   end
 end
 
