@@ -12,7 +12,6 @@ import (
 // its hold released once, and the cancellation published. Idempotent, also
 // days later: a decided row moves nothing a second time.
 func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, error) {
-	s.formBeforeLeaving(ctx, r) // the join was accepted: its message exists
 	return s.settle(ctx, r, ReasonDeadLetter)
 }
 
@@ -40,7 +39,6 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		if _, err := owned(h, user); err != nil {
 			return Reservation{}, err
 		}
-		s.formBeforeLeaving(ctx, h)
 		if row, err = s.settle(ctx, h, ReasonBuyer); err != nil {
 			return Reservation{}, err
 		}
@@ -63,6 +61,9 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 // CANCELLED fence unless MySQL already decided, then make Redis follow the
 // row. An error means MySQL could not decide; nothing was released.
 func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
+	if leavesAFilledGroup(reason) {
+		s.formBeforeLeaving(ctx, r)
+	}
 	row, inserted, err := s.ledger.Fence(ctx, r, reason, s.clock.Now())
 	if err != nil {
 		return r, fmt.Errorf("fence %s: %w", r.ID, err)
