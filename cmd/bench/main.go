@@ -4,7 +4,8 @@
 // with and without the SQS send, the pure-database design), persist of a
 // backlog on one hot SKU (the textbook optimistic consumer vs holdfast's
 // batch path), the sold-out storm with and without the per-instance flag, the
-// whole pipeline through the dev stack, and each function's cold start under
+// whole pipeline through the dev stack, a catalog import by concurrent
+// admins, and each function's cold start under
 // the Lambda Runtime Interface Emulator. It prints a table and
 // benchstat-compatible lines, and rewrites docs/benchmarks.md.
 package main
@@ -84,7 +85,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "report to rewrite (empty: none)")
 	fs.StringVar(&o.chart, "chart", "docs/benchmarks.png", "chart of the load run")
 	fs.StringVar(&o.devProfile, "dev-profile", "", "write a CPU profile of make dev's process in the http part to this file")
-	only := fs.String("only", "", "run only these parts (comma-separated: http,cpu,reserve,persist,lag,buckets,soldout,e2e,sweep,groups,cold); implies -out ''")
+	only := fs.String("only", "", "run only these parts (comma-separated: http,cpu,reserve,persist,lag,buckets,soldout,e2e,sweep,groups,catalog,cold); implies -out ''")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,7 +118,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}{
 		// The sweep first: the parts after it leave holds that expire.
 		{"sweep", b.sweep}, {"groups", b.groups}, {"http", b.httpFigures}, {"cpu", b.handlerCPU}, {"reserve", b.reserve}, {"persist", b.persist},
-		{"lag", b.confirmLag}, {"buckets", b.buckets}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"cold", b.coldStart},
+		{"lag", b.confirmLag}, {"buckets", b.buckets}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"catalog", b.catalog}, {"cold", b.coldStart},
 	}
 	for _, step := range steps {
 		if *only != "" && !strings.Contains(","+*only+",", ","+step.name+",") {
@@ -682,7 +683,7 @@ func (b *bench) printResults() {
 	fmt.Fprintf(w, "\n%-10s %-42s %12s %10s %10s  %s\n", "group", "mode", "ops/s", "p50", "p99", "notes")
 	for _, r := range b.results {
 		var notes []string
-		for _, k := range []string{"server CPU", "handler CPU", "batching", "retries", "false cancellations", "redelivered"} {
+		for _, k := range []string{"server CPU", "handler CPU", "batching", "retries", "false cancellations", "redelivered", "errors", "deadlocks"} {
 			if v, ok := r.extra[k]; ok {
 				notes = append(notes, k+" "+v)
 			}

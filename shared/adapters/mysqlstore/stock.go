@@ -12,24 +12,130 @@ import (
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
-// ChangeStock implements reservation.Ledger. The row is read FOR UPDATE,
-// so the precondition, the new figure and admin_delta are one decision.
-// Turning a per-user limit on rebuilds user_units from the confirmed rows
-// under the same lock (no persist can commit in between: each takes it).
+// ChangeStock implements reservation.Ledger. A change that may create the
+// SKU inserts its row first; a change of an existing SKU reads the row FOR
+// UPDATE, so the precondition, the new figure and admin_delta are one
+// decision. Turning a per-user limit on rebuilds user_units from the
+// confirmed rows under the same lock (no persist can commit in between:
+// each takes it).
+//
+// No statement here takes a lock on a row that is not there, so writes to
+// distinct SKUs never wait for each other. Under REPEATABLE READ a locking
+// read of an absent key locks the gap before the next key instead: that is
+// what a catalog import of distinct new SKUs deadlocked on (1213) when this
+// began with SELECT ... FOR UPDATE. InnoDB reported, for two creations of
+// neighbouring SKUs, each holding "lock_mode X locks gap before rec" on the
+// next SKU of product_stock's PRIMARY (the missing row's read) and each
+// waiting for "lock_mode X locks gap before rec insert intention" on the
+// same record (its INSERT). Gap locks do not conflict with each other, so
+// both got one; each insert waits for the other's gap lock. Now:
+//   - a creating change inserts the row first: an insert takes an insert
+//     intention lock on the gap, which only a gap lock conflicts with, and a
+//     duplicate of the primary key locks that record alone (not the gap);
+//   - a change of a SKU looks for its row with a plain read before locking,
+//     so a change of a SKU that is not there locks nothing;
+//   - the Idempotency-Key row is a plain insert into stock_change_keys
+//     (primary key (sku, change_key)): the same rules, no gap.
 func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (level reservation.StockLevel, err error) {
-	// Two first changes of one new SKU both take the gap lock of the missing
-	// row and deadlock on the insert: InnoDB rolls one back; run it again.
+	// A change that rebuilds user_units can still deadlock with a persist
+	// of the same SKU (it reads the SKU's reservations after locking the
+	// stock row; a persist inserts one before): InnoDB rolls one back, and
+	// it runs again.
 	err = retryDeadlocks(ctx, func() error {
-		level, err = s.changeStock(ctx, c)
+		if creates(c) {
+			var created bool
+			level, created, err = s.createStock(ctx, c)
+			if err != nil || created {
+				return err
+			}
+			// The SKU exists: change it as such, in a fresh transaction.
+			level, err = s.changeStock(ctx, c, true)
+			return err
+		}
+		level, err = s.changeStock(ctx, c, false)
 		return err
 	})
 	return level, err
 }
 
+// creates reports whether c may create its SKU: an absolute figure without
+// a precondition (a creation), or with If-Match: 0 (a creation only).
+func creates(c reservation.StockChange) bool {
+	return c.Set != nil && !c.IfExists && (c.IfVersion == nil || *c.IfVersion == 0)
+}
+
 // maxStock bounds a SKU's available units (an INT column).
 const maxStock = 1_000_000_000
 
-func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error) {
+// createStock inserts c's SKU as a new row; created is false, and nothing
+// changed, if the SKU exists.
+func (s *Store) createStock(ctx context.Context, c reservation.StockChange) (level reservation.StockLevel, created bool, err error) {
+	level, err = changed(reservation.StockLevel{SKU: c.SKU}, c)
+	if err != nil {
+		return reservation.StockLevel{}, false, err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return reservation.StockLevel{}, false, translate("create stock begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets)
+	if isDuplicate(err) {
+		return reservation.StockLevel{}, false, nil
+	}
+	if err != nil {
+		return reservation.StockLevel{}, false, translate("create stock", err)
+	}
+	if c.Key != "" {
+		if err := insertKey(ctx, tx, c); isDuplicate(err) {
+			// A key of a SKU that was not there: only a row removed by
+			// hand leaves one. Answer as a retry of that change would.
+			level, err := s.replayChange(ctx, tx, c)
+			return level, err == nil, err
+		} else if err != nil {
+			return reservation.StockLevel{}, false, err
+		}
+	}
+	levels := []reservation.StockLevel{level}
+	if err := withShares(ctx, tx, levels); err != nil {
+		return reservation.StockLevel{}, false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return reservation.StockLevel{}, false, translate("create stock commit", err)
+	}
+	return levels[0], true, nil
+}
+
+// insertKey records c under its Idempotency-Key (a duplicate: the key was
+// used before).
+func insertKey(ctx context.Context, tx *sql.Tx, c reservation.StockChange) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c), nullInt(c.Buckets))
+	if err != nil && !isDuplicate(err) {
+		return translate("change stock key", err)
+	}
+	return err
+}
+
+// changeStock applies c to its SKU's row. exists: the row is known to be
+// there (SKUs are never removed); otherwise a plain read looks for it first,
+// outside the transaction, so that a change of a missing SKU is answered
+// without a locking read of an absent row (a gap lock other SKUs' creations
+// would wait for).
+func (s *Store) changeStock(ctx context.Context, c reservation.StockChange, exists bool) (reservation.StockLevel, error) {
+	if !exists {
+		var one int
+		err := s.db.QueryRowContext(ctx, `SELECT 1 FROM product_stock WHERE sku = ?`, c.SKU).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return reservation.StockLevel{}, missing(c)
+		}
+		if err != nil {
+			return reservation.StockLevel{}, translate("change stock find", err)
+		}
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock begin", err)
@@ -39,35 +145,69 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 	level := reservation.StockLevel{SKU: c.SKU}
 	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU).
 		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst, &level.Buckets)
-	exists := err == nil
-	if c.Key != "" && (exists || errors.Is(err, sql.ErrNoRows)) {
+	if errors.Is(err, sql.ErrNoRows) { // not reached while SKUs are never removed
+		return reservation.StockLevel{}, missing(c)
+	}
+	if err != nil {
+		return reservation.StockLevel{}, translate("change stock read", err)
+	}
+	if c.Key != "" {
 		// A retried change (the same key) is answered before its
 		// precondition: the first one moved the version it was based on.
-		_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c), nullInt(c.Buckets))
-		if isDuplicate(err) {
+		if err := insertKey(ctx, tx, c); isDuplicate(err) {
 			return s.replayChange(ctx, tx, c)
-		}
-		if err != nil {
-			return reservation.StockLevel{}, translate("change stock key", err)
+		} else if err != nil {
+			return reservation.StockLevel{}, err
 		}
 	}
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		if c.Set == nil {
-			return reservation.StockLevel{}, reservation.ErrUnknownSKU
-		}
-		if c.IfVersion != nil && *c.IfVersion != 0 || c.IfExists {
-			return reservation.StockLevel{}, fmt.Errorf("change stock %s: no such sku: %w", c.SKU, reservation.ErrPreconditionFailed)
-		}
-	case err != nil:
-		return reservation.StockLevel{}, translate("change stock read", err)
 	case c.Set != nil && c.IfVersion == nil && !c.IfExists:
 		return reservation.StockLevel{}, reservation.ErrPreconditionRequired
 	case c.IfVersion != nil && *c.IfVersion != level.Version:
 		return reservation.StockLevel{}, fmt.Errorf("change stock %s: version is %d, not %d: %w", c.SKU, level.Version, *c.IfVersion, reservation.ErrPreconditionFailed)
 	}
+	oldLimit := level.PerUserLimit
+	if level, err = changed(level, c); err != nil {
+		return reservation.StockLevel{}, err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ?,
+		user_rate = ?, user_burst = ?, buckets = ? WHERE sku = ?`,
+		level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets, c.SKU)
+	if err != nil {
+		return reservation.StockLevel{}, translate("change stock write", err)
+	}
+	if oldLimit == 0 && level.PerUserLimit > 0 {
+		for _, st := range []stmt{
+			{`DELETE FROM user_units WHERE sku = ?`, []any{c.SKU}},
+			{`INSERT INTO user_units (sku, user_id, units) SELECT sku, user_id, SUM(qty) FROM reservations
+				WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL GROUP BY sku, user_id`, []any{c.SKU}},
+		} {
+			if _, err := tx.ExecContext(ctx, st.q, st.args...); err != nil {
+				return reservation.StockLevel{}, translate("rebuild user units", err)
+			}
+		}
+	}
+	levels := []reservation.StockLevel{level}
+	if err := withShares(ctx, tx, levels); err != nil {
+		return reservation.StockLevel{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return reservation.StockLevel{}, translate("change stock commit", err)
+	}
+	return levels[0], nil
+}
+
+// missing is the answer to c on a SKU that is not there (c does not create).
+func missing(c reservation.StockChange) error {
+	if c.Set == nil {
+		return reservation.ErrUnknownSKU
+	}
+	return fmt.Errorf("change stock %s: no such sku: %w", c.SKU, reservation.ErrPreconditionFailed)
+}
+
+// changed is level after c (its precondition already checked): the new
+// figure, admin_delta, settings and the next version.
+func changed(level reservation.StockLevel, c reservation.StockChange) (reservation.StockLevel, error) {
 	var delta int64
 	switch {
 	case c.Set != nil:
@@ -82,7 +222,6 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 		return reservation.StockLevel{}, &reservation.InvalidError{Field: "add",
 			Msg: fmt.Sprintf("%d available: adding %d passes the most a sku can hold (%d)", level.Available, delta, maxStock)}
 	}
-	oldLimit := level.PerUserLimit
 	level.Buckets = max(level.Buckets, 1)
 	if c.Buckets != nil {
 		if *c.Buckets < level.Buckets {
@@ -103,40 +242,7 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange) (res
 	level.Available += delta
 	level.AdminDelta += delta
 	level.Version++
-	if exists {
-		_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ?,
-			user_rate = ?, user_burst = ?, buckets = ? WHERE sku = ?`,
-			level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets, c.SKU)
-	} else {
-		_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets)
-		if isDuplicate(err) {
-			return reservation.StockLevel{}, fmt.Errorf("change stock %s: created concurrently: %w", c.SKU, reservation.ErrPreconditionFailed)
-		}
-	}
-	if err != nil {
-		return reservation.StockLevel{}, translate("change stock write", err)
-	}
-	if exists && oldLimit == 0 && level.PerUserLimit > 0 {
-		for _, st := range []stmt{
-			{`DELETE FROM user_units WHERE sku = ?`, []any{c.SKU}},
-			{`INSERT INTO user_units (sku, user_id, units) SELECT sku, user_id, SUM(qty) FROM reservations
-				WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL GROUP BY sku, user_id`, []any{c.SKU}},
-		} {
-			if _, err := tx.ExecContext(ctx, st.q, st.args...); err != nil {
-				return reservation.StockLevel{}, translate("rebuild user units", err)
-			}
-		}
-	}
-	levels := []reservation.StockLevel{level}
-	if err := withShares(ctx, tx, levels); err != nil {
-		return reservation.StockLevel{}, err
-	}
-	if err := tx.Commit(); err != nil {
-		return reservation.StockLevel{}, translate("change stock commit", err)
-	}
-	return levels[0], nil
+	return level, nil
 }
 
 // replayChange answers a change whose key was used before: the same change
