@@ -278,6 +278,21 @@ func (e ReserveNotFoundError) Valid() bool {
 	}
 }
 
+// Defines values for TooManyGroupsError.
+const (
+	TooManyGroupsErrorTooManyGroups TooManyGroupsError = "too_many_groups"
+)
+
+// Valid indicates whether the value is a known member of the TooManyGroupsError enum.
+func (e TooManyGroupsError) Valid() bool {
+	switch e {
+	case TooManyGroupsErrorTooManyGroups:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for UnauthenticatedError.
 const (
 	UnauthenticatedErrorUnauthenticated UnauthenticatedError = "unauthenticated"
@@ -591,6 +606,15 @@ type StockReport struct {
 	Version        int64  `json:"version"`
 }
 
+// TooManyGroups defines model for TooManyGroups.
+type TooManyGroups struct {
+	Error   TooManyGroupsError `json:"error"`
+	Message string             `json:"message"`
+}
+
+// TooManyGroupsError defines model for TooManyGroups.Error.
+type TooManyGroupsError string
+
 // Unauthenticated defines model for Unauthenticated.
 type Unauthenticated struct {
 	Error   UnauthenticatedError `json:"error"`
@@ -657,6 +681,11 @@ type Fault struct {
 
 // Forbidden An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Too Many Requests", "Internal Server Error", "Service Unavailable", or IAM's reason).
 type Forbidden = GatewayMessage
+
+// GroupThrottled defines model for GroupThrottled.
+type GroupThrottled struct {
+	union json.RawMessage
+}
 
 // Outage defines model for Outage.
 type Outage struct {
@@ -943,6 +972,94 @@ func (t Fault) MarshalJSON() ([]byte, error) {
 }
 
 func (t *Fault) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
+// AsRateLimited returns the union data inside the GroupThrottled as a RateLimited
+func (t GroupThrottled) AsRateLimited() (RateLimited, error) {
+	var body RateLimited
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromRateLimited overwrites any union data inside the GroupThrottled as the provided RateLimited
+func (t *GroupThrottled) FromRateLimited(v RateLimited) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeRateLimited performs a merge with any union data inside the GroupThrottled, using the provided RateLimited
+func (t *GroupThrottled) MergeRateLimited(v RateLimited) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsTooManyGroups returns the union data inside the GroupThrottled as a TooManyGroups
+func (t GroupThrottled) AsTooManyGroups() (TooManyGroups, error) {
+	var body TooManyGroups
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromTooManyGroups overwrites any union data inside the GroupThrottled as the provided TooManyGroups
+func (t *GroupThrottled) FromTooManyGroups(v TooManyGroups) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeTooManyGroups performs a merge with any union data inside the GroupThrottled, using the provided TooManyGroups
+func (t *GroupThrottled) MergeTooManyGroups(v TooManyGroups) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the GroupThrottled as a GatewayMessage
+func (t GroupThrottled) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the GroupThrottled as the provided GatewayMessage
+func (t *GroupThrottled) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the GroupThrottled, using the provided GatewayMessage
+func (t *GroupThrottled) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t GroupThrottled) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *GroupThrottled) UnmarshalJSON(b []byte) error {
 	err := t.union.UnmarshalJSON(b)
 	return err
 }
@@ -1245,7 +1362,11 @@ type ClientInterface interface {
 	// A group of `capacity` slots on `sku` that forms when accepted joins fill it before
 	// its deadline (`ttl_seconds`, else the stage's default); join with
 	// `POST /reservations` and its `group_id`. A group that does not fill in time fails
-	// and every member's stock returns.
+	// and every member's stock returns. Opening a group is one of the buyer's attempts
+	// on the SKU (429 `rate_limited` past the rate, nothing created), and a buyer may
+	// have at most `HOLDFAST_MAX_OPEN_GROUPS` (3 by default) groups open on one SKU: a
+	// group counts from its creation until a minute and the sweeper's grace after its
+	// deadline (429 `too_many_groups`, with `Retry-After` until the first stops counting).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1257,7 +1378,11 @@ type ClientInterface interface {
 	// A group of `capacity` slots on `sku` that forms when accepted joins fill it before
 	// its deadline (`ttl_seconds`, else the stage's default); join with
 	// `POST /reservations` and its `group_id`. A group that does not fill in time fails
-	// and every member's stock returns.
+	// and every member's stock returns. Opening a group is one of the buyer's attempts
+	// on the SKU (429 `rate_limited` past the rate, nothing created), and a buyer may
+	// have at most `HOLDFAST_MAX_OPEN_GROUPS` (3 by default) groups open on one SKU: a
+	// group counts from its creation until a minute and the sweeper's grace after its
+	// deadline (429 `too_many_groups`, with `Retry-After` until the first stops counting).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1383,7 +1508,11 @@ func (c *Client) ChangeStock(ctx context.Context, sku Sku, params *ChangeStockPa
 // A group of `capacity` slots on `sku` that forms when accepted joins fill it before
 // its deadline (`ttl_seconds`, else the stage's default); join with
 // `POST /reservations` and its `group_id`. A group that does not fill in time fails
-// and every member's stock returns.
+// and every member's stock returns. Opening a group is one of the buyer's attempts
+// on the SKU (429 `rate_limited` past the rate, nothing created), and a buyer may
+// have at most `HOLDFAST_MAX_OPEN_GROUPS` (3 by default) groups open on one SKU: a
+// group counts from its creation until a minute and the sweeper's grace after its
+// deadline (429 `too_many_groups`, with `Retry-After` until the first stops counting).
 //
 // Takes any type of body and a specified content type.
 //
@@ -1405,7 +1534,11 @@ func (c *Client) CreateGroupWithBody(ctx context.Context, contentType string, bo
 // A group of `capacity` slots on `sku` that forms when accepted joins fill it before
 // its deadline (`ttl_seconds`, else the stage's default); join with
 // `POST /reservations` and its `group_id`. A group that does not fill in time fails
-// and every member's stock returns.
+// and every member's stock returns. Opening a group is one of the buyer's attempts
+// on the SKU (429 `rate_limited` past the rate, nothing created), and a buyer may
+// have at most `HOLDFAST_MAX_OPEN_GROUPS` (3 by default) groups open on one SKU: a
+// group counts from its creation until a minute and the sweeper's grace after its
+// deadline (429 `too_many_groups`, with `Retry-After` until the first stops counting).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1954,7 +2087,11 @@ type ClientWithResponsesInterface interface {
 	// A group of `capacity` slots on `sku` that forms when accepted joins fill it before
 	// its deadline (`ttl_seconds`, else the stage's default); join with
 	// `POST /reservations` and its `group_id`. A group that does not fill in time fails
-	// and every member's stock returns.
+	// and every member's stock returns. Opening a group is one of the buyer's attempts
+	// on the SKU (429 `rate_limited` past the rate, nothing created), and a buyer may
+	// have at most `HOLDFAST_MAX_OPEN_GROUPS` (3 by default) groups open on one SKU: a
+	// group counts from its creation until a minute and the sweeper's grace after its
+	// deadline (429 `too_many_groups`, with `Retry-After` until the first stops counting).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1966,7 +2103,11 @@ type ClientWithResponsesInterface interface {
 	// A group of `capacity` slots on `sku` that forms when accepted joins fill it before
 	// its deadline (`ttl_seconds`, else the stage's default); join with
 	// `POST /reservations` and its `group_id`. A group that does not fill in time fails
-	// and every member's stock returns.
+	// and every member's stock returns. Opening a group is one of the buyer's attempts
+	// on the SKU (429 `rate_limited` past the rate, nothing created), and a buyer may
+	// have at most `HOLDFAST_MAX_OPEN_GROUPS` (3 by default) groups open on one SKU: a
+	// group counts from its creation until a minute and the sweeper's grace after its
+	// deadline (429 `too_many_groups`, with `Retry-After` until the first stops counting).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2245,6 +2386,11 @@ type CreateGroupResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// CreateGroupResponse429Headers the declared response headers of an HTTP 429 response for CreateGroup
+type CreateGroupResponse429Headers struct {
+	RetryAfter *int
+}
+
 // CreateGroupResponse503Headers the declared response headers of an HTTP 503 response for CreateGroup
 type CreateGroupResponse503Headers struct {
 	RetryAfter *int
@@ -2263,12 +2409,16 @@ type CreateGroupResponse struct {
 	JSON404 *UnknownSku
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *TooLarge
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *GroupThrottled
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *CreateGroupResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateGroupResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CreateGroupResponse503Headers
 }
@@ -2296,6 +2446,11 @@ func (r CreateGroupResponse) GetJSON404() *UnknownSku {
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
 func (r CreateGroupResponse) GetJSON413() *TooLarge {
 	return r.JSON413
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateGroupResponse) GetJSON429() *GroupThrottled {
+	return r.JSON429
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2859,7 +3014,11 @@ func (c *ClientWithResponses) ChangeStockWithResponse(ctx context.Context, sku S
 // A group of `capacity` slots on `sku` that forms when accepted joins fill it before
 // its deadline (`ttl_seconds`, else the stage's default); join with
 // `POST /reservations` and its `group_id`. A group that does not fill in time fails
-// and every member's stock returns.
+// and every member's stock returns. Opening a group is one of the buyer's attempts
+// on the SKU (429 `rate_limited` past the rate, nothing created), and a buyer may
+// have at most `HOLDFAST_MAX_OPEN_GROUPS` (3 by default) groups open on one SKU: a
+// group counts from its creation until a minute and the sweeper's grace after its
+// deadline (429 `too_many_groups`, with `Retry-After` until the first stops counting).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2877,7 +3036,11 @@ func (c *ClientWithResponses) CreateGroupWithBodyWithResponse(ctx context.Contex
 // A group of `capacity` slots on `sku` that forms when accepted joins fill it before
 // its deadline (`ttl_seconds`, else the stage's default); join with
 // `POST /reservations` and its `group_id`. A group that does not fill in time fails
-// and every member's stock returns.
+// and every member's stock returns. Opening a group is one of the buyer's attempts
+// on the SKU (429 `rate_limited` past the rate, nothing created), and a buyer may
+// have at most `HOLDFAST_MAX_OPEN_GROUPS` (3 by default) groups open on one SKU: a
+// group counts from its creation until a minute and the sweeper's grace after its
+// deadline (429 `too_many_groups`, with `Retry-After` until the first stops counting).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -3229,6 +3392,13 @@ func ParseCreateGroupResponse(rsp *http.Response) (*CreateGroupResponse, error) 
 		}
 		response.JSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest GroupThrottled
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3256,6 +3426,16 @@ func ParseCreateGroupResponse(rsp *http.Response) (*CreateGroupResponse, error) 
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateGroupResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateGroupResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {

@@ -71,7 +71,7 @@ func (b *bench) groups(ctx context.Context) error {
 			return fmt.Errorf("groups: seed redis: %w", err)
 		}
 	}
-	g, err := svc.CreateGroup(ctx, honest, 3, time.Second)
+	g, err := svc.CreateGroup(ctx, "groups-u0", honest, 3, time.Second)
 	if err != nil {
 		return err
 	}

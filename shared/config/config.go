@@ -145,6 +145,7 @@ func parse(getenv func(string) string) (Config, error) {
 		SweepCatalog:    p.integer("HOLDFAST_SWEEP_CATALOG", d.SweepCatalog),
 		ReconcileAfter:  p.duration("HOLDFAST_RECONCILE_AFTER", d.ReconcileAfter),
 		SoldOutTTL:      p.duration("HOLDFAST_SOLD_OUT_TTL", d.SoldOutTTL),
+		MaxOpenGroups:   p.integer("HOLDFAST_MAX_OPEN_GROUPS", d.MaxOpenGroups),
 	}
 	if p.err != nil {
 		return Config{}, p.err
@@ -157,6 +158,9 @@ func parse(getenv func(string) string) (Config, error) {
 	}
 	if c.Protocol.HoldTTL <= 0 || c.Protocol.MaxQty < 1 || c.Protocol.PersistAttempts < 1 {
 		return Config{}, errors.New("config: HOLDFAST_HOLD_TTL, HOLDFAST_MAX_QTY and HOLDFAST_PERSIST_ATTEMPTS must be positive")
+	}
+	if c.Protocol.MaxOpenGroups < 0 {
+		return Config{}, errors.New("config: HOLDFAST_MAX_OPEN_GROUPS must be 0 (no cap) or more")
 	}
 	if c.Protocol.SweepBatch < 1 || c.Protocol.SweepLive < 1 || c.Protocol.SweepCatalog < 1 {
 		return Config{}, errors.New("config: HOLDFAST_SWEEP_BATCH, HOLDFAST_SWEEP_LIVE and HOLDFAST_SWEEP_CATALOG must be positive")

@@ -156,6 +156,59 @@ func (c *counts) drop(sku string) {
 	delete(c.m, sku)
 }
 
+// unknownTTL is how long an instance answers unknown_sku for a SKU MySQL
+// said it does not have, without asking again: a probe of made-up SKUs costs
+// MySQL one lookup per SKU per instance per period, not one per request. A
+// SKU the admin creates through this instance is buyable at once (ChangeStock
+// drops the entry); through another, within unknownTTL.
+const unknownTTL = 2 * time.Second
+
+// unknowns remembers, per SKU, until when this instance takes MySQL's "no
+// such SKU" as the answer (bounded: past maxTouched entries it starts
+// afresh).
+type unknowns struct {
+	mu    sync.Mutex
+	m     map[string]time.Time
+	epoch uint64 // moves on every drop: a lookup that began before it does not record
+}
+
+// known reports whether sku may exist at now (no recent "unknown" here).
+func (u *unknowns) known(sku string, now time.Time) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	until, ok := u.m[sku]
+	return !ok || !now.Before(until)
+}
+
+// begin returns the epoch a lookup starts in (for put).
+func (u *unknowns) begin() uint64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.epoch
+}
+
+// put records that MySQL had no sku, unless a drop came since epoch (the
+// admin may have created it meanwhile).
+func (u *unknowns) put(sku string, until time.Time, epoch uint64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if epoch != u.epoch {
+		return
+	}
+	if u.m == nil || len(u.m) >= maxTouched {
+		u.m = make(map[string]time.Time)
+	}
+	u.m[sku] = until
+}
+
+// drop forgets sku: it exists now (or may).
+func (u *unknowns) drop(sku string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.epoch++
+	delete(u.m, sku)
+}
+
 // bucketsOf returns K of sku.
 func (s *Service) bucketsOf(ctx context.Context, sku string) (int, error) {
 	l, err := s.layoutOf(ctx, sku)
@@ -163,15 +216,23 @@ func (s *Service) bucketsOf(ctx context.Context, sku string) (int, error) {
 }
 
 // layoutOf returns the layout of sku, warming its bucket 0 if Redis lost it
-// (ErrUnknownSKU: MySQL has no such SKU).
+// (ErrUnknownSKU: MySQL has no such SKU; said again without asking for
+// unknownTTL).
 func (s *Service) layoutOf(ctx context.Context, sku string) (layout, error) {
 	now := s.clock.Now()
 	if l, ok := s.counts.get(sku, now); ok {
 		return l, nil
 	}
+	if !s.unknown.known(sku, now) {
+		return layout{}, ErrUnknownSKU
+	}
 	k, groups, err := s.holds.Buckets(ctx, sku)
 	if errors.Is(err, ErrUnknownSKU) {
+		epoch := s.unknown.begin()
 		if _, err = s.warm(ctx, sku, 0); err != nil {
+			if errors.Is(err, ErrUnknownSKU) {
+				s.unknown.put(sku, now.Add(unknownTTL).Round(0), epoch)
+			}
 			return layout{}, err
 		}
 		k, groups, err = s.holds.Buckets(ctx, sku)

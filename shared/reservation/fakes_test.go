@@ -91,16 +91,20 @@ type memHolds struct {
 	// 9 and 10; 0: none); buckets are the users' token buckets per SKU.
 	rate, burst int
 	buckets     map[string]*bucket
+	// opened mirrors charge.lua's open-group sorted sets: bucket name and
+	// user -> group id -> until (ms).
+	opened map[string]map[string]int64
 	// live mirrors the sweeper's live sorted set (sku -> the mark's end, ms)
 	// and cursor its catalog cursor string.
 	live   map[string]int64
 	cursor string
 }
 
-// bucket mirrors reserve.lua's attempt bucket hash (tokens, at).
+// bucket mirrors reserve.lua's attempt budget hash (tokens, at, last).
 type bucket struct {
 	tokens float64
 	at     int64
+	last   string // the token of the last attempt charge.lua charged
 }
 
 func newMemHolds(c Clock) *memHolds {
@@ -109,7 +113,7 @@ func newMemHolds(c Clock) *memHolds {
 		exp: map[string]map[string]int64{}, users: map[string]map[string]int64{},
 		holds: map[string]*memHold{}, groups: map[string]*memGroup{}, members: map[string]map[string]string{},
 		fail: map[string]error{}, lost: map[string]error{}, calls: map[string]int{},
-		buckets: map[string]*bucket{}, live: map[string]int64{},
+		buckets: map[string]*bucket{}, opened: map[string]map[string]int64{}, live: map[string]int64{},
 	}
 }
 
@@ -142,6 +146,51 @@ func (m *memHolds) charge(sku, user string, now int64) int64 {
 	}
 	b.tokens--
 	return 0
+}
+
+// Charge mirrors charge.lua.
+func (m *memHolds) Charge(_ context.Context, a Attempt) error {
+	err := m.enter("Charge")
+	defer m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	name, now := BucketName(a.SKU, a.Bucket), m.nowMS()
+	key := name + "\x00" + a.UserID
+	if a.Group != "" {
+		if _, ok := m.opened[key][a.Group]; ok {
+			return nil
+		}
+	}
+	if b := m.buckets[key]; a.Token == "" || b == nil || b.last != a.Token {
+		if wait := m.charge(name, a.UserID, now); wait > 0 {
+			return &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
+		}
+		if b := m.buckets[key]; b != nil {
+			b.last = a.Token
+		}
+	}
+	if a.Group == "" {
+		return nil
+	}
+	open := m.opened[key]
+	if open == nil {
+		open = map[string]int64{}
+		m.opened[key] = open
+	}
+	first := int64(-1)
+	for g, until := range open {
+		if until <= now {
+			delete(open, g)
+		} else if first < 0 || until < first {
+			first = until
+		}
+	}
+	if a.MaxOpen > 0 && len(open) >= a.MaxOpen {
+		return &TooManyGroupsError{RetryAfter: time.Duration(max(1, first-now)) * time.Millisecond}
+	}
+	open[a.Group] = a.Until.UnixMilli()
+	return nil
 }
 
 func groupKey(sku, gid string) string { return sku + "\x00" + gid }

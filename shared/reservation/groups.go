@@ -9,10 +9,16 @@ import (
 	"time"
 )
 
-// CreateGroup opens a group-buy of capacity slots on sku. ttl 0 means the
-// default deadline, counted from Redis's clock (the one reserve.lua judges
-// joins by).
-func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl time.Duration) (Group, error) {
+// CreateGroup opens a group-buy of capacity slots on sku for user (its
+// creator). ttl 0 means the default deadline, counted from Redis's clock (the
+// one reserve.lua judges joins by). Opening a group is an attempt of the
+// creator's: it costs a token of their attempt budget on the SKU (the one
+// buys and joins draw on; *RateLimitedError past it) and one of their
+// Config.MaxOpenGroups places (*TooManyGroupsError when they have none), both
+// taken in Redis before MySQL is written, so a refused create costs MySQL
+// nothing; an unknown SKU is answered from Redis or the unknown-SKU memory
+// when it can.
+func (s *Service) CreateGroup(ctx context.Context, user, sku string, capacity int, ttl time.Duration) (Group, error) {
 	switch {
 	case !ValidID(sku):
 		return Group{}, invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
@@ -20,9 +26,15 @@ func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl
 		return Group{}, invalid("capacity", "must be between 2 and 1000")
 	case ttl < 0 || ttl > s.cfg.MaxGroupTTL:
 		return Group{}, invalid("ttl_seconds", "must be between 1 and %d", int(s.cfg.MaxGroupTTL.Seconds()))
+	case !ValidID(user):
+		return Group{}, invalid("user_id", "must be 1-64 characters of letters, digits and ._:-")
 	}
 	if ttl == 0 {
 		ttl = s.cfg.GroupTTL
+	}
+	l, err := s.layoutOf(ctx, sku)
+	if err != nil {
+		return Group{}, err
 	}
 	now, err := s.holds.Now(ctx)
 	if err != nil {
@@ -31,6 +43,17 @@ func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl
 	g := Group{
 		ID: "g-" + strings.TrimPrefix(ReservationID(ReserveRequest{}, nil), "."), SKU: sku, Capacity: capacity, Remaining: capacity,
 		Status: GroupOpen, Deadline: now.Add(ttl).Truncate(time.Millisecond), CreatedAt: now,
+	}
+	a := Attempt{SKU: sku, Bucket: HomeBucket(user, "", l.k), UserID: user, Token: g.ID,
+		Group: g.ID, Until: g.Deadline.Add(s.groupCountsAfter()), MaxOpen: s.cfg.MaxOpenGroups}
+	if err := s.holds.Charge(ctx, a); err != nil {
+		switch {
+		case errors.Is(err, ErrRateLimited):
+			s.metrics.Count("rate_limited", 1)
+		case errors.Is(err, ErrTooManyGroups):
+			s.metrics.Count("too_many_groups", 1)
+		}
+		return Group{}, err
 	}
 	if err := s.ledger.CreateGroup(ctx, g); err != nil {
 		return Group{}, err
@@ -43,6 +66,12 @@ func (s *Service) CreateGroup(ctx context.Context, sku string, capacity int, ttl
 	s.counts.drop(sku) // the SKU has groups now: keyed buys check bucket 0 (crossBucketMismatch)
 	return g, nil
 }
+
+// groupCountsAfter is how long after its deadline a group still counts as
+// one of its creator's open groups: until the sweeper (every minute) has
+// ended it, so that a buyer's short-lived groups cannot outpace the sweeps
+// that end them.
+func (s *Service) groupCountsAfter() time.Duration { return time.Minute + s.cfg.SweepGrace }
 
 // Group returns one coherent view of a group. FORMED is final and FAILED
 // terminal (no slot left to take); while MySQL has it OPEN, Redis — where

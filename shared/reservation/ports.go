@@ -44,6 +44,14 @@ type Holds interface {
 	// effect is that of Follow on each row in turn; returned[i] and errs[i]
 	// are row i's.
 	FollowAll(ctx context.Context, rows []Reservation, version int64) (returned []bool, errs []error)
+	// Charge charges one attempt of a.UserID's on a.SKU to the buyer's one
+	// attempt budget, in a.Bucket (their home bucket: Reserve charges a buy
+	// there in the same call), and, with a.Group, claims one of their open
+	// groups on the SKU: at most a.MaxOpen (0: no cap) count until their
+	// Until. A repeat of the call (a.Token) is not charged again; a group is
+	// claimed once. Errors: *RateLimitedError (nothing charged or claimed),
+	// *TooManyGroupsError (charged, nothing claimed), ErrUnavailable.
+	Charge(ctx context.Context, a Attempt) error
 	// Hold returns the hold recorded for id in bucket, or ErrNotFound.
 	Hold(ctx context.Context, id string, bucket int) (Reservation, error)
 	// Buckets returns K as the SKU's bucket 0 has it (1 for a SKU warmed
@@ -132,6 +140,19 @@ type Holds interface {
 type LiveSKU struct {
 	SKU   string
 	Until time.Time
+}
+
+// Attempt is one attempt of a buyer's on a SKU that Holds.Charge charges.
+type Attempt struct {
+	SKU    string
+	Bucket int // the buyer's home bucket, where their attempt budget lives
+	UserID string
+	Token  string // names the attempt: a repeat of the same call is free
+	// Group, when set, is a group the buyer opens: it counts as one of their
+	// open groups until Until; MaxOpen bounds them (0: no cap).
+	Group   string
+	Until   time.Time
+	MaxOpen int
 }
 
 // ReserveOutcome says what Reserve did besides holding.

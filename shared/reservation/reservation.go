@@ -165,15 +165,18 @@ type StockChange struct {
 
 // Domain errors. Callers branch on them with errors.Is.
 var (
-	ErrSoldOut             = errors.New("sold out")
-	ErrGroupFull           = errors.New("group full")
-	ErrAlreadyJoined       = errors.New("user already joined this group")
-	ErrGroupClosed         = errors.New("group closed")
-	ErrUnknownSKU          = errors.New("unknown sku")
-	ErrUnknownGroup        = errors.New("unknown group")
-	ErrNotFound            = errors.New("reservation not found")
-	ErrLimitExceeded       = errors.New("per-user limit exceeded")
-	ErrRateLimited         = errors.New("too many attempts")
+	ErrSoldOut       = errors.New("sold out")
+	ErrGroupFull     = errors.New("group full")
+	ErrAlreadyJoined = errors.New("user already joined this group")
+	ErrGroupClosed   = errors.New("group closed")
+	ErrUnknownSKU    = errors.New("unknown sku")
+	ErrUnknownGroup  = errors.New("unknown group")
+	ErrNotFound      = errors.New("reservation not found")
+	ErrLimitExceeded = errors.New("per-user limit exceeded")
+	ErrRateLimited   = errors.New("too many attempts")
+	// ErrTooManyGroups: the buyer already holds Config.MaxOpenGroups open
+	// groups on the SKU (see TooManyGroupsError).
+	ErrTooManyGroups       = errors.New("too many open groups")
 	ErrIdempotencyMismatch = errors.New("idempotency key reused with a different request")
 	// ErrPreconditionRequired: an absolute stock change of an existing SKU
 	// without the version it was based on.
@@ -202,6 +205,17 @@ func (e *RateLimitedError) Error() string {
 
 // Is makes errors.Is(err, ErrRateLimited) hold.
 func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
+
+// TooManyGroupsError is ErrTooManyGroups with how long until one of the
+// buyer's open groups stops counting.
+type TooManyGroupsError struct{ RetryAfter time.Duration }
+
+func (e *TooManyGroupsError) Error() string {
+	return fmt.Sprintf("%v: retry after %v", ErrTooManyGroups, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrTooManyGroups) hold.
+func (e *TooManyGroupsError) Is(target error) bool { return target == ErrTooManyGroups }
 
 // InvalidError is bad input: it names the field and the problem.
 type InvalidError struct {

@@ -57,7 +57,8 @@ func newToken() string {
 // the row, the same request answers its decided state and takes nothing (a
 // hold Redis took again is returned), and a different one is
 // ErrIdempotencyMismatch, however long Redis has forgotten the hold. The
-// buyer's attempt rate is charged before MySQL is asked. If the hand-off of a request without a key fails,
+// buyer's attempt rate is charged before MySQL is asked, one token an
+// attempt from one budget per buyer and SKU, joins and buys alike. If the hand-off of a request without a key fails,
 // the reservation is cancelled through the fenced decision before Reserve
 // returns ErrUnavailable, so the caller holds nothing (if even that cannot be
 // decided, MySQL down, the hold stays for the sweeper); a keyed request's
@@ -81,13 +82,36 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		s.metrics.Count("sold_out", 1)
 		return Reservation{}, false, ErrSoldOut
 	}
+	l, err := s.layoutOf(ctx, r.SKU)
+	if err != nil {
+		return Reservation{}, false, err
+	}
+	k := l.k
+	r.Bucket = HomeBucket(r.UserID, r.GroupID, k)
+	// One attempt, one token of the buyer's one budget on the SKU, which
+	// lives in their home bucket: a buy's script charges it in the same call.
+	// A join is held in bucket 0, so when the buyer's home is another bucket
+	// it is charged there first — joins and buys draw on one budget on any K.
+	// A keyed join is charged first too, even at home: it asks MySQL before
+	// the script (below), and an attempt over the rate reads nothing.
+	if r.GroupID != "" && (keyed || HomeBucket(r.UserID, "", k) != r.Bucket) {
+		a := Attempt{SKU: r.SKU, Bucket: HomeBucket(r.UserID, "", k), UserID: r.UserID, Token: r.Token}
+		if err := s.holds.Charge(ctx, a); err != nil {
+			if errors.Is(err, ErrRateLimited) {
+				s.metrics.Count("rate_limited", 1)
+			}
+			return Reservation{}, false, err
+		}
+		r.Charged = true
+	}
 	// A keyed buy runs the script first, so the buyer's attempt rate is
 	// charged before any MySQL read: a scalper's thousands of fresh keys cost
 	// Redis, not the arbiter; MySQL is asked only when Redis has no final
-	// answer (below). A keyed join asks MySQL first: a hold the script took
-	// again for a decided id would hold a slot in this request's group, which
-	// returning the stray (it follows MySQL's row, and the row's group) could
-	// not give back when the row names another group.
+	// answer (below). A keyed join, charged above, asks MySQL first: a hold
+	// the script took again for a decided id would hold a slot in this
+	// request's group, which returning the stray (it follows MySQL's row,
+	// and the row's group) could not give back when the row names another
+	// group.
 	checked := false
 	if keyed && r.GroupID != "" {
 		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
@@ -98,12 +122,6 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		}
 		checked = true
 	}
-	l, err := s.layoutOf(ctx, r.SKU)
-	if err != nil {
-		return Reservation{}, false, err
-	}
-	k := l.k
-	r.Bucket = HomeBucket(r.UserID, r.GroupID, k)
 	if keyed && k > 1 {
 		if mismatch, err := s.crossBucketMismatch(ctx, r, l); err != nil || mismatch {
 			if err == nil {
@@ -123,6 +141,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 			}
 			return Reservation{}, false, werr
 		}
+		r.Charged = true // the script charged this attempt before it found no stock
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	// The buyer's bucket ran dry: while another bucket has the units, move

@@ -25,6 +25,10 @@ type Config struct {
 	// through the same instance clears it at once; elsewhere it is at most
 	// this stale.
 	SoldOutTTL time.Duration
+	// MaxOpenGroups bounds the groups one buyer may have open on one SKU
+	// (0: no cap): a group counts from its creation until its deadline plus
+	// the time the sweeper may take to end it (groupCountsAfter).
+	MaxOpenGroups int
 }
 
 // DefaultConfig is what production runs unless told otherwise.
@@ -41,6 +45,7 @@ func DefaultConfig() Config {
 		SweepCatalog:    1_000,
 		ReconcileAfter:  50 * time.Second,
 		SoldOutTTL:      500 * time.Millisecond,
+		MaxOpenGroups:   3,
 	}
 }
 
@@ -59,6 +64,7 @@ type Service struct {
 	soldOut  sync.Map // sku -> time.Time until which this instance answers sold_out
 	touched  touches  // SKUs this instance marked live, and until when it need not again
 	counts   counts   // K per SKU as Redis had it lately
+	unknown  unknowns // SKUs MySQL said it does not have, lately
 	refills  sync.Map // bucket name -> *sync.Mutex: one refill of a bucket at a time here
 	// transfersPaused holds the time.Time until which this instance makes
 	// no transfer (MySQL failed to record one).

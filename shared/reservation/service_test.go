@@ -1003,7 +1003,7 @@ func TestReconcileWaitsForTheReleaseOutbox(t *testing.T) {
 func TestGroupJoinRulesAndFailure(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)
-	g, err := f.svc.CreateGroup(bg, "s", 3, 30*time.Second) // shorter than the holds' minute
+	g, err := f.svc.CreateGroup(bg, "creator", "s", 3, 30*time.Second) // shorter than the holds' minute
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1055,7 +1055,7 @@ func TestGroupJoinRulesAndFailure(t *testing.T) {
 func TestFormedGroupIsFinal(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)
-	g, err := f.svc.CreateGroup(bg, "s", 2, time.Hour)
+	g, err := f.svc.CreateGroup(bg, "creator", "s", 2, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1108,7 +1108,7 @@ func TestFormedGroupIsFinal(t *testing.T) {
 func TestGroupFilledInRedisIsRecordedFormedBySweeper(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)
-	g, err := f.svc.CreateGroup(bg, "s", 2, 30*time.Second)
+	g, err := f.svc.CreateGroup(bg, "creator", "s", 2, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1156,14 +1156,14 @@ func TestCreateGroupValidates(t *testing.T) {
 		ttl      time.Duration
 	}{{1, 0}, {1001, 0}, {3, -time.Second}, {3, 8 * 24 * time.Hour}} {
 		var inv *InvalidError
-		if _, err := f.svc.CreateGroup(bg, "s", c.capacity, c.ttl); !errors.As(err, &inv) {
+		if _, err := f.svc.CreateGroup(bg, "creator", "s", c.capacity, c.ttl); !errors.As(err, &inv) {
 			t.Errorf("CreateGroup(capacity %d, ttl %v) = %v, want InvalidError", c.capacity, c.ttl, err)
 		}
 	}
-	if _, err := f.svc.CreateGroup(bg, "nope", 3, 0); !errors.Is(err, ErrUnknownSKU) {
+	if _, err := f.svc.CreateGroup(bg, "creator", "nope", 3, 0); !errors.Is(err, ErrUnknownSKU) {
 		t.Errorf("CreateGroup(unknown sku) = %v, want ErrUnknownSKU", err)
 	}
-	g, err := f.svc.CreateGroup(bg, "s", 3, 0)
+	g, err := f.svc.CreateGroup(bg, "creator", "s", 3, 0)
 	if err != nil || !g.Deadline.Equal(f.clock.Now().Add(f.svc.cfg.GroupTTL)) {
 		t.Errorf("CreateGroup = %+v %v, want the default deadline by Redis's clock", g, err)
 	}
@@ -1390,11 +1390,11 @@ func TestKeyedAttemptsOverTheRateDoNotReadMySQL(t *testing.T) {
 func TestKeyedJoinIntoAnotherGroupTakesNoSlot(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)
-	g1, err := f.svc.CreateGroup(bg, "s", 3, time.Hour)
+	g1, err := f.svc.CreateGroup(bg, "creator", "s", 3, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g2, err := f.svc.CreateGroup(bg, "s", 3, time.Hour)
+	g2, err := f.svc.CreateGroup(bg, "creator", "s", 3, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,7 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 	}
 	s.soldOut.Delete(c.SKU)
 	s.counts.drop(c.SKU)
+	s.unknown.drop(c.SKU) // buyable at once through this instance
 	for b := range level.BucketCount() {
 		res, err := s.holds.Sync(ctx, level.Bucket(b))
 		if err == nil && res == SyncMissing && b == 0 {

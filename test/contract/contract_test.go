@@ -419,6 +419,13 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	expect(put(slow, `{"stock":100,"rate_per_second":1,"burst":1}`, nil), 200, "")
 	expect(reserve(ann, `{"sku":"`+slow+`","qty":1}`, nil), 202, "")
 	expect(reserve(ann, `{"sku":"`+slow+`","qty":1}`, nil), 429, "rate_limited")
+	// Opening a group is an attempt on the same budget, and a buyer's open groups per SKU are capped (3).
+	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + slow + `","capacity":2}`}), 429, "rate_limited")
+	hal := mint("hal")
+	for range 3 {
+		expect(k.do(call{token: hal, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2}`}), 201, "")
+	}
+	expect(k.do(call{token: hal, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2}`}), 429, "too_many_groups")
 
 	// --- authentication: no token (API Gateway's 401); a verified token
 	// without the buyer's claim (the function's 401).

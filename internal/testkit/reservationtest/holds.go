@@ -527,6 +527,50 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("charge spends the budget reserve spends, once per attempt, and caps open groups", func(t *testing.T) {
+		c := &clock{now: t0}
+		s := newHolds(t, c, 2, 3)
+		sku := testservices.Name("sku")
+		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 100, Version: 1}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Reserve(ctx, hold(sku, "b0", "bot", 1), ttl); err != nil {
+			t.Fatalf("a buy within the burst = %v", err)
+		}
+		for _, token := range []string{"x1", "x1", "x2"} { // x1 twice: a retried call is charged once
+			if err := s.Charge(ctx, reservation.Attempt{SKU: sku, UserID: "bot", Token: token}); err != nil {
+				t.Fatalf("charge %s within the burst = %v", token, err)
+			}
+		}
+		var rl *reservation.RateLimitedError
+		if err := s.Charge(ctx, reservation.Attempt{SKU: sku, UserID: "bot", Token: "x3"}); !errors.As(err, &rl) || rl.RetryAfter != 500*time.Millisecond {
+			t.Fatalf("a charge past the burst = %v, want rate limited for 500ms", err)
+		}
+		if _, _, err := s.Reserve(ctx, hold(sku, "b1", "bot", 1), ttl); !errors.Is(err, reservation.ErrRateLimited) {
+			t.Fatalf("a buy after the budget was spent by charges = %v, want rate limited (one budget)", err)
+		}
+		// Open groups: at most MaxOpen count until their Until; a claim repeated is one claim.
+		claim := func(gid string, until time.Duration) error {
+			return s.Charge(ctx, reservation.Attempt{SKU: sku, UserID: "host", Token: "t-" + gid, Group: gid, Until: t0.Add(until), MaxOpen: 2})
+		}
+		for _, gid := range []string{"g1", "g1", "g2"} {
+			if err := claim(gid, time.Minute); err != nil {
+				t.Fatalf("claim %s within the cap = %v", gid, err)
+			}
+		}
+		var tg *reservation.TooManyGroupsError
+		if err := claim("g3", time.Minute); !errors.As(err, &tg) || !errors.Is(err, reservation.ErrTooManyGroups) || tg.RetryAfter != time.Minute {
+			t.Fatalf("a third open group = %v, want too many groups for 1m", err)
+		}
+		if err := s.Charge(ctx, reservation.Attempt{SKU: sku, UserID: "guest", Token: "t-g4", Group: "g4", Until: t0.Add(time.Minute), MaxOpen: 2}); err != nil {
+			t.Errorf("another buyer's group = %v, want claimed", err)
+		}
+		c.now = t0.Add(time.Minute)
+		if err := claim("g5", 2*time.Minute); err != nil {
+			t.Errorf("a group once the first ones stopped counting = %v, want claimed", err)
+		}
+	})
+
 	t.Run("concurrent reserves never oversell", func(t *testing.T) {
 		s, sku, _ := setup(t, 50, 0)
 		var ok, sold atomic.Int64

@@ -49,6 +49,8 @@ var (
 	takeoutLua string
 	//go:embed lua/credit.lua
 	creditLua string
+	//go:embed lua/charge.lua
+	chargeLua string
 )
 
 // ReserveLua is the reserve script's source (with its clock prelude), for
@@ -59,7 +61,7 @@ var ReserveLua = clockLua + reserveLua
 // ReserveKeys returns the KEYS of reserve.lua for a reservation.
 func ReserveKeys(r reservation.Reservation) []string {
 	k := keysOfHold(r)
-	return append(k.holdKeys(r), k.bucket(r.UserID))
+	return append(k.holdKeys(r), k.budget(r.UserID))
 }
 
 // ReserveArgs returns the ARGV of reserve.lua for a reservation, reading the
@@ -84,6 +86,7 @@ var (
 	unmarkScript      = redis.NewScript(clockLua + unmarkLua)
 	takeoutScript     = redis.NewScript(clockLua + takeoutLua)
 	creditScript      = redis.NewScript(creditLua)
+	chargeScript      = redis.NewScript(clockLua + chargeLua)
 )
 
 var _ reservation.Holds = (*Store)(nil)
@@ -165,7 +168,8 @@ func (k keys) users() string             { return k.tag + ":users" }
 func (k keys) hold(id string) string     { return k.tag + ":r:" + id }
 func (k keys) group(gid string) string   { return k.tag + ":g:" + gid }
 func (k keys) members(gid string) string { return k.tag + ":gm:" + gid }
-func (k keys) bucket(user string) string { return k.tag + ":rl:" + user }
+func (k keys) budget(user string) string { return k.tag + ":rl:" + user }
+func (k keys) opened(user string) string { return k.tag + ":og:" + user }
 func (k keys) holdKeys(r reservation.Reservation) []string {
 	// The group keys are placeholders (never written) when there is no group.
 	return []string{k.stock(), k.meta(), k.exp(), k.users(), k.hold(r.ID), k.group(r.GroupID), k.members(r.GroupID)}
@@ -230,6 +234,38 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 		return reservation.Reservation{}, none, reservation.ErrGroupFull
 	}
 	return reservation.Reservation{}, none, fmt.Errorf("redis reserve: unknown code %q", out[0])
+}
+
+// Charge implements reservation.Holds.
+func (s *Store) Charge(ctx context.Context, a reservation.Attempt) error {
+	k := keysOf(reservation.BucketName(a.SKU, a.Bucket))
+	var until int64
+	if a.Group != "" {
+		until = ms(a.Until)
+	}
+	out, err := chargeScript.Run(ctx, s.rdb, []string{k.meta(), k.budget(a.UserID), k.opened(a.UserID)},
+		s.now(), s.rate, s.burst, a.Token, a.Group, until, a.MaxOpen).StringSlice()
+	if err != nil {
+		return reservation.Unavailable("redis charge", err)
+	}
+	if len(out) == 0 {
+		return fmt.Errorf("redis charge: empty reply")
+	}
+	wait := time.Second
+	if len(out) > 1 {
+		if n, err := strconv.ParseInt(out[1], 10, 64); err == nil {
+			wait = time.Duration(n) * time.Millisecond
+		}
+	}
+	switch out[0] {
+	case "OK":
+		return nil
+	case "RATE_LIMITED":
+		return &reservation.RateLimitedError{RetryAfter: wait}
+	case "TOO_MANY_GROUPS":
+		return &reservation.TooManyGroupsError{RetryAfter: wait}
+	}
+	return fmt.Errorf("redis charge: unknown code %q", out[0])
 }
 
 // Follow implements reservation.Holds.

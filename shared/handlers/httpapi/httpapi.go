@@ -28,7 +28,7 @@ type Service interface {
 	Reserve(ctx context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error)
 	Get(ctx context.Context, id, user string) (reservation.Reservation, error)
 	Cancel(ctx context.Context, id, user string) (reservation.Reservation, error)
-	CreateGroup(ctx context.Context, sku string, capacity int, ttl time.Duration) (reservation.Group, error)
+	CreateGroup(ctx context.Context, user, sku string, capacity int, ttl time.Duration) (reservation.Group, error)
 	Group(ctx context.Context, id string) (reservation.Group, error)
 	Available(ctx context.Context, sku string) (int64, error)
 	ChangeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error)
@@ -119,8 +119,8 @@ var routes = map[string]route{
 		}
 		return reply(http.StatusOK, reservationBody(r))
 	},
-	"POST /groups": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, _ map[string]string, _ string) response {
-		return h.createGroup(ctx, req)
+	"POST /groups": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, _ map[string]string, user string) response {
+		return h.createGroup(ctx, req, user)
 	},
 	"GET /groups/{id}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
 		g, err := h.svc.Group(ctx, p["id"])
@@ -233,7 +233,7 @@ type groupRequest struct {
 	TTLSeconds *int   `json:"ttl_seconds"`
 }
 
-func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRequest) response {
+func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRequest, user string) response {
 	var b groupRequest
 	if resp, ok := decode(req, &b); !ok {
 		return resp
@@ -250,7 +250,7 @@ func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRe
 	if b.TTLSeconds != nil {
 		ttl = time.Duration(*b.TTLSeconds) * time.Second
 	}
-	g, err := h.svc.CreateGroup(ctx, b.SKU, *b.Capacity, ttl)
+	g, err := h.svc.CreateGroup(ctx, user, b.SKU, *b.Capacity, ttl)
 	if err != nil {
 		return h.fail(ctx, err)
 	}

@@ -19,11 +19,12 @@ import (
 
 // stub records calls and answers with err (or a plausible value).
 type stub struct {
-	calls  int
-	err    error
-	last   reservation.ReserveRequest
-	change reservation.StockChange
-	user   string // the caller Get or Cancel was asked for
+	calls     int
+	err       error
+	last      reservation.ReserveRequest
+	change    reservation.StockChange
+	user      string // the caller Get or Cancel was asked for
+	groupUser string // the creator CreateGroup was asked for
 }
 
 func (s *stub) Reserve(_ context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error) {
@@ -41,7 +42,8 @@ func (s *stub) Cancel(_ context.Context, _, user string) (reservation.Reservatio
 	s.user = user
 	return reservation.Reservation{ID: "r-1", Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer}, s.err
 }
-func (s *stub) CreateGroup(_ context.Context, sku string, capacity int, _ time.Duration) (reservation.Group, error) {
+func (s *stub) CreateGroup(_ context.Context, user, sku string, capacity int, _ time.Duration) (reservation.Group, error) {
+	s.groupUser = user
 	s.calls++
 	return reservation.Group{ID: "g-1", SKU: sku, Capacity: capacity, Remaining: capacity, Status: reservation.GroupOpen}, s.err
 }
@@ -150,6 +152,8 @@ func TestDomainErrorsMapToStatusAndCode(t *testing.T) {
 		{reservation.ErrIdempotencyMismatch, 422, "idempotency_mismatch", false},
 		{reservation.ErrUnknownSKU, 404, "unknown_sku", false},
 		{reservation.ErrUnknownGroup, 404, "unknown_group", false},
+		{&reservation.RateLimitedError{RetryAfter: 300 * time.Millisecond}, 429, "rate_limited", true},
+		{&reservation.TooManyGroupsError{RetryAfter: 90 * time.Second}, 429, "too_many_groups", true},
 		{&reservation.InvalidError{Field: "qty", Msg: "must be at most 10"}, 400, "invalid_request", false},
 		{reservation.Unavailable("redis reserve", errors.New("i/o timeout")), 503, "unavailable", true},
 		{errors.New("boom"), 500, "internal", false},
@@ -218,6 +222,9 @@ func TestRoutes(t *testing.T) {
 		if code, body := do(t, svc, request(c.method, c.path, c.body, nil)); code != c.status || body[c.key] != c.want {
 			t.Errorf("%s %s = %d %v, want %d with %s=%s", c.method, c.path, code, body, c.status, c.key, c.want)
 		}
+	}
+	if svc.groupUser != "u" {
+		t.Errorf("POST /groups opened the group for %q, want the token's subject %q", svc.groupUser, "u")
 	}
 }
 

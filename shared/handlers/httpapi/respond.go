@@ -91,6 +91,15 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 		resp := errorReply(http.StatusTooManyRequests, "rate_limited", "too many attempts by this buyer on this sku; nothing was held")
 		resp.Headers["Retry-After"] = strconv.Itoa(int((wait + time.Second - 1) / time.Second))
 		return resp
+	case errors.Is(err, reservation.ErrTooManyGroups):
+		wait := time.Second
+		var tg *reservation.TooManyGroupsError
+		if errors.As(err, &tg) && tg.RetryAfter > wait {
+			wait = tg.RetryAfter
+		}
+		resp := errorReply(http.StatusTooManyRequests, "too_many_groups", "this buyer already has the most open groups allowed on this sku; nothing was created")
+		resp.Headers["Retry-After"] = strconv.Itoa(int((wait + time.Second - 1) / time.Second))
+		return resp
 	case errors.Is(err, reservation.ErrIdempotencyMismatch):
 		return errorReply(http.StatusUnprocessableEntity, "idempotency_mismatch",
 			"the Idempotency-Key was already used with a different request")

@@ -1,0 +1,294 @@
+package system_test
+
+// One buyer cannot slow anybody else (issue 20, part 2): every buyer write is
+// metered per buyer and SKU, one attempt costs one token whatever the bucket
+// layout, and what an attempt over the rate or a probe of a made-up SKU
+// costs MySQL is counted on the real MariaDB (docs/design.md, threat model).
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+)
+
+// meteredStack is a stack whose buyers may make burst attempts per SKU and
+// one a second after that (the test clock does not move by itself, so no
+// token comes back unless a test moves it), with at most maxOpen open
+// groups per buyer and SKU (0: no cap).
+func meteredStack(t *testing.T, burst, maxOpen int) *stack {
+	return newStack(t, withVars(map[string]string{
+		"HOLDFAST_USER_RATE":       "1",
+		"HOLDFAST_USER_BURST":      strconv.Itoa(burst),
+		"HOLDFAST_MAX_OPEN_GROUPS": strconv.Itoa(maxOpen),
+	}))
+}
+
+// answer is one API answer with its headers.
+type answer struct {
+	code    int
+	body    map[string]any
+	headers map[string]string
+}
+
+// send sends one request as user through the API handler.
+func (s *stack) send(user, method, path, body string, headers map[string]string) answer {
+	s.t.Helper()
+	resp, err := s.api.Handle(context.Background(), apiRequest(user, method, path, body, headers))
+	if err != nil {
+		s.t.Fatalf("%s %s: handler error %v", method, path, err)
+	}
+	a := answer{code: resp.StatusCode, headers: resp.Headers}
+	if err := json.Unmarshal([]byte(resp.Body), &a.body); err != nil {
+		s.t.Fatalf("%s %s: body %q is not JSON: %v", method, path, resp.Body, err)
+	}
+	return a
+}
+
+// openGroup asks for a group of capacity slots on sku as user.
+func (s *stack) openGroup(user, sku string, capacity, ttlSeconds int) answer {
+	s.t.Helper()
+	return s.send(user, "POST", "/groups", fmt.Sprintf(`{"sku":%q,"capacity":%d,"ttl_seconds":%d}`, sku, capacity, ttlSeconds), nil)
+}
+
+// groupRows counts sku's groups in MySQL.
+func (s *stack) groupRows(sku string) int {
+	s.t.Helper()
+	var n int
+	if err := s.db.QueryRow(`SELECT COUNT(*) FROM group_buys WHERE sku = ?`, sku).Scan(&n); err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
+// questions is MariaDB's count of the statements it executed, server-wide.
+func (s *stack) questions() int64 {
+	s.t.Helper()
+	var name string
+	var n int64
+	if err := s.db.QueryRow(`SHOW GLOBAL STATUS LIKE 'Questions'`).Scan(&name, &n); err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
+// statements runs f up to runs times and returns the fewest statements
+// MariaDB executed during one run (the reading of the counter itself left
+// out). The counter is the server's: other tests on the same server only add
+// to it, so the least of a few runs bounds what f itself cost; it stops at
+// the first run that costs at most enough.
+func (s *stack) statements(runs int, enough int64, f func()) int64 {
+	s.t.Helper()
+	best := int64(-1)
+	for range runs {
+		before := s.questions()
+		f()
+		n := s.questions() - before - 1 // the second SHOW counts itself
+		if best < 0 || n < best {
+			best = n
+		}
+		if best <= enough {
+			break
+		}
+	}
+	return best
+}
+
+func TestMetering(t *testing.T) {
+	t.Run("opening groups past the buyer's rate is 429 with Retry-After and writes nothing to MySQL", func(t *testing.T) {
+		s := meteredStack(t, 3, 0)
+		sku := testservices.Name("grouprate")
+		s.createSKU(sku, 10, 1)
+		for i := range 3 {
+			if a := s.openGroup("opener", sku, 2, 600); a.code != http.StatusCreated {
+				t.Fatalf("group %d within the burst = %d %v, want 201", i+1, a.code, a.body)
+			}
+		}
+		for i := range 20 {
+			a := s.openGroup("opener", sku, 2, 600)
+			if a.code != http.StatusTooManyRequests || a.body["error"] != "rate_limited" || a.headers["Retry-After"] == "" {
+				t.Fatalf("group %d past the burst = %d %v (Retry-After %q), want 429 rate_limited with Retry-After",
+					4+i, a.code, a.body, a.headers["Retry-After"])
+			}
+		}
+		if n := s.groupRows(sku); n != 3 {
+			t.Errorf("MySQL has %d groups of the SKU, want the 3 created (a refused create writes nothing)", n)
+		}
+		if a := s.openGroup("other", sku, 2, 600); a.code != http.StatusCreated {
+			t.Errorf("another buyer's group = %d %v, want 201: the rate is per buyer", a.code, a.body)
+		}
+	})
+
+	t.Run("a buyer holds at most the configured open groups per SKU until they end", func(t *testing.T) {
+		s := meteredStack(t, 100, 2)
+		sku, other := testservices.Name("groupcap"), testservices.Name("groupcap2")
+		s.createSKU(sku, 10, 3)
+		s.createSKU(other, 10, 1)
+		for i := range 2 {
+			if a := s.openGroup("hoarder", sku, 2, 30); a.code != http.StatusCreated {
+				t.Fatalf("group %d within the cap = %d %v, want 201", i+1, a.code, a.body)
+			}
+		}
+		a := s.openGroup("hoarder", sku, 2, 30)
+		if a.code != http.StatusTooManyRequests || a.body["error"] != "too_many_groups" || a.headers["Retry-After"] == "" {
+			t.Fatalf("a third open group = %d %v (Retry-After %q), want 429 too_many_groups with Retry-After", a.code, a.body, a.headers["Retry-After"])
+		}
+		if n := s.groupRows(sku); n != 2 {
+			t.Errorf("MySQL has %d groups of the SKU, want 2 (the refused one writes nothing)", n)
+		}
+		if a := s.openGroup("neighbour", sku, 2, 30); a.code != http.StatusCreated {
+			t.Errorf("another buyer's group = %d %v, want 201: the cap is per buyer", a.code, a.body)
+		}
+		if a := s.openGroup("hoarder", other, 2, 30); a.code != http.StatusCreated {
+			t.Errorf("the buyer's group on another SKU = %d %v, want 201: the cap is per SKU", a.code, a.body)
+		}
+		// A group counts until the sweeper may have ended it: its deadline,
+		// one sweep period and the grace.
+		s.clock.Advance(30*time.Second + time.Minute + 2*time.Second + time.Millisecond)
+		if a := s.openGroup("hoarder", sku, 2, 30); a.code != http.StatusCreated {
+			t.Errorf("a group after the first ones ended = %d %v, want 201", a.code, a.body)
+		}
+	})
+
+	t.Run("joins and buys draw on one budget per buyer and SKU over K buckets", func(t *testing.T) {
+		const burst, k = 4, 3
+		s := meteredStack(t, burst, 0)
+		sku := testservices.Name("mixed")
+		s.createSKU(sku, 100, k)
+		buyer := userIn("mixer", 1, k) // home bucket 1; joins are held in bucket 0
+		var groups []string
+		for range 2 * burst {
+			a := s.openGroup("host-"+strconv.Itoa(len(groups)), sku, 2, 600)
+			if a.code != http.StatusCreated {
+				t.Fatalf("open group = %d %v", a.code, a.body)
+			}
+			groups = append(groups, a.body["group_id"].(string))
+		}
+		served := 0
+		for i := range 2 * burst {
+			body := fmt.Sprintf(`{"sku":%q,"qty":1}`, sku)
+			if i%2 == 1 {
+				body = fmt.Sprintf(`{"sku":%q,"qty":1,"group_id":%q}`, sku, groups[i])
+			}
+			a := s.send(buyer, "POST", "/reservations", body, nil)
+			switch a.code {
+			case http.StatusAccepted:
+				served++
+			case http.StatusTooManyRequests:
+			default:
+				t.Fatalf("attempt %d = %d %v, want 202 or 429", i+1, a.code, a.body)
+			}
+		}
+		if served != burst {
+			t.Errorf("a buyer mixing buys and joins was served %d of %d attempts in one burst, want exactly the burst %d", served, 2*burst, burst)
+		}
+	})
+
+	t.Run("a burst within the budget is served right after the buyer's bucket was warmed", func(t *testing.T) {
+		const burst, k = 3, 3
+		s := meteredStack(t, burst, 0)
+		sku := testservices.Name("warmrate")
+		s.createSKU(sku, 100, k)
+		buyer := userIn("warm", 2, k) // bucket 2 is cold: the first request warms it, then refills it
+		for i := range burst {
+			if code, body := s.reserve(sku, buyer, 1, ""); code != http.StatusAccepted {
+				t.Fatalf("attempt %d of a burst of %d = %d %v, want 202", i+1, burst, code, body)
+			}
+		}
+		if code, body := s.reserve(sku, buyer, 1, ""); code != http.StatusTooManyRequests {
+			t.Errorf("attempt %d past the burst = %d %v, want 429", burst+1, code, body)
+		}
+		// The same after Redis lost a warm bucket (a failover): one attempt, one token.
+		buyer2 := userIn("rewarm", 0, k)
+		if err := s.rdb.Del(context.Background(), "hf:{"+sku+"}:stock").Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range burst {
+			if code, body := s.reserve(sku, buyer2, 1, ""); code != http.StatusAccepted {
+				t.Fatalf("attempt %d of a burst of %d after Redis lost the bucket = %d %v, want 202", i+1, burst, code, body)
+			}
+		}
+	})
+
+	t.Run("a keyed join over the rate reads nothing from MySQL", func(t *testing.T) {
+		s := meteredStack(t, 1, 0)
+		sku := testservices.Name("keyedjoin")
+		s.createSKU(sku, 100, 1)
+		g := s.openGroup("host", sku, 50, 600)
+		if g.code != http.StatusCreated {
+			t.Fatalf("open group = %d %v", g.code, g.body)
+		}
+		gid := g.body["group_id"].(string)
+		join := func(key string) answer {
+			return s.send("joiner", "POST", "/reservations", fmt.Sprintf(`{"sku":%q,"qty":1,"group_id":%q}`, sku, gid),
+				map[string]string{"Idempotency-Key": key})
+		}
+		if a := join("first"); a.code != http.StatusAccepted {
+			t.Fatalf("the first join = %d %v, want 202", a.code, a.body)
+		}
+		const n = 50
+		round := 0
+		cost := s.statements(5, 0, func() {
+			round++
+			for i := range n {
+				if a := join(fmt.Sprintf("r%d-%d", round, i)); a.code != http.StatusTooManyRequests {
+					t.Fatalf("keyed join over the rate = %d %v, want 429", a.code, a.body)
+				}
+			}
+		})
+		t.Logf("%d keyed joins over the rate: %d MySQL statements", n, cost)
+		if cost > 0 {
+			t.Errorf("%d keyed joins over the rate cost MySQL %d statements, want none", n, cost)
+		}
+	})
+
+	t.Run("probes of unknown SKUs cost at most 0.1 MySQL statements each", func(t *testing.T) {
+		s := newStack(t)
+		sku := testservices.Name("nosuch")
+		probe := func() {
+			if code, body := s.reserve(sku, "prober", 1, ""); code != http.StatusNotFound || body["error"] != "unknown_sku" {
+				t.Fatalf("reserve of an unknown SKU = %d %v, want 404 unknown_sku", code, body)
+			}
+		}
+		const n = 200
+		cost := s.statements(5, n/10, func() {
+			for range n {
+				probe()
+			}
+		})
+		t.Logf("%d probes of an unknown SKU: %d MySQL statements", n, cost)
+		if cost > n/10 {
+			t.Errorf("%d probes of an unknown SKU cost MySQL %d statements, want at most %d", n, cost, n/10)
+		}
+		if cost := s.statements(5, n/10, func() {
+			for range n {
+				if a := s.openGroup("prober", sku, 2, 60); a.code != http.StatusNotFound {
+					t.Fatalf("POST /groups of an unknown SKU = %d %v, want 404", a.code, a.body)
+				}
+			}
+		}); cost > n/10 {
+			t.Errorf("%d group opens on an unknown SKU cost MySQL %d statements, want at most %d", n, cost, n/10)
+		}
+		// Another instance remembered the SKU as unknown too.
+		clock := &testClock{now: s.clock.Now()}
+		twin := s.twin(clock, nil)
+		if _, err := twin.Available(context.Background(), sku); err == nil {
+			t.Fatal("the other instance found the unknown SKU")
+		}
+		// The admin creates it through this instance: buyable here at once ...
+		s.createSKU(sku, 5, 1)
+		if code, body := s.reserve(sku, "buyer", 1, ""); code != http.StatusAccepted {
+			t.Errorf("reserve right after the admin created the SKU = %d %v, want 202", code, body)
+		}
+		// ... and on the other instance within the unknown-SKU memory's 2 s.
+		clock.Advance(2 * time.Second)
+		if n, err := twin.Available(context.Background(), sku); err != nil || n != 4 {
+			t.Errorf("the other instance 2 s after the SKU was created: %d, %v; want 4 units", n, err)
+		}
+	})
+}
