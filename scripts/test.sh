@@ -1,11 +1,28 @@
 #!/usr/bin/env bash
 # test.sh — what `make test` runs: every test against real services started on
 # free loopback ports (integration tests fail rather than skip if one is
-# missing). With arguments, a focused `go test` run instead (make chaos).
+# missing), then the network guard: the unit tests again, without the
+# services' settings, in a network namespace that has only loopback, so a
+# test that reaches beyond 127.0.0.0/8 (the EC2 metadata address, an AWS
+# endpoint) fails here rather than leaking. With arguments, a focused
+# `go test` run instead (make chaos).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HOLDFAST_REQUIRE_SERVICES=1
 if [ $# -gt 0 ]; then
   exec scripts/with-services.sh go test -count=1 "$@"
 fi
-exec scripts/with-services.sh bash -c 'echo "== go vet" && go vet ./... && echo "== go test" && go test -count=1 -timeout 20m ./...'
+scripts/with-services.sh bash -c 'echo "== go vet" && go vet ./... && echo "== go test" && go test -count=1 -timeout 20m ./...'
+
+# The network guard. unshare -n needs root (or -r, user namespaces, without).
+netns=(unshare -n)
+[ "$(id -u)" = 0 ] || netns=(unshare -rn)
+if ! command -v ip >/dev/null || ! "${netns[@]}" true 2>/dev/null; then
+  echo "== network guard SKIPPED: ${netns[*]} is not permitted here (or iproute2's ip is missing);"
+  echo "   the unit tests did not run cut off from the network"
+  exit 0
+fi
+echo "== go test, unit tests only, in a network namespace with only loopback"
+go mod download # the modules into the cache while the network is there
+env -u HOLDFAST_REQUIRE_SERVICES GOFLAGS=-mod=mod GOPROXY=off HOLDFAST_NETWORK_GUARD=1 \
+  "${netns[@]}" sh -c 'ip link set lo up && exec go test -count=1 -timeout 20m ./...'

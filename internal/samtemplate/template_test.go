@@ -2,7 +2,6 @@ package samtemplate_test
 
 import (
 	"bytes"
-	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -285,43 +284,6 @@ func TestTheAPIIsTheOpenAPIDocument(t *testing.T) {
 		if res[sub[1]] == nil && m(doc["Resources"])[sub[1]+"Role"] == nil {
 			t.Errorf("api/openapi.yaml integrates %s, which template.yaml does not declare", sub[1])
 		}
-	}
-}
-
-// sam build copies CodeUri (.) to a scratch directory and runs
-// `make build-<LogicalId>` there with ARTIFACTS_DIR set.
-func TestSamBuildMakesArm64Bootstraps(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds four binaries")
-	}
-	scratch := t.TempDir()
-	cp := exec.Command("cp", "-r", root+"/.", scratch)
-	if out, err := cp.CombinedOutput(); err != nil {
-		t.Fatalf("copy: %v %s", err, out)
-	}
-	_ = os.RemoveAll(filepath.Join(scratch, "bin"))
-	_ = os.RemoveAll(filepath.Join(scratch, ".holdfast"))
-	for _, fn := range []string{"ReserveFunction", "PersistFunction", "CompensateFunction", "SweeperFunction", "MigrateFunction"} {
-		t.Run(fn, func(t *testing.T) {
-			art := t.TempDir()
-			cmd := exec.Command("make", "--makefile", filepath.Join(scratch, "Makefile"), "build-"+fn)
-			cmd.Dir = scratch
-			cmd.Env = append(os.Environ(), "ARTIFACTS_DIR="+art)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("make build-%s: %v\n%s", fn, err, out)
-			}
-			f, err := elf.Open(filepath.Join(art, "bootstrap"))
-			if err != nil {
-				t.Fatalf("bootstrap: %v", err)
-			}
-			defer f.Close()
-			if f.Machine != elf.EM_AARCH64 || f.Type != elf.ET_EXEC {
-				t.Errorf("bootstrap is %v %v, want an arm64 executable", f.Machine, f.Type)
-			}
-			if st, _ := os.Stat(filepath.Join(art, "bootstrap")); st.Mode()&0o111 == 0 {
-				t.Errorf("bootstrap is not executable")
-			}
-		})
 	}
 }
 

@@ -8,7 +8,9 @@ package services
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -149,8 +151,13 @@ func Start(ctx context.Context, root, dir string, o Options) error {
 		return err
 	}
 
-	// MariaDB: a private datadir, strict SQL mode like MySQL 8.
-	sock := filepath.Join(dir, "mysql.sock")
+	// MariaDB: a private datadir, strict SQL mode like MySQL 8; its socket
+	// outside dir (SocketDir).
+	sockDir := SocketDir(dir)
+	if err := os.MkdirAll(sockDir, 0o700); err != nil {
+		return err
+	}
+	sock := filepath.Join(sockDir, "mysql.sock")
 	maria, err := StartMariaDB(filepath.Join(dir, "mysql"), sock, filepath.Join(dir, "mariadb.log"), o.Ports.DB, o.Durable)
 	if err != nil {
 		return err
@@ -383,6 +390,23 @@ func Stop(dir string, log io.Writer) {
 		fmt.Fprintf(log, "services: stopped %s (pid %d)\n", name, pid)
 	}
 	_ = os.Remove(filepath.Join(dir, "pids"))
+	_ = os.RemoveAll(SocketDir(dir))
+}
+
+// SocketDir is where Start puts MariaDB's Unix socket (and its pid file)
+// for the data under dir: a short directory of its own under the system's
+// temporary directory, never inside dir. make dev keeps its data in the
+// checkout (.holdfast/dev), and sam build copies the checkout for each
+// function: a socket there fails the copy, so `make deploy` would fail while
+// make dev runs. (A short path also keeps under the 108 bytes a socket's
+// path may have, however deep the checkout.)
+func SocketDir(dir string) string {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		abs = dir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return filepath.Join(os.TempDir(), "holdfast-"+hex.EncodeToString(sum[:6]))
 }
 
 // alive reports whether pid runs (a zombie, exited but not reaped by its new

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/internal/testkit/awstest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/app"
@@ -40,7 +40,7 @@ func newMigrateStage(t *testing.T, env testservices.Env, moto, database, stageUs
 	if err != nil {
 		t.Fatal(err)
 	}
-	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	awsCfg, err := awstest.Config(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func newPrivateStage(t *testing.T, moto string, mariadbArgs, adminGrants []strin
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	awsCfg, err := awstest.Config(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/internal/testkit/awstest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
@@ -32,7 +32,7 @@ func TestCredentialsComeFromSecretsManager(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	awsCfg, err := awstest.Config(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,10 +28,10 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/services"
+	"github.com/holdfast/holdfast/internal/testkit/awstest"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/redis/go-redis/v9"
@@ -122,7 +122,7 @@ func (e Env) EmptyDatabase(t testing.TB) string {
 // SQS returns a client of the test SQS server.
 func (e Env) SQS(t testing.TB) *sqs.Client {
 	t.Helper()
-	cfg, err := awsconfig.LoadDefaultConfig(context.Background())
+	cfg, err := awstest.Config(context.Background())
 	if err != nil {
 		t.Fatalf("aws config: %v", err)
 	}

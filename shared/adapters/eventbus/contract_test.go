@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	ebtypes "github.com/aws/aws-sdk-go-v2/service/eventbridge/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/holdfast/holdfast/internal/testkit/awstest"
 	"github.com/holdfast/holdfast/internal/testkit/reservationtest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/eventbus"
@@ -50,7 +50,7 @@ func TestEventBridgeNotifierContract(t *testing.T) {
 	testservices.Require(t)
 	moto := testservices.StartMoto(t)
 	ctx := context.Background()
-	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	awsCfg, err := awstest.Config(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

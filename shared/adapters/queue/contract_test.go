@@ -6,9 +6,9 @@ import (
 	"os"
 	"testing"
 
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/holdfast/holdfast/internal/testkit/awstest"
 	"github.com/holdfast/holdfast/internal/testkit/reservationtest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/queue"
@@ -27,7 +27,7 @@ func TestEnqueuerContract(t *testing.T) {
 	})
 	t.Run("direct", func(t *testing.T) {
 		reservationtest.Enqueuer(t, contractFactory(env, func(t *testing.T, client *sqs.Client, url string) reservation.Enqueuer {
-			cfg, err := awsconfig.LoadDefaultConfig(context.Background())
+			cfg, err := awstest.Config(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
