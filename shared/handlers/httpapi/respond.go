@@ -47,20 +47,21 @@ func decode(req events.APIGatewayV2HTTPRequest, v any) (response, bool) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return invalid("body is required (JSON)"), false
 	}
-	if err := strictUnmarshal(body, v); err != nil {
+	if err := UnmarshalBody(body, v); err != nil {
 		return invalid(bodyProblem(body, err, v)), false
 	}
 	return response{}, true
 }
 
-// strictUnmarshal is encoding/json/v2's Unmarshal (case-sensitive names,
-// duplicate names refused, invalid UTF-8 refused, one value) that also
-// refuses unknown members.
-func strictUnmarshal(body []byte, v any) error {
+// UnmarshalBody decodes a request body into v as every route does:
+// encoding/json/v2's Unmarshal (member names case-sensitive, a repeated name
+// refused, invalid UTF-8 refused, one value and nothing after it) refusing
+// unknown members too. make bench measures it against encoding/json.
+func UnmarshalBody(body []byte, v any) error {
 	return jsonv2.Unmarshal(body, v, jsonv2.RejectUnknownMembers(true))
 }
 
-// bodyProblem says what is wrong with a body strictUnmarshal refused, naming
+// bodyProblem says what is wrong with a body UnmarshalBody refused, naming
 // the member.
 func bodyProblem(body []byte, err error, v any) string {
 	var syn *jsontext.SyntacticError
