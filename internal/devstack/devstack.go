@@ -446,6 +446,9 @@ const (
 	// MaxPayload is the payload quota, 10 MB. A body up to it reaches the
 	// function (which answers 413 above its own, smaller limit); above it
 	// the gateway answers 413 {"message":"Request Entity Too Large"}.
+	// Lambda's own 6 MB limit on a synchronous invocation's event, which a
+	// body of more than about 6 MB meets first in AWS, is not modelled.
+	// AWS documents both quotas but not the text of either answer.
 	MaxPayload = 10 << 20
 )
 
