@@ -391,7 +391,7 @@ type CreateGroupRequest struct {
 	TtlSeconds *int `json:"ttl_seconds,omitempty"`
 }
 
-// GatewayMessage An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Too Many Requests", "Internal Server Error", "Service Unavailable", or IAM's reason).
+// GatewayMessage An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Request Entity Too Large", "Too Many Requests", "Request Header Fields Too Large", "Internal Server Error", "Service Unavailable", or IAM's reason).
 type GatewayMessage struct {
 	Message string `json:"message"`
 }
@@ -679,13 +679,16 @@ type Fault struct {
 	union json.RawMessage
 }
 
-// Forbidden An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Too Many Requests", "Internal Server Error", "Service Unavailable", or IAM's reason).
+// Forbidden An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Request Entity Too Large", "Too Many Requests", "Request Header Fields Too Large", "Internal Server Error", "Service Unavailable", or IAM's reason).
 type Forbidden = GatewayMessage
 
 // GroupThrottled defines model for GroupThrottled.
 type GroupThrottled struct {
 	union json.RawMessage
 }
+
+// HeadTooLarge An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Request Entity Too Large", "Too Many Requests", "Request Header Fields Too Large", "Internal Server Error", "Service Unavailable", or IAM's reason).
+type HeadTooLarge = GatewayMessage
 
 // Outage defines model for Outage.
 type Outage struct {
@@ -701,7 +704,9 @@ type Throttled struct {
 }
 
 // TooLarge defines model for TooLarge.
-type TooLarge = InvalidRequest
+type TooLarge struct {
+	union json.RawMessage
+}
 
 // Unauthorized defines model for Unauthorized.
 type Unauthorized struct {
@@ -1184,6 +1189,68 @@ func (t Throttled) MarshalJSON() ([]byte, error) {
 }
 
 func (t *Throttled) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
+// AsInvalidRequest returns the union data inside the TooLarge as a InvalidRequest
+func (t TooLarge) AsInvalidRequest() (InvalidRequest, error) {
+	var body InvalidRequest
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromInvalidRequest overwrites any union data inside the TooLarge as the provided InvalidRequest
+func (t *TooLarge) FromInvalidRequest(v InvalidRequest) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeInvalidRequest performs a merge with any union data inside the TooLarge, using the provided InvalidRequest
+func (t *TooLarge) MergeInvalidRequest(v InvalidRequest) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the TooLarge as a GatewayMessage
+func (t TooLarge) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the TooLarge as the provided GatewayMessage
+func (t *TooLarge) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the TooLarge, using the provided GatewayMessage
+func (t *TooLarge) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t TooLarge) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *TooLarge) UnmarshalJSON(b []byte) error {
 	err := t.union.UnmarshalJSON(b)
 	return err
 }
@@ -2192,6 +2259,8 @@ type InspectStockResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *UnknownSku
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2215,6 +2284,11 @@ func (r InspectStockResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r InspectStockResponse) GetJSON404() *UnknownSku {
 	return r.JSON404
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r InspectStockResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2287,6 +2361,8 @@ type ChangeStockResponse struct {
 	JSON422 *IdempotencyMismatch
 	// JSON428 the response for an HTTP 428 `application/json` response
 	JSON428 *PreconditionRequired
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2340,6 +2416,11 @@ func (r ChangeStockResponse) GetJSON422() *IdempotencyMismatch {
 // GetJSON428 returns the response for an HTTP 428 `application/json` response
 func (r ChangeStockResponse) GetJSON428() *PreconditionRequired {
 	return r.JSON428
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r ChangeStockResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2411,6 +2492,8 @@ type CreateGroupResponse struct {
 	JSON413 *TooLarge
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *GroupThrottled
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2451,6 +2534,11 @@ func (r CreateGroupResponse) GetJSON413() *TooLarge {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r CreateGroupResponse) GetJSON429() *GroupThrottled {
 	return r.JSON429
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r CreateGroupResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2511,6 +2599,8 @@ type GetGroupResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *UnknownGroup
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2534,6 +2624,11 @@ func (r GetGroupResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetGroupResponse) GetJSON404() *UnknownGroup {
 	return r.JSON404
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r GetGroupResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2611,6 +2706,8 @@ type ReserveResponse struct {
 	JSON422 *IdempotencyMismatch
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *Throttled
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2666,6 +2763,11 @@ func (r ReserveResponse) GetJSON422() *IdempotencyMismatch {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r ReserveResponse) GetJSON429() *Throttled {
 	return r.JSON429
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r ReserveResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2726,6 +2828,8 @@ type CancelReservationResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ReservationNotFound
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2749,6 +2853,11 @@ func (r CancelReservationResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r CancelReservationResponse) GetJSON404() *ReservationNotFound {
 	return r.JSON404
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r CancelReservationResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2809,6 +2918,8 @@ type GetReservationResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ReservationNotFound
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2832,6 +2943,11 @@ func (r GetReservationResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetReservationResponse) GetJSON404() *ReservationNotFound {
 	return r.JSON404
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r GetReservationResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2892,6 +3008,8 @@ type GetSkuResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *UnknownSku
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2915,6 +3033,11 @@ func (r GetSkuResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetSkuResponse) GetJSON404() *UnknownSku {
 	return r.JSON404
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r GetSkuResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -3182,6 +3305,13 @@ func ParseInspectStockResponse(rsp *http.Response) (*InspectStockResponse, error
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3301,6 +3431,13 @@ func ParseChangeStockResponse(rsp *http.Response) (*ChangeStockResponse, error) 
 		}
 		response.JSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3399,6 +3536,13 @@ func ParseCreateGroupResponse(rsp *http.Response) (*CreateGroupResponse, error) 
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3485,6 +3629,13 @@ func ParseGetGroupResponse(rsp *http.Response) (*GetGroupResponse, error) {
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault
@@ -3605,6 +3756,13 @@ func ParseReserveResponse(rsp *http.Response) (*ReserveResponse, error) {
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3692,6 +3850,13 @@ func ParseCancelReservationResponse(rsp *http.Response) (*CancelReservationRespo
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3769,6 +3934,13 @@ func ParseGetReservationResponse(rsp *http.Response) (*GetReservationResponse, e
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3845,6 +4017,13 @@ func ParseGetSkuResponse(rsp *http.Response) (*GetSkuResponse, error) {
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Fault

@@ -85,7 +85,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "report to rewrite (empty: none)")
 	fs.StringVar(&o.chart, "chart", "docs/benchmarks.png", "chart of the load run")
 	fs.StringVar(&o.devProfile, "dev-profile", "", "write a CPU profile of make dev's process in the http part to this file")
-	only := fs.String("only", "", "run only these parts (comma-separated: http,cpu,reserve,persist,lag,buckets,soldout,e2e,sweep,groups,catalog,cold); implies -out ''")
+	only := fs.String("only", "", "run only these parts (comma-separated: http,cpu,decode,reserve,persist,lag,buckets,soldout,e2e,sweep,groups,catalog,cold); implies -out ''")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		run  func(context.Context) error
 	}{
 		// The sweep first: the parts after it leave holds that expire.
-		{"sweep", b.sweep}, {"groups", b.groups}, {"http", b.httpFigures}, {"cpu", b.handlerCPU}, {"reserve", b.reserve}, {"persist", b.persist},
+		{"sweep", b.sweep}, {"groups", b.groups}, {"http", b.httpFigures}, {"cpu", b.handlerCPU}, {"decode", b.decodeCost}, {"reserve", b.reserve}, {"persist", b.persist},
 		{"lag", b.confirmLag}, {"buckets", b.buckets}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"catalog", b.catalog}, {"cold", b.coldStart},
 	}
 	for _, step := range steps {
@@ -130,7 +130,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if *only != "" {
 		b.printResults()
-		for _, l := range append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...) {
+		for _, l := range append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...) {
 			fmt.Fprintln(b.stdout, l)
 		}
 		return nil
@@ -683,7 +683,7 @@ func (b *bench) printResults() {
 	fmt.Fprintf(w, "\n%-10s %-42s %12s %10s %10s  %s\n", "group", "mode", "ops/s", "p50", "p99", "notes")
 	for _, r := range b.results {
 		var notes []string
-		for _, k := range []string{"server CPU", "handler CPU", "batching", "retries", "false cancellations", "redelivered", "errors", "deadlocks"} {
+		for _, k := range []string{"server CPU", "handler CPU", "decode", "batching", "retries", "false cancellations", "redelivered", "errors", "deadlocks"} {
 			if v, ok := r.extra[k]; ok {
 				notes = append(notes, k+" "+v)
 			}
@@ -709,7 +709,7 @@ func (b *bench) printSummary() {
 		fmt.Fprintf(w, "  load tool run (a mixed figure: every answer counts, sold out and group joins too): %.0f answers/s, accepted %d, accept → CONFIRMED p50 %v p99 %v\n",
 			b.load.Throughput, b.load.Accepted, b.load.Lag.P50.Round(time.Millisecond), b.load.Lag.P99.Round(time.Millisecond))
 	}
-	for _, l := range append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...) {
+	for _, l := range append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...) {
 		fmt.Fprintln(w, "  "+l)
 	}
 	for _, fn := range []string{"reserve", "persist", "compensate", "sweeper"} {

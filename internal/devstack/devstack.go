@@ -33,7 +33,6 @@ import (
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
 	"github.com/holdfast/holdfast/shared/handlers/consumer"
-	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/handlers/schedule"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
@@ -305,6 +304,11 @@ type APIHandler func(ctx context.Context, req events.APIGatewayV2HTTPRequest) (e
 // `sam local start-api` does, logs one line per request, and answers what
 // API Gateway answers itself, without invoking h:
 //
+//   - a request line plus headers over MaxRequestHead (10,240 bytes): 431
+//     {"message":"Request Header Fields Too Large"};
+//   - a body over MaxPayload (10 MB): 413 {"message":"Request Entity Too
+//     Large"}; a smaller body, however much larger than the function takes,
+//     is read whole and handed to it;
 //   - a request that matches none of routes (template.yaml's): 404
 //     {"message":"Not Found"};
 //   - a route behind a JWT authorizer without a token in its identity header
@@ -330,6 +334,19 @@ func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Log
 		mux.Handle(pattern(route), invoke(h, route, v, log))
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// API Gateway's quotas come before routing: the request line and
+		// headers, then the payload (a body of unknown length is counted
+		// as it is read, in invoke).
+		if requestHeadSize(r) > MaxRequestHead {
+			gatewayReply(w, http.StatusRequestHeaderFieldsTooLarge, http.StatusText(http.StatusRequestHeaderFieldsTooLarge), nil)
+			log.Info(r.Method+" "+r.URL.Path, "status", http.StatusRequestHeaderFieldsTooLarge, "head_bytes", requestHeadSize(r))
+			return
+		}
+		if r.ContentLength > MaxPayload {
+			tooLarge(w, r)
+			log.Info(r.Method+" "+r.URL.Path, "status", http.StatusRequestEntityTooLarge, "content_length", r.ContentLength)
+			return
+		}
 		// API Gateway matches the path as sent: no cleaning redirects
 		// (//x, /./x, /a/../x); ServeMux would answer 307 instead.
 		if r.URL.Path != "/" && path.Clean(r.URL.Path) != strings.TrimSuffix(r.URL.Path, "/") || strings.Contains(r.URL.Path, "//") {
@@ -378,9 +395,17 @@ func invoke(h APIHandler, route samtemplate.Route, v Verifier, log *slog.Logger)
 			logged(http.StatusInternalServerError, "auth", "the dev gateway has no "+route.AuthType+" authorizer")
 			return
 		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, httpapi.MaxBody+1))
+		// The whole payload, up to API Gateway's quota, goes to the
+		// function, which answers its own limit (httpapi.MaxBody: 413).
+		body, err := io.ReadAll(io.LimitReader(r.Body, MaxPayload+1))
 		if err != nil {
-			http.Error(w, `{"error":"invalid_request","message":"unreadable body"}`, http.StatusBadRequest)
+			gatewayReply(w, http.StatusBadRequest, "Bad Request", nil)
+			logged(http.StatusBadRequest, "body", err)
+			return
+		}
+		if len(body) > MaxPayload {
+			tooLarge(w, r)
+			logged(http.StatusRequestEntityTooLarge, "body_bytes", ">"+fmt.Sprint(MaxPayload))
 			return
 		}
 		headers := map[string]string{}
@@ -409,6 +434,51 @@ func invoke(h APIHandler, route samtemplate.Route, v Verifier, log *slog.Logger)
 		_, _ = io.WriteString(w, resp.Body)
 		logged(resp.StatusCode)
 	})
+}
+
+// API Gateway's quotas for an HTTP API ("Quotas for configuring and running
+// an HTTP API in API Gateway"), which make dev keeps.
+const (
+	// MaxRequestHead is the "total combined size of request line and header
+	// values", 10,240 bytes. Above it the gateway answers 431
+	// {"message":"Request Header Fields Too Large"}; the function never runs.
+	MaxRequestHead = 10240
+	// MaxPayload is the payload quota, 10 MB. A body up to it reaches the
+	// function (which answers 413 above its own, smaller limit); above it
+	// the gateway answers 413 {"message":"Request Entity Too Large"}.
+	// Lambda's own 6 MB limit on a synchronous invocation's event, which a
+	// body of more than about 6 MB meets first in AWS, is not modelled.
+	// AWS documents both quotas but not the text of either answer.
+	MaxPayload = 10 << 20
+)
+
+// requestHeadSize is the request line plus every header line as sent
+// ("Name: value", the Host header included, line ends not counted). It
+// counts the names too, so make dev refuses no less than API Gateway does.
+func requestHeadSize(r *http.Request) int {
+	n := len(r.Method) + 1 + len(r.RequestURI) + 1 + len(r.Proto)
+	if r.Host != "" {
+		n += len("Host: ") + len(r.Host)
+	}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v)
+		}
+	}
+	return n
+}
+
+// maxDrain bounds what the gateway reads of a body it refuses as too large
+// before it answers, so that a client still sending gets the 413 rather
+// than a reset connection; beyond it the connection is closed.
+const maxDrain = 4 * MaxPayload
+
+// tooLarge answers API Gateway's 413 for a payload over MaxPayload, after
+// reading (up to maxDrain of) the rest of the body.
+func tooLarge(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxDrain))
+	w.Header().Set("Connection", "close")
+	gatewayReply(w, http.StatusRequestEntityTooLarge, http.StatusText(http.StatusRequestEntityTooLarge), nil)
 }
 
 // pattern turns an API Gateway route into a ServeMux pattern: "{proxy+}"

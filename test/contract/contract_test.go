@@ -26,6 +26,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/go-json-experiment/json/jsontext"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/testkit/devstacktest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
@@ -142,6 +143,12 @@ func (k *checker) do(c call) reply {
 				return nil
 			}}}
 		verr := openapi3filter.ValidateRequest(ctx, in)
+		if verr == nil && c.body != "" && !jsontext.Value(c.body).IsValid() {
+			// The document's bodies are I-JSON (RFC 7493): each member
+			// name once, valid UTF-8. The validator reads a repeated
+			// member as its last value; the document refuses the body.
+			verr = errors.New("not I-JSON: a repeated member name or invalid UTF-8")
+		}
 		switch {
 		case c.invalid && verr == nil:
 			k.t.Errorf("%s %s %s: the document accepts this request, which the test sends as invalid", c.method, c.path, c.body)
@@ -353,6 +360,32 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	expect(put(sku, `{"stock":7}`, map[string]string{"If-Match": "*"}), 200, "")
 	expect(put(testservices.Name("nosuch"), `{"stock":7}`, map[string]string{"If-Match": "*"}), 412, "version_mismatch")
 
+	// --- every body is read as the document defines it, and only so: a
+	// repeated, case-folded or unknown member is 400 naming it, and takes
+	// nothing (issue 20, part 4).
+	strictSKU := testservices.Name("strict")
+	expect(put(strictSKU, `{"stock":5}`, nil), 200, "")
+	for _, c := range []struct{ method, path, body, message string }{
+		{"POST", "/reservations", `{"sku":"` + strictSKU + `","qty":1,"qty":3}`, `duplicate field "qty": each member may appear once`},
+		{"POST", "/reservations", `{"sku":"` + strictSKU + `","qty":1,"Qty":3}`, `unknown field "Qty" (member names are case-sensitive: "qty")`},
+		{"POST", "/reservations", `{"SKU":"` + strictSKU + `","qty":1}`, `unknown field "SKU" (member names are case-sensitive: "sku")`},
+		{"POST", "/reservations", `{"sku":"` + strictSKU + `","qty":1,"colour":"red"}`, `unknown field "colour"`},
+		{"POST", "/groups", `{"sku":"` + strictSKU + `","capacity":2,"capacity":1000}`, `duplicate field "capacity": each member may appear once`},
+		{"POST", "/groups", `{"sku":"` + strictSKU + `","Capacity":2}`, `unknown field "Capacity" (member names are case-sensitive: "capacity")`},
+		{"POST", "/groups", `{"sku":"` + strictSKU + `","capacity":2,"colour":"red"}`, `unknown field "colour"`},
+		{"PUT", "/admin/skus/" + strictSKU + "/stock", `{"add":1,"add":-5}`, `duplicate field "add": each member may appear once`},
+		{"PUT", "/admin/skus/" + strictSKU + "/stock", `{"add":1,"Add":-5}`, `unknown field "Add" (member names are case-sensitive: "add")`},
+		{"PUT", "/admin/skus/" + strictSKU + "/stock", `{"add":1,"colour":"red"}`, `unknown field "colour"`},
+	} {
+		r := k.do(call{token: ann, method: c.method, path: c.path, body: c.body, invalid: true})
+		if r.Status != 400 || r.str("error") != "invalid_request" || r.str("message") != c.message {
+			t.Errorf("%s %s %s = %d %v, want 400 invalid_request %q", c.method, c.path, c.body, r.Status, r.Body, c.message)
+		}
+	}
+	if r := k.do(call{token: ann, method: "GET", path: "/skus/" + strictSKU}); r.Body["available"] != float64(5) {
+		t.Errorf("after the refused bodies %s has %v available, want all 5", strictSKU, r.Body["available"])
+	}
+
 	// --- buyers: reserve, poll, cancel
 	r := reserve(ann, `{"sku":"`+sku+`","qty":1}`, map[string]string{"Idempotency-Key": "ann-1"})
 	expect(r, 202, "")
@@ -453,6 +486,35 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		{token: ann, method: "GET", path: "/groups/" + gid}, {token: ann, method: "GET", path: "/skus/" + sku},
 	} {
 		expect(k2.do(c), 401, "unauthenticated")
+	}
+
+	// --- API Gateway's quotas, kept by make dev's gateway: request line
+	// plus headers up to 10,240 bytes, a payload up to 10 MB. A body the
+	// function refuses is still read whole and answered, never reset.
+	expect(reserve(ann, `{"sku":"`+sku+`","qty":1,"group_id":"`+strings.Repeat("g", 1<<20)+`"}`, nil), 413, "invalid_request")
+	expect(put(sku, `{"add":1,"version":1}`+strings.Repeat(" ", 10<<20-len(`{"add":1,"version":1}`)), nil), 413, "invalid_request")
+	overQuota := strings.Repeat(" ", 10<<20)
+	for _, c := range []call{
+		{token: ann, method: "POST", path: "/reservations", body: `{"sku":"` + sku + `","qty":1}` + overQuota},
+		{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2}` + overQuota},
+		{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"add":1}` + overQuota},
+	} {
+		if r := k.do(c); r.Status != 413 || r.Body["message"] != "Request Entity Too Large" || r.Body["error"] != nil {
+			t.Errorf("%s %s with a body over 10 MB = %d %v, want API Gateway's 413", c.method, c.path, r.Status, r.Body)
+		}
+	}
+	pad := map[string]string{"X-Pad": strings.Repeat("p", 10240)}
+	for _, c := range []call{
+		{token: ann, method: "POST", path: "/reservations", body: `{"sku":"` + sku + `","qty":1}`, header: pad},
+		{token: ann, method: "GET", path: "/reservations/" + id, header: pad}, {token: ann, method: "DELETE", path: "/reservations/" + id, header: pad},
+		{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2}`, header: pad},
+		{token: ann, method: "GET", path: "/groups/" + gid, header: pad}, {token: ann, method: "GET", path: "/skus/" + sku, header: pad},
+		{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"add":1}`, header: pad},
+		{method: "GET", path: "/admin/skus/" + sku + "/stock", header: pad},
+	} {
+		if r := k.do(c); r.Status != 431 || r.Body["message"] != "Request Header Fields Too Large" {
+			t.Errorf("%s %s with a 10 KiB header = %d %v, want API Gateway's 431", c.method, c.path, r.Status, r.Body)
+		}
 	}
 
 	// --- not in the document: API Gateway's 404, in either direction.
