@@ -1684,6 +1684,23 @@ func (l *memLedger) GroupMembers(_ context.Context, id string) ([]Reservation, e
 	return out, nil
 }
 
+// GroupLeaving mirrors `SELECT … FROM reservations WHERE group_id = ? AND status = 'CANCELLED' AND released = 0`.
+func (l *memLedger) GroupLeaving(_ context.Context, id string) ([]Reservation, error) {
+	err := l.enter("GroupLeaving")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []Reservation
+	for _, row := range l.rows {
+		if row.r.GroupID == id && row.r.Status == StatusCancelled && !row.r.Released {
+			out = append(out, row.r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
 // GroupSettled mirrors `UPDATE group_buys SET settled_at = … WHERE group_id = ? AND status IN ('FORMED', 'FAILED') AND settled_at IS NULL`.
 func (l *memLedger) GroupSettled(_ context.Context, id string) error {
 	err := l.enter("GroupSettled")

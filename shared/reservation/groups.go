@@ -318,10 +318,32 @@ func (s *Service) formBeforeLeaving(ctx context.Context, r Reservation) {
 
 // recordFormed records a full group FORMED: MySQL decides (it refuses while
 // a member's cancellation is still on its way to Redis), then Redis follows.
+// The cancellations MySQL has not seen Redis follow are followed first: one
+// Redis already applied (its acknowledgement was lost, or it never held a
+// slot) must not block the record, and one Redis had not applied reopens its
+// slot now, so the group is asked again whether it is full.
 func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error {
 	if h := s.hooks.RecordFormed; h != nil {
 		if err := h(g); err != nil {
 			return err
+		}
+	}
+	leaving, err := s.ledger.GroupLeaving(ctx, g.ID)
+	if err != nil {
+		return err
+	}
+	if len(leaving) > 0 {
+		for _, row := range leaving {
+			if err := s.followNow(ctx, row, 0); err != nil {
+				return err
+			}
+		}
+		rg, err := s.holds.Group(ctx, g.SKU, g.ID)
+		if err != nil && !errors.Is(err, ErrUnknownGroup) {
+			return err
+		}
+		if err == nil && rg.Status == GroupOpen && rg.Remaining > 0 {
+			return nil // a slot reopened: the group is not full after all
 		}
 	}
 	formed, err := s.ledger.FormGroup(ctx, g.ID, at)

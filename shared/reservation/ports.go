@@ -319,6 +319,9 @@ type Ledger interface {
 	FailGroup(ctx context.Context, id string, now time.Time) (Group, error)
 	// GroupMembers returns the CONFIRMED reservations of a group.
 	GroupMembers(ctx context.Context, id string) ([]Reservation, error)
+	// GroupLeaving returns the CANCELLED rows of a group's joins that Redis
+	// has not been seen to follow yet (released = 0).
+	GroupLeaving(ctx context.Context, id string) ([]Reservation, error)
 	// GroupSettled records that a group's end reached both stores: every
 	// member of a FAILED group is cancelled; Redis knows a FORMED group formed.
 	GroupSettled(ctx context.Context, id string) error

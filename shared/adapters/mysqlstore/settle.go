@@ -22,13 +22,19 @@ func (s *Store) Fence(ctx context.Context, r reservation.Reservation, reason res
 }
 
 func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+	created := r.CreatedAt
+	if created.IsZero() {
+		// A request fenced before Redis answered (abandon: its hold may or may
+		// not exist) was never created anywhere: MySQL refuses a zero date.
+		created = now
+	}
 	// A transfer's fence has no event to send: notified from the start.
 	res, err := s.db.ExecContext(ctx, `INSERT INTO reservations
 		(reservation_id, sku, qty, user_id, group_id, bucket, into_bucket, hold_token, status, reason, released, notified, expires_at, created_at, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?, ?)
 		ON DUPLICATE KEY UPDATE reservation_id = reservation_id`,
 		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), r.Bucket, intoBucket(r), nullString(r.Token), string(reason), r.Transfer,
-		nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+		nullTime(r.ExpiresAt), utc(created), utc(now))
 	if err != nil {
 		return r, false, translate("fence", err)
 	}
@@ -178,6 +184,12 @@ func (s *Store) Unreleased(ctx context.Context, sku string) (int, error) {
 func (s *Store) GroupMembers(ctx context.Context, id string) ([]reservation.Reservation, error) {
 	return s.reservations(ctx, "group members", `SELECT `+reservationColumns+` FROM reservations
 		WHERE group_id = ? AND status = 'CONFIRMED'`, id)
+}
+
+// GroupLeaving implements reservation.Ledger.
+func (s *Store) GroupLeaving(ctx context.Context, id string) ([]reservation.Reservation, error) {
+	return s.reservations(ctx, "group leaving", `SELECT `+reservationColumns+` FROM reservations
+		WHERE group_id = ? AND status = 'CANCELLED' AND released = 0`, id)
 }
 
 func (s *Store) reservations(ctx context.Context, op, q string, args ...any) ([]reservation.Reservation, error) {
