@@ -271,15 +271,23 @@ func waitListening(ctx context.Context, addr string, within time.Duration) error
 //   - once the answer is in, the runtime's "failed to get the next invoke"
 //     (the emulator is being stopped under it) is dropped;
 //   - the REPORT line's "Max Memory Used" is the configured MemorySize,
-//     not a measurement, and is said so.
+//     not a measurement, and is said so;
+//   - the REPORT line's "Init Duration" (a few hundredths of a millisecond,
+//     whatever the init took) becomes the init phase's duration that the
+//     emulator's INIT REPORT line measured, as Lambda's REPORT gives it.
 type emulatorLogs struct {
 	w        io.Writer
 	answered atomic.Bool
 	mu       sync.Mutex
 	partial  []byte
+	initMs   string // from INIT REPORT(durationMs: …)
 }
 
-var maxMemory = regexp.MustCompile(`Max Memory Used: \d+ MB`)
+var (
+	maxMemory    = regexp.MustCompile(`Max Memory Used: \d+ MB`)
+	initReport   = regexp.MustCompile(`INIT REPORT\(durationMs: ([0-9.]+)\)`)
+	initDuration = regexp.MustCompile(`Init Duration: [0-9.]+ ms`)
+)
 
 func (l *emulatorLogs) Write(b []byte) (int, error) {
 	l.mu.Lock()
@@ -299,7 +307,15 @@ func (l *emulatorLogs) line(line []byte) {
 	if l.answered.Load() && bytes.Contains(line, []byte("failed to get the next invoke")) {
 		return
 	}
+	if m := initReport.FindSubmatch(line); m != nil {
+		if ms, err := strconv.ParseFloat(string(m[1]), 64); err == nil {
+			l.initMs = strconv.FormatFloat(ms, 'f', 2, 64)
+		}
+	}
 	line = maxMemory.ReplaceAll(line, []byte("Max Memory Used: not measured by the emulator"))
+	if l.initMs != "" {
+		line = initDuration.ReplaceAll(line, []byte("Init Duration: "+l.initMs+" ms"))
+	}
 	_, _ = l.w.Write(line)
 }
 
