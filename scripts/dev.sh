@@ -13,8 +13,19 @@ if [ "${RESET:-0}" = 1 ]; then
   rm -rf "$dir"
   echo "dev: reset: starting from empty data"
 fi
-stop() { scripts/services.sh stop "$dir"; echo "dev: stopped everything it started"; }
+stop() {
+  # A closed terminal leaves nothing to write to: say it in the log instead.
+  [ -t 1 ] || exec >>"$dir/dev.log" 2>&1
+  scripts/services.sh stop "$dir"
+  echo "dev: stopped everything it started"
+}
 trap stop EXIT
+# Ctrl-C, kill and a closed terminal (SIGHUP) end the script through its
+# EXIT trap (bash runs it only for a signal it traps); holdfast-dev stops on
+# the same signals first.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 # Fixed ports, the ones events/env.json points at (sam local invoke --env-vars).
 export HOLDFAST_REDIS_PORT=${HOLDFAST_REDIS_PORT:-16379}
 export HOLDFAST_DB_PORT=${HOLDFAST_DB_PORT:-13306}

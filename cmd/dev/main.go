@@ -25,7 +25,8 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// Ctrl-C, kill, and a closed terminal (SIGHUP) all stop it the same way.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
 		fmt.Fprintln(os.Stderr, "dev:", err)

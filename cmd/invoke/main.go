@@ -25,8 +25,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/holdfast/holdfast/internal/samtemplate"
@@ -115,6 +118,7 @@ func invoke(ctx context.Context, o options) ([]byte, error) {
 		return nil, err
 	}
 	if _, err := os.Stat(bootstrap); err != nil || o.BinDir == "" {
+		fmt.Fprintf(o.Logs, "invoke: building the %s bootstrap\n", name)
 		if err := gobuild(ctx, o.Root, bootstrap, "./functions/"+name, "-tags", "lambda.norpc"); err != nil {
 			return nil, err
 		}
@@ -124,6 +128,7 @@ func invoke(ctx context.Context, o options) ([]byte, error) {
 		return nil, err
 	}
 	if _, err := os.Stat(rie); err != nil {
+		fmt.Fprintln(o.Logs, "invoke: building the Lambda Runtime Interface Emulator into bin/ (pinned in go.mod; once: a few minutes on the first run)")
 		if err := gobuild(ctx, o.Root, rie, "github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie"); err != nil {
 			return nil, err
 		}
@@ -131,13 +136,16 @@ func invoke(ctx context.Context, o options) ([]byte, error) {
 	emu, api := freeAddr(), freeAddr()
 	cmd := exec.Command(rie, "--runtime-interface-emulator-address", emu, "--runtime-api-address", api, bootstrap)
 	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = o.Logs, o.Logs
+	logs := &emulatorLogs{w: o.Logs}
+	defer logs.Flush()
+	cmd.Stdout, cmd.Stderr = logs, logs
 	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start emulator: %w", err)
 	}
 	defer func() {
-		_ = cmd.Process.Kill() // the emulator we started, by its PID
+		logs.answered.Store(true) // what it says while being stopped is not the function's
+		_ = cmd.Process.Kill()    // the emulator we started, by its PID
 		_ = cmd.Wait()
 	}()
 	if err := waitListening(ctx, emu, 10*time.Second); err != nil {
@@ -255,5 +263,68 @@ func waitListening(ctx context.Context, addr string, within time.Duration) error
 			return fmt.Errorf("emulator did not listen on %s: %w", addr, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// emulatorLogs passes the function's and the emulator's lines to w, less
+// the emulator's noise that would make a success look like a failure:
+//   - once the answer is in, the runtime's "failed to get the next invoke"
+//     (the emulator is being stopped under it) is dropped;
+//   - the REPORT line's "Max Memory Used" is the configured MemorySize,
+//     not a measurement, and is said so;
+//   - the REPORT line's "Init Duration" (a few hundredths of a millisecond,
+//     whatever the init took) becomes the init phase's duration that the
+//     emulator's INIT REPORT line measured, as Lambda's REPORT gives it.
+type emulatorLogs struct {
+	w        io.Writer
+	answered atomic.Bool
+	mu       sync.Mutex
+	partial  []byte
+	initMs   string // from INIT REPORT(durationMs: …)
+}
+
+var (
+	maxMemory    = regexp.MustCompile(`Max Memory Used: \d+ MB`)
+	initReport   = regexp.MustCompile(`INIT REPORT\(durationMs: ([0-9.]+)\)`)
+	initDuration = regexp.MustCompile(`Init Duration: [0-9.]+ ms`)
+)
+
+func (l *emulatorLogs) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.partial = append(l.partial, b...)
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		l.line(l.partial[:i+1])
+		l.partial = l.partial[i+1:]
+	}
+}
+
+func (l *emulatorLogs) line(line []byte) {
+	if l.answered.Load() && bytes.Contains(line, []byte("failed to get the next invoke")) {
+		return
+	}
+	if m := initReport.FindSubmatch(line); m != nil {
+		if ms, err := strconv.ParseFloat(string(m[1]), 64); err == nil {
+			l.initMs = strconv.FormatFloat(ms, 'f', 2, 64)
+		}
+	}
+	line = maxMemory.ReplaceAll(line, []byte("Max Memory Used: not measured by the emulator"))
+	if l.initMs != "" {
+		line = initDuration.ReplaceAll(line, []byte("Init Duration: "+l.initMs+" ms"))
+	}
+	_, _ = l.w.Write(line)
+}
+
+// Flush writes a last line without its newline.
+func (l *emulatorLogs) Flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.partial) > 0 {
+		l.line(l.partial)
+		l.partial = nil
 	}
 }

@@ -49,7 +49,7 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	verifier := issuer.Verifier()
-	tokenFor, err := tokenSource(ctx, jwtDir, "", io.Discard)
+	tokenFor, _, err := tokenSource(ctx, jwtDir, "", io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -72,10 +74,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (bool, er
 		return false, err
 	}
 	if cfg.Token == "" {
-		tokenFor, err := tokenSource(ctx, *jwtDir, *tokenCmd, stderr)
+		tokenFor, save, err := tokenSource(ctx, *jwtDir, *tokenCmd, stderr)
 		if err != nil {
 			return false, err
 		}
+		defer func() {
+			if err := save(); err != nil {
+				fmt.Fprintf(stderr, "load: token cache not saved: %v\n", err)
+			}
+		}()
 		cfg.TokenFor = tokenFor
 	} else if *tokenCmd != "" {
 		return false, fmt.Errorf("give -token or -token-cmd, not both")
@@ -102,24 +109,110 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (bool, er
 }
 
 // tokenTTL is how long a minted buyer token lives: longer than any run.
-const tokenTTL = time.Hour
+// tokenTTL is how long a minted buyer token lives; a cached one is reused
+// while it has tokenReuse left (longer than any run).
+const (
+	tokenTTL   = 4 * time.Hour
+	tokenReuse = time.Hour
+)
 
 // tokenSource returns how buyers get their tokens: from tokenCmd when given,
 // else minted by the dev issuer whose key is in jwtDir (created if missing).
-// loadgen asks once per user.
-func tokenSource(ctx context.Context, jwtDir, tokenCmd string, stderr io.Writer) (func(user string) (string, error), error) {
+// loadgen asks once per user. Minted tokens are cached in jwtDir
+// (load-tokens.json, by key id) and reused by the next runs while valid:
+// an RSA signature per buyer is most of a short run's time. save writes the
+// cache.
+func tokenSource(ctx context.Context, jwtDir, tokenCmd string, stderr io.Writer) (tokenFor func(user string) (string, error), save func() error, err error) {
 	if tokenCmd != "" {
-		return func(user string) (string, error) { return runTokenCmd(ctx, tokenCmd, user, stderr) }, nil
+		return func(user string) (string, error) { return runTokenCmd(ctx, tokenCmd, user, stderr) }, func() error { return nil }, nil
 	}
 	// Opened on the first token, so a run that stops at its flags leaves no key behind.
 	issuer := sync.OnceValues(func() (*devauth.Issuer, error) { return devauth.Open(jwtDir) })
-	return func(user string) (string, error) {
+	cache := sync.OnceValues(func() (*tokenCache, error) {
 		iss, err := issuer()
+		if err != nil {
+			return nil, err
+		}
+		return loadTokenCache(filepath.Join(jwtDir, "load-tokens.json"), iss.KeyID(), time.Now()), nil
+	})
+	tokenFor = func(user string) (string, error) {
+		c, err := cache()
 		if err != nil {
 			return "", err
 		}
-		return iss.Mint(user, tokenTTL)
-	}, nil
+		if tok, ok := c.get(user); ok {
+			return tok, nil
+		}
+		iss, _ := issuer()
+		tok, err := iss.Mint(user, tokenTTL)
+		if err == nil {
+			c.put(user, tok)
+		}
+		return tok, err
+	}
+	save = func() error {
+		c, err := cache()
+		if err != nil {
+			return nil // nothing minted
+		}
+		return c.save()
+	}
+	return tokenFor, save, nil
+}
+
+// tokenCache is load-tokens.json: tokens minted with key KeyID, every one
+// valid until at least NotAfter.
+type tokenCache struct {
+	KeyID    string            `json:"kid"`
+	NotAfter time.Time         `json:"not_after"`
+	Tokens   map[string]string `json:"tokens"`
+
+	path  string
+	mu    sync.Mutex
+	dirty bool
+}
+
+// loadTokenCache returns the cache at path if it is of key kid and its
+// tokens have tokenReuse left at now; else an empty one, valid until now +
+// tokenTTL (the earliest expiry of what it will hold).
+func loadTokenCache(path, kid string, now time.Time) *tokenCache {
+	c := &tokenCache{}
+	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, c) == nil &&
+		c.KeyID == kid && now.Add(tokenReuse).Before(c.NotAfter) && c.Tokens != nil {
+		c.path = path
+		return c
+	}
+	return &tokenCache{KeyID: kid, NotAfter: now.Add(tokenTTL), Tokens: map[string]string{}, path: path}
+}
+
+func (c *tokenCache) get(user string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tok, ok := c.Tokens[user]
+	return tok, ok
+}
+
+func (c *tokenCache) put(user, tok string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.Tokens[user], c.dirty = tok, true
+}
+
+func (c *tokenCache) save() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.dirty {
+		return nil
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	tmp := c.path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, c.path)
 }
 
 // runTokenCmd runs command (by sh) for user — shell-quoted, in place of

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -29,7 +30,7 @@ func TestBuyersSendTheirOwnTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	tokenFor, err := tokenSource(context.Background(), dir, "", io.Discard)
+	tokenFor, _, err := tokenSource(context.Background(), dir, "", io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func TestTokenCommand(t *testing.T) {
 		}
 	}
 	// The tool's source with -token-cmd runs the command for each user.
-	tokenFor, err := tokenSource(ctx, t.TempDir(), "echo", io.Discard)
+	tokenFor, _, err := tokenSource(ctx, t.TempDir(), "echo", io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,5 +118,43 @@ func TestTokenCommand(t *testing.T) {
 func TestTokenFlagsConflict(t *testing.T) {
 	if _, err := run(context.Background(), []string{"-token", "x", "-token-cmd", "echo", "-url", "http://127.0.0.1:1"}, io.Discard, io.Discard); err == nil {
 		t.Error("load -token and -token-cmd ran")
+	}
+}
+
+// TestTokenCache: a second run reuses the tokens the first minted (one RSA
+// signature per buyer was most of a short run), and only while they are of
+// the dev issuer's key and have tokenReuse left.
+func TestTokenCache(t *testing.T) {
+	dir := t.TempDir()
+	tokenFor, save, err := tokenSource(context.Background(), dir, "", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := tokenFor("ann")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := save(); err != nil {
+		t.Fatal(err)
+	}
+	iss, err := devauth.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "load-tokens.json")
+	now := time.Now()
+	if c := loadTokenCache(path, iss.KeyID(), now); c.Tokens["ann"] != first {
+		t.Errorf("the next run's cache holds %q for ann, want the token minted before", c.Tokens["ann"])
+	}
+	// The next run's source answers from the cache: no new signature.
+	again, _, _ := tokenSource(context.Background(), dir, "", io.Discard)
+	if tok, _ := again("ann"); tok != first {
+		t.Errorf("second run's token for ann differs from the cached one")
+	}
+	if c := loadTokenCache(path, "another-key", now); len(c.Tokens) != 0 {
+		t.Errorf("a cache of another key was reused: %d tokens", len(c.Tokens))
+	}
+	if c := loadTokenCache(path, iss.KeyID(), now.Add(tokenTTL-tokenReuse)); len(c.Tokens) != 0 {
+		t.Errorf("tokens with less than %v left were reused", tokenReuse)
 	}
 }

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"fmt"
+	"image/color"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,24 +17,34 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
-// WriteChart draws three panels — accepted reservations per second and p99
-// request latency over the run, and the distribution of accept → CONFIRMED
-// lag — to path (.png or .svg).
+// WriteChart draws three panels — accepted and sold-out answers per second
+// and p99 request latency over the run (a gap where no request started),
+// and the distribution of accept → CONFIRMED lag — to path (.png or .svg).
 func WriteChart(r *Report, path string) error {
 	accepted := make(plotter.XYs, len(r.Timeline))
-	p99 := make(plotter.XYs, len(r.Timeline))
+	soldOut := make(plotter.XYs, len(r.Timeline))
 	for i, b := range r.Timeline {
 		t := b.At.Seconds()
 		accepted[i] = plotter.XY{X: t, Y: float64(b.Accepted) / b.Width.Seconds()}
-		p99[i] = plotter.XY{X: t, Y: float64(b.P99) / float64(time.Millisecond)}
+		soldOut[i] = plotter.XY{X: t, Y: float64(b.SoldOut) / b.Width.Seconds()}
 	}
-	p1, err := linePlot("Accepted reservations per second", "s since start", "accepted/s", accepted)
+	p1, err := linePlot("Answers per second: accepted and sold out", "s since start", "answers/s",
+		series{"accepted/s", accepted}, series{"sold out/s", soldOut})
 	if err != nil {
 		return err
 	}
-	p2, err := linePlot("p99 latency of POST /reservations", "s since start", "ms", p99)
+	var p99 []series
+	for _, seg := range P99Segments(r.Timeline) {
+		p99 = append(p99, series{"", seg})
+	}
+	p2, err := linePlot("p99 latency of POST /reservations", "s since start", "ms", p99...)
 	if err != nil {
 		return err
+	}
+	if n := len(r.Timeline); n > 0 { // the run's whole span, gaps included
+		p1.X.Min, p2.X.Min = 0, 0
+		p1.X.Max = r.Timeline[n-1].At.Seconds()
+		p2.X.Max = p1.X.Max
 	}
 	p3, err := lagPlot(r)
 	if err != nil {
@@ -68,19 +79,64 @@ func WriteChart(r *Report, path string) error {
 	return f.Close()
 }
 
-func linePlot(title, x, y string, pts plotter.XYs) (*plot.Plot, error) {
+// series is one line of a panel; an unnamed one has no legend entry.
+type series struct {
+	name string
+	pts  plotter.XYs
+}
+
+func linePlot(title, x, y string, lines ...series) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, x, y
 	p.Add(plotter.NewGrid())
-	if len(pts) == 0 {
-		return p, nil
+	for i, s := range lines {
+		if len(s.pts) == 0 {
+			continue
+		}
+		l, pts, err := plotter.NewLinePoints(s.pts)
+		if err != nil {
+			return nil, err
+		}
+		color := plotutilColor(i)
+		if s.name == "" {
+			color = plotutilColor(0)
+		}
+		l.Color, pts.Color = color, color
+		pts.Radius = vg.Points(1.5)
+		p.Add(l, pts)
+		if s.name != "" {
+			p.Legend.Add(s.name, l)
+		}
 	}
-	l, err := plotter.NewLine(pts)
-	if err != nil {
-		return nil, err
-	}
-	p.Add(l)
+	p.Legend.Top = true
 	return p, nil
+}
+
+// P99Segments returns the p99 latency (ms) of the buckets where requests
+// started, split where none did: an empty interval is a gap in the line,
+// never a 0 ms point.
+func P99Segments(timeline []Bucket) []plotter.XYs {
+	var out []plotter.XYs
+	var cur plotter.XYs
+	for _, b := range timeline {
+		if b.Requests == 0 {
+			if len(cur) > 0 {
+				out = append(out, cur)
+			}
+			cur = nil
+			continue
+		}
+		cur = append(cur, plotter.XY{X: b.At.Seconds(), Y: float64(b.P99) / float64(time.Millisecond)})
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+func plotutilColor(i int) color.Color {
+	palette := []color.Color{color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}}
+	return palette[i%len(palette)]
 }
 
 // lagPlot is the CDF of accept → CONFIRMED lag: the share of confirmed

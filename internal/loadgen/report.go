@@ -40,7 +40,9 @@ type Check struct {
 type Bucket struct {
 	At       time.Duration
 	Width    time.Duration
+	Requests int // requests started in the bucket; 0 leaves P99 undefined (a gap)
 	Accepted int
+	SoldOut  int
 	P99      time.Duration
 }
 
@@ -149,8 +151,12 @@ func timeline(outs []outcome, start time.Time) []Bucket {
 		var lat []time.Duration
 		for _, o := range byBucket[i] {
 			lat = append(lat, o.latency)
+			b.Requests++
 			if o.status == http.StatusAccepted {
 				b.Accepted++
+			}
+			if o.code == "sold_out" {
+				b.SoldOut++
 			}
 		}
 		b.P99 = percentiles(lat).P99
@@ -172,11 +178,30 @@ func progress(w io.Writer, label string, done *atomic.Int64, total int, start ti
 	}
 }
 
+// progressLine draws label's bar; the rate is in label per second
+// ("tokens/s" while minting, "reserve/s" while reserving).
 func progressLine(w io.Writer, label string, done, total int, start time.Time) {
 	const width = 40
 	filled := width * done / max(total, 1)
 	rate := float64(done) / max(time.Since(start).Seconds(), 1e-9)
-	fmt.Fprintf(w, "\r%s [%s%s] %d/%d %6.0f req/s", label, strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total, rate)
+	fmt.Fprintf(w, "\r%s [%s%s] %d/%d %6.0f %s/s", label, strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total, rate, strings.TrimSpace(label))
+}
+
+// Round returns d as a person reads it: 28.8ms, 412µs, 1.52s (three
+// significant digits at most, never nanoseconds).
+func Round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= 100*time.Millisecond:
+		return d.Round(time.Millisecond)
+	case d >= 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	default:
+		return d.Round(time.Microsecond)
+	}
 }
 
 // Print writes the report as a person reads it.
@@ -184,7 +209,7 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nholdfast load report — sku %s, %d units\n", r.SKU, r.Stock)
 	fmt.Fprintf(w, "  requests %d in %v (%.0f req/s): accepted %d, sold out %d, rejected %d, failed %d\n",
 		r.Requests, r.Duration.Round(time.Millisecond), r.Throughput, r.Accepted, r.SoldOut, r.Rejected, r.Failed)
-	fmt.Fprintf(w, "  latency  p50 %v  p90 %v  p99 %v  max %v\n", r.Latency.P50, r.Latency.P90, r.Latency.P99, r.Latency.Max)
+	fmt.Fprintf(w, "  latency  p50 %v  p90 %v  p99 %v  max %v\n", Round(r.Latency.P50), Round(r.Latency.P90), Round(r.Latency.P99), Round(r.Latency.Max))
 	fmt.Fprintf(w, "  decided  confirmed %d (%d units)", r.Confirmed, r.ConfirmedUnits)
 	reasons := make([]string, 0, len(r.Cancelled))
 	for k := range r.Cancelled {
@@ -195,7 +220,7 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, ", cancelled %s %d", k, r.Cancelled[k])
 	}
 	fmt.Fprintf(w, ", pending %d\n", r.Pending)
-	fmt.Fprintf(w, "  accept → CONFIRMED  p50 %v  p90 %v  p99 %v  max %v (100 ms polling)\n", r.Lag.P50, r.Lag.P90, r.Lag.P99, r.Lag.Max)
+	fmt.Fprintf(w, "  accept → CONFIRMED  p50 %v  p90 %v  p99 %v  max %v (100 ms polling)\n", Round(r.Lag.P50), Round(r.Lag.P90), Round(r.Lag.P99), Round(r.Lag.Max))
 	fmt.Fprintf(w, "  stock    Redis available %d, MySQL available %d, live holds %d, drift %d\n",
 		r.Final.RedisAvailable, r.Final.MySQLAvailable, r.Final.Held, r.Final.Drift)
 	for _, g := range r.Groups {

@@ -71,6 +71,8 @@ var awsMetrics = map[string]struct {
 	"AWS/Lambda":     {[]string{"Invocations", "Errors", "Throttles", "Duration", "ConcurrentExecutions"}, map[string]string{"FunctionName": "AWS::Serverless::Function"}},
 	"AWS/SQS": {[]string{"ApproximateNumberOfMessagesVisible", "ApproximateNumberOfMessagesNotVisible", "ApproximateAgeOfOldestMessage",
 		"NumberOfMessagesReceived", "NumberOfMessagesSent", "NumberOfMessagesDeleted"}, map[string]string{"QueueName": "AWS::SQS::Queue"}},
+	// Per node: CacheClusterId is <replication group>-00N (or -000S-00N).
+	"AWS/ElastiCache": {[]string{"DatabaseMemoryUsagePercentage", "EngineCPUUtilization", "CurrConnections"}, map[string]string{"CacheClusterId": "AWS::ElastiCache::ReplicationGroup"}},
 }
 
 // Every widget of the dashboard shows a metric the code emits or AWS
@@ -167,20 +169,24 @@ func TestDashboardShowsRealMetrics(t *testing.T) {
 		if m(r)["Type"] != "AWS::CloudWatch::Alarm" {
 			continue
 		}
-		p := m(m(r)["Properties"])
-		dims := map[string]string{}
-		for _, d := range p["Dimensions"].([]any) {
-			v := m(d)["Value"]
-			switch {
-			case m(v)["Ref"] != nil:
-				dims[fmt.Sprint(m(d)["Name"])] = fmt.Sprint(m(v)["Ref"])
-			case m(v)["Fn::GetAtt"] != nil:
-				dims[fmt.Sprint(m(d)["Name"])] = getAtt(v)
-			default:
-				dims[fmt.Sprint(m(d)["Name"])] = fmt.Sprint(v)
+		for _, metric := range alarmMetrics(m(m(r)["Properties"])) {
+			dims := map[string]string{}
+			ds, _ := metric["Dimensions"].([]any)
+			for _, d := range ds {
+				v := m(d)["Value"]
+				switch {
+				case m(v)["Ref"] != nil:
+					dims[fmt.Sprint(m(d)["Name"])] = fmt.Sprint(m(v)["Ref"])
+				case m(v)["Fn::GetAtt"] != nil:
+					dims[fmt.Sprint(m(d)["Name"])] = getAtt(v)
+				case len(subRefs(v)) > 0:
+					dims[fmt.Sprint(m(d)["Name"])] = subRefs(v)[0]
+				default:
+					dims[fmt.Sprint(m(d)["Name"])] = fmt.Sprint(v)
+				}
 			}
+			checkMetric(t, "alarm "+id, fmt.Sprint(metric["Namespace"]), fmt.Sprint(metric["MetricName"]), dims, emitted, tplRes)
 		}
-		checkMetric(t, "alarm "+id, fmt.Sprint(p["Namespace"]), fmt.Sprint(p["MetricName"]), dims, emitted, tplRes)
 	}
 }
 

@@ -163,6 +163,9 @@ func TestTranslatedWiring(t *testing.T) {
 		items, _ := join[1].([]any)
 		for _, it := range items {
 			listed[fmt.Sprint(m(it)["Ref"])] = true
+			if cond, _ := m(it)["Fn::If"].([]any); len(cond) == 3 { // an alarm of a conditional resource
+				listed[fmt.Sprint(m(cond[1])["Ref"])] = true
+			}
 		}
 	}
 	for id, r := range res {
@@ -186,10 +189,20 @@ func TestTranslatedWiring(t *testing.T) {
 		if acts, _ := p["AlarmActions"].([]any); len(acts) == 0 || m(acts[0])["Fn::If"] == nil {
 			t.Errorf("%s: AlarmActions = %v, want the given topic or the stack's own (no alarm without an action)", id, p["AlarmActions"])
 		}
-		for _, d := range p["Dimensions"].([]any) {
+		// Operators hear when it clears, on the same topic.
+		if a, o := fmt.Sprint(p["AlarmActions"]), fmt.Sprint(p["OKActions"]); a != o {
+			t.Errorf("%s: OKActions = %s, want the AlarmActions' topic %s (nobody hears the alarm clear)", id, o, a)
+		}
+		for _, d := range alarmDimensions(p) {
 			dim := m(d)
 			v := dim["Value"]
 			switch {
+			case len(subRefs(v)) > 0:
+				for _, ref := range subRefs(v) {
+					if res[ref] == nil {
+						t.Errorf("%s: dimension %v refers to a missing resource %s", id, dim, ref)
+					}
+				}
 			case fnOf(v) != "":
 				if res[fnOf(v)] == nil && m(doc["Parameters"])[fnOf(v)] == nil {
 					t.Errorf("%s: dimension %v refers to a missing resource", id, dim)
@@ -463,4 +476,45 @@ func TestSamconfigDeploysTheTemplate(t *testing.T) {
 			t.Errorf("[%s] stack %s deploys stage %q", env, stack, stage)
 		}
 	}
+}
+
+// alarmMetrics returns the metrics an alarm reads, each as {Namespace,
+// MetricName, Dimensions}: the alarm's own, or those of its metric math.
+func alarmMetrics(p map[string]any) []map[string]any {
+	if ms, ok := p["Metrics"].([]any); ok {
+		var out []map[string]any
+		for _, q := range ms {
+			if metric := m(m(m(q)["MetricStat"])["Metric"]); metric != nil {
+				out = append(out, metric)
+			}
+		}
+		return out
+	}
+	return []map[string]any{p}
+}
+
+func alarmDimensions(p map[string]any) []any {
+	var out []any
+	for _, metric := range alarmMetrics(p) {
+		ds, _ := metric["Dimensions"].([]any)
+		out = append(out, ds...)
+	}
+	return out
+}
+
+// subRefs returns the resources a dimension value built with Fn::Sub (or
+// either branch of an Fn::If of them) names: ${Redis}-001 names Redis.
+func subRefs(v any) []string {
+	if cond, ok := m(v)["Fn::If"].([]any); ok && len(cond) == 3 {
+		return append(subRefs(cond[1]), subRefs(cond[2])...)
+	}
+	sub, ok := m(v)["Fn::Sub"].(string)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, ref := range regexp.MustCompile(`\$\{([A-Za-z]+)\}`).FindAllStringSubmatch(sub, -1) {
+		out = append(out, ref[1])
+	}
+	return out
 }

@@ -2,7 +2,10 @@ package services
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -24,6 +27,34 @@ type Cluster struct {
 // (slots split evenly, no replicas) and waits until every node reports the
 // cluster ok. Stop ends them.
 func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
+	return startCluster(ctx, dir, n, nil, nil)
+}
+
+// TLSFiles are a server's certificate and key and the CA that signed them,
+// as PEM files.
+type TLSFiles struct {
+	CAFile, CertFile, KeyFile string
+}
+
+// StartTLSCluster is StartCluster with TLS on every connection, as
+// ElastiCache's in-transit encryption has it: each master serves TLS only
+// (--port 0), the cluster bus and replication use TLS, every server
+// presents files' certificate and asks clients for none. extra goes to every
+// redis-server (--cluster-announce-hostname, say). Addrs are the TLS ports.
+func StartTLSCluster(ctx context.Context, dir string, n int, files TLSFiles, extra ...string) (*Cluster, error) {
+	return startCluster(ctx, dir, n, &files, extra)
+}
+
+func startCluster(ctx context.Context, dir string, n int, files *TLSFiles, extra []string) (*Cluster, error) {
+	var tlsCfg *tls.Config
+	var cliTLS []string
+	if files != nil {
+		var err error
+		if tlsCfg, err = chainOnly(files.CAFile); err != nil {
+			return nil, err
+		}
+		cliTLS = []string{"--tls", "--cacert", files.CAFile}
+	}
 	c := &Cluster{}
 	for i := range n {
 		port, err := FreePort()
@@ -34,26 +65,40 @@ func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
 		node := filepath.Join(dir, "node"+strconv.Itoa(i))
 		args := append(RedisArgs(port, dir), "--cluster-enabled", "yes",
 			"--cluster-config-file", node+".conf", "--cluster-node-timeout", "2000", "--dbfilename", filepath.Base(node)+".rdb")
-		cmd, err := spawn(node+".log", "redis-server", args...)
+		if files != nil {
+			args = append(args, "--port", "0", "--tls-port", strconv.Itoa(port),
+				"--tls-cert-file", files.CertFile, "--tls-key-file", files.KeyFile, "--tls-ca-cert-file", files.CAFile,
+				"--tls-auth-clients", "no", "--tls-cluster", "yes", "--tls-replication", "yes")
+		}
+		cmd, err := spawn(node+".log", "redis-server", append(args, extra...)...)
 		if err != nil {
 			c.Stop()
 			return nil, err
 		}
 		c.cmds = append(c.cmds, cmd)
-		c.Addrs = append(c.Addrs, "127.0.0.1:"+strconv.Itoa(port))
-		if err := waitFor(ctx, "redis-server on "+strconv.Itoa(port), func() error { return redisPing(port) }); err != nil {
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		c.Addrs = append(c.Addrs, addr)
+		ping := func() error { return redisPing(port) }
+		if files != nil {
+			ping = func() error { return nodeClient(addr, tlsCfg).Ping(ctx).Err() }
+		}
+		if err := waitFor(ctx, "redis-server on "+strconv.Itoa(port), ping); err != nil {
 			c.Stop()
 			return nil, err
 		}
 	}
-	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	if out, err := exec.CommandContext(ctx, "redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput(); err != nil {
+	// redis-cli waits for the nodes to meet for as long as it takes: a
+	// cluster bus that cannot connect would hang here.
+	create, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	args := append(append(cliTLS, "--cluster", "create"), c.Addrs...)
+	if out, err := exec.CommandContext(create, "redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput(); err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	err := waitFor(ctx, "the cluster's state ok", func() error {
 		for _, addr := range c.Addrs {
-			node := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+			node := nodeClient(addr, tlsCfg)
 			info, err := node.ClusterInfo(ctx).Result()
 			_ = node.Close()
 			if err != nil {
@@ -70,6 +115,46 @@ func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// nodeClient is a client of one node, for StartCluster's own checks.
+func nodeClient(addr string, tlsCfg *tls.Config) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, TLSConfig: tlsCfg})
+}
+
+// chainOnly is the TLS configuration of StartCluster's readiness checks:
+// the server's certificate must chain to caFile, whatever names it holds
+// (the names are what the tests of a TLS cluster check, with clients of
+// their own).
+func chainOnly(caFile string) (*tls.Config, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no certificate", caFile)
+	}
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: true, // the chain is verified below; the name is not this check's business
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			certs := make([]*x509.Certificate, len(raw))
+			for i, der := range raw {
+				c, err := x509.ParseCertificate(der)
+				if err != nil {
+					return err
+				}
+				certs[i] = c
+			}
+			inter := x509.NewCertPool()
+			for _, c := range certs[1:] {
+				inter.AddCert(c)
+			}
+			_, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter})
+			return err
+		},
+	}, nil
 }
 
 // Stop ends the cluster's servers (only the processes StartCluster started).

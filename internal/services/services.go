@@ -7,6 +7,7 @@
 package services
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -56,19 +57,23 @@ func Install(ctx context.Context, root string, log io.Writer) error {
 		}
 	}
 	if len(need) > 0 {
-		fmt.Fprintf(log, "services: installing %s with apt\n", strings.Join(need, " "))
+		fmt.Fprintf(log, "services: installing %s with apt (a minute or a few the first time; apt's progress follows)\n", strings.Join(need, " "))
 		sudo := []string{}
 		if os.Geteuid() != 0 {
 			sudo = []string{"sudo"}
 		}
 		for _, args := range [][]string{
-			append(sudo, "apt-get", "update", "-qq"),
-			append(sudo, append([]string{"apt-get", "install", "-y", "-qq", "--no-install-recommends"}, need...)...),
+			append(sudo, "apt-get", "update"),
+			append(sudo, append([]string{"apt-get", "install", "-y", "--no-install-recommends"}, need...)...),
 		} {
+			// apt's own lines (Get:, Unpacking, Setting up) stream to log as
+			// they come, so a long first install shows it is moving.
 			cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 			cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return fmt.Errorf("%s: %v\n%s", strings.Join(args, " "), err, out)
+			cmd.Stdout = &prefixWriter{w: log, prefix: "  apt: "}
+			cmd.Stderr = cmd.Stdout
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("%s: %v", strings.Join(args, " "), err)
 			}
 		}
 	}
@@ -81,6 +86,31 @@ func Install(ctx context.Context, root string, log io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// prefixWriter writes each line to w behind prefix.
+type prefixWriter struct {
+	w       io.Writer
+	prefix  string
+	midLine bool
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	for _, line := range bytes.SplitAfter(b, []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		if !p.midLine {
+			if _, err := io.WriteString(p.w, p.prefix); err != nil {
+				return 0, err
+			}
+		}
+		if _, err := p.w.Write(line); err != nil {
+			return 0, err
+		}
+		p.midLine = line[len(line)-1] != '\n'
+	}
+	return len(b), nil
 }
 
 func contains(s []string, v string) bool {

@@ -251,6 +251,9 @@ func redisClient(ctx context.Context, cfg config.Config, secrets *secretsmanager
 	}
 	var tlsCfg *tls.Config
 	if cfg.RedisTLS {
+		// No ServerName: each connection verifies the name it dials, which in
+		// cluster mode is the node's address from CLUSTER SLOTS (DNS names on
+		// ElastiCache), not the configuration endpoint (TestRedisClusterTLS).
 		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	// Short timeouts: reserve fails closed fast when Redis is slow. go-redis

@@ -278,6 +278,28 @@ func StartCluster(t testing.TB) []string {
 	return addrs
 }
 
+// StartTLSCluster is StartCluster with TLS only, every server presenting
+// certs' server certificate (services.StartTLSCluster); extra goes to
+// every redis-server. It returns the masters' TLS addresses.
+func StartTLSCluster(t testing.TB, certs Certs, extra ...string) []string {
+	t.Helper()
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("HOLDFAST_REQUIRE_SERVICES") == "1" {
+				t.Fatalf("%s is required (make test installs it)", bin)
+			}
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	files := services.TLSFiles{CAFile: certs.CAFile, CertFile: certs.CertFile, KeyFile: certs.KeyFile}
+	c, err := services.StartTLSCluster(context.Background(), t.TempDir(), 3, files, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c.Addrs
+}
+
 // StartMoto starts moto_server (preinstalled on the project's machines) on a
 // free loopback port for the AWS APIs goaws lacks (Secrets Manager), and
 // returns its endpoint; it is stopped at the end of the test.
@@ -371,6 +393,8 @@ type Certs struct {
 
 // NewCerts makes a CA and a server certificate for the given IP addresses
 // and host names, valid for an hour, under the test's temporary directory.
+// The certificate also authenticates a client: the nodes of a TLS cluster
+// present it to each other on the cluster bus.
 func NewCerts(t testing.TB, ips []net.IP, names []string) Certs {
 	t.Helper()
 	dir := t.TempDir()
@@ -395,7 +419,7 @@ func NewCerts(t testing.TB, ips []net.IP, names []string) Certs {
 	srv := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "holdfast test server"},
 		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, // a cluster node is its peers' client too
 		IPAddresses: ips, DNSNames: names,
 	}
 	srvDER, err := x509.CreateCertificate(rand.Reader, srv, ca, &srvKey.PublicKey, caKey)

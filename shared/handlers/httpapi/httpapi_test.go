@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -330,5 +331,18 @@ func TestIdentityComesFromTheToken(t *testing.T) {
 	}
 	if code, _ := do(t, &stub{}, anonymous("GET", "/admin/skus/s/stock", "", nil)); code != 200 {
 		t.Errorf("admin route without a buyer token = %d, want 200 (IAM guards it in AWS)", code)
+	}
+}
+
+// TestUnknownGroup: GET /groups/{id} names no SKU, so its 404 speaks of the
+// group alone (the code stays unknown_group).
+func TestUnknownGroup(t *testing.T) {
+	svc := &stub{err: reservation.ErrUnknownGroup}
+	code, body := do(t, svc, request("GET", "/groups/g-none", "", nil))
+	if code != 404 || body["error"] != "unknown_group" {
+		t.Fatalf("GET /groups/g-none = %d %v, want 404 unknown_group", code, body)
+	}
+	if msg := fmt.Sprint(body["message"]); strings.Contains(strings.ToLower(msg), "sku") {
+		t.Errorf("message %q speaks of a sku the request never named", msg)
 	}
 }

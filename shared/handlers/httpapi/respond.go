@@ -197,7 +197,7 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 	case errors.Is(err, reservation.ErrUnknownSKU):
 		return errorReply(http.StatusNotFound, "unknown_sku", "no such sku")
 	case errors.Is(err, reservation.ErrUnknownGroup):
-		return errorReply(http.StatusNotFound, "unknown_group", "no such group for this sku")
+		return errorReply(http.StatusNotFound, "unknown_group", "no such group")
 	case errors.Is(err, reservation.ErrNotFound):
 		return errorReply(http.StatusNotFound, "not_found", "no such reservation")
 	case errors.Is(err, reservation.ErrUnavailable), errors.Is(err, context.DeadlineExceeded),
