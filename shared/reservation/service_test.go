@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -1159,6 +1161,12 @@ func TestCreateGroupValidates(t *testing.T) {
 		if _, err := f.svc.CreateGroup(bg, "creator", "s", c.capacity, c.ttl); !errors.As(err, &inv) {
 			t.Errorf("CreateGroup(capacity %d, ttl %v) = %v, want InvalidError", c.capacity, c.ttl, err)
 		}
+	}
+	// Past the maximum, the message names the maximum that applies (the
+	// handler hands a ttl_seconds of any size on as just past its bound).
+	if _, err := f.svc.CreateGroup(bg, "creator", "s", 3, 366*24*time.Hour); err == nil ||
+		!strings.Contains(err.Error(), strconv.Itoa(int(f.svc.cfg.MaxGroupTTL.Seconds()))) {
+		t.Errorf("CreateGroup(ttl a year and a day) = %v, want an error naming the maximum %v", err, f.svc.cfg.MaxGroupTTL)
 	}
 	if _, err := f.svc.CreateGroup(bg, "creator", "nope", 3, 0); !errors.Is(err, ErrUnknownSKU) {
 		t.Errorf("CreateGroup(unknown sku) = %v, want ErrUnknownSKU", err)

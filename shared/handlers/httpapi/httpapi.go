@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base32"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"sort"
@@ -223,8 +222,9 @@ func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPReques
 	return reply(status, reservationBody(r))
 }
 
-// maxTTLSeconds bounds ttl_seconds before it becomes a Duration (a year;
-// the service applies the configured maximum).
+// maxTTLSeconds bounds ttl_seconds before it becomes a Duration (a year):
+// anything outside 1..maxTTLSeconds is handed on as just outside it, so
+// that the service refuses it naming the configured maximum.
 const maxTTLSeconds = 365 * 24 * 3600
 
 type groupRequest struct {
@@ -243,12 +243,12 @@ func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRe
 		return invalid("sku is required")
 	case b.Capacity == nil:
 		return invalid("capacity is required")
-	case b.TTLSeconds != nil && (*b.TTLSeconds < 1 || *b.TTLSeconds > maxTTLSeconds):
-		return invalid(fmt.Sprintf("ttl_seconds must be between 1 and %d", maxTTLSeconds))
+	case b.TTLSeconds != nil && *b.TTLSeconds < 1:
+		return invalid("ttl_seconds must be at least 1")
 	}
 	var ttl time.Duration
 	if b.TTLSeconds != nil {
-		ttl = time.Duration(*b.TTLSeconds) * time.Second
+		ttl = time.Duration(min(*b.TTLSeconds, maxTTLSeconds+1)) * time.Second
 	}
 	g, err := h.svc.CreateGroup(ctx, user, b.SKU, *b.Capacity, ttl)
 	if err != nil {
