@@ -917,6 +917,15 @@ func (m *memHolds) CloseGroup(_ context.Context, g Group) (GroupClosing, error) 
 	return GroupClosing{Status: GroupFailed, Holders: holders}, nil
 }
 
+// CloseGroups mirrors CloseGroup on each group (one pipeline).
+func (m *memHolds) CloseGroups(ctx context.Context, gs []Group) ([]GroupClosing, []error) {
+	out, errs := make([]GroupClosing, len(gs)), make([]error, len(gs))
+	for i, g := range gs {
+		out[i], errs[i] = m.CloseGroup(ctx, g)
+	}
+	return out, errs
+}
+
 // ---------------------------------------------------------------- MySQL
 
 // memRow is a reservations row: the reservation and its updated_at.
@@ -1682,6 +1691,24 @@ func (l *memLedger) GroupMembers(_ context.Context, id string) ([]Reservation, e
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
+}
+
+// FailEmptyGroups mirrors `UPDATE group_buys SET status = 'FAILED', settled_at = ? WHERE group_id IN (…)
+// AND status = 'OPEN' AND members = 0 AND deadline <= ?`.
+func (l *memLedger) FailEmptyGroups(_ context.Context, ids []string, now time.Time) (int, error) {
+	err := l.enter("FailEmptyGroups")
+	defer l.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, id := range ids {
+		if g, ok := l.groups[id]; ok && g.g.Status == GroupOpen && g.g.Members == 0 && !g.g.Deadline.After(msUTC(now)) {
+			g.g.Status, g.settled = GroupFailed, true
+			n++
+		}
+	}
+	return n, nil
 }
 
 // GroupLeaving mirrors `SELECT … FROM reservations WHERE group_id = ? AND status = 'CANCELLED' AND released = 0`.

@@ -110,6 +110,9 @@ type Holds interface {
 	// returned. NotDue if the deadline has not passed; Unknown if Redis lost
 	// the group.
 	CloseGroup(ctx context.Context, g Group) (GroupClosing, error)
+	// CloseGroups is CloseGroup of many groups in one round trip (per
+	// shard): one answer or error per group.
+	CloseGroups(ctx context.Context, gs []Group) ([]GroupClosing, []error)
 	// FormGroup marks the group FORMED (final; no slot left to take) once
 	// MySQL has recorded it; false if Redis has no such group or it FAILED.
 	FormGroup(ctx context.Context, g Group, formedAt time.Time) (bool, error)
@@ -317,6 +320,10 @@ type Ledger interface {
 	// FailGroup turns an OPEN group FAILED and returns it as it stands
 	// (FORMED if it formed first).
 	FailGroup(ctx context.Context, id string, now time.Time) (Group, error)
+	// FailEmptyGroups turns the named groups FAILED and settled at once where
+	// they are still OPEN, due by now and without a member in MySQL (Redis
+	// said no slot of theirs is held); it returns how many it ended.
+	FailEmptyGroups(ctx context.Context, ids []string, now time.Time) (int, error)
 	// GroupMembers returns the CONFIRMED reservations of a group.
 	GroupMembers(ctx context.Context, id string) ([]Reservation, error)
 	// GroupLeaving returns the CANCELLED rows of a group's joins that Redis

@@ -440,6 +440,14 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		if cl, err := s.CloseGroup(ctx, reservation.Group{ID: "nosuch", SKU: sku}); err != nil || !cl.Unknown {
 			t.Errorf("CloseGroup(unknown) = %+v %v", cl, err)
 		}
+		// CloseGroups answers as CloseGroup does, group by group.
+		c.now = t0.Add(time.Hour)
+		many, errs := s.CloseGroups(ctx, []reservation.Group{g, {ID: "nosuch", SKU: sku}})
+		if len(many) != 2 || errs[0] != nil || errs[1] != nil || many[0].Status != reservation.GroupFailed ||
+			len(many[0].Holders) != 1 || many[0].Holders[0] != "b" || !many[1].Unknown {
+			t.Errorf("CloseGroups(g2, unknown) = %+v %v, want FAILED held by [b], then unknown", many, errs)
+		}
+		c.now = t0
 	})
 
 	t.Run("a join past the deadline is refused by the script's clock", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/holdfast/holdfast/shared/reservation"
@@ -94,6 +95,32 @@ func (s *Store) FailGroup(ctx context.Context, id string, now time.Time) (reserv
 		return reservation.Group{}, translate("fail group", err)
 	}
 	return s.Group(ctx, id)
+}
+
+// FailEmptyGroups implements reservation.Ledger: one statement per
+// inChunks-sized run of ids.
+func (s *Store) FailEmptyGroups(ctx context.Context, ids []string, now time.Time) (int, error) {
+	total := 0
+	err := inChunks(len(ids), func(lo, hi int) error {
+		args := make([]any, 0, hi-lo+3)
+		args = append(args, utc(now), utc(now))
+		for _, id := range ids[lo:hi] {
+			args = append(args, id)
+		}
+		args = append(args, utc(now))
+		res, err := s.db.ExecContext(ctx, `UPDATE group_buys SET status = 'FAILED', settled_at = ?, updated_at = ?
+			WHERE group_id IN (?`+strings.Repeat(",?", hi-lo-1)+`) AND status = 'OPEN' AND members = 0 AND deadline <= ?`, args...)
+		if err != nil {
+			return translate("fail empty groups", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return translate("fail empty groups", err)
+		}
+		total += int(n)
+		return nil
+	})
+	return total, err
 }
 
 // GroupSettled implements reservation.Ledger.

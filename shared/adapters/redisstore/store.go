@@ -641,8 +641,44 @@ func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservatio
 	if err != nil {
 		return reservation.GroupClosing{}, reservation.Unavailable("redis close group", err)
 	}
+	return closing(g.ID, out)
+}
+
+// CloseGroups implements reservation.Holds: group_close.lua for each group,
+// all in one pipeline (per shard).
+func (s *Store) CloseGroups(ctx context.Context, gs []reservation.Group) ([]reservation.GroupClosing, []error) {
+	out, errs := make([]reservation.GroupClosing, len(gs)), make([]error, len(gs))
+	if len(gs) == 0 {
+		return out, errs
+	}
+	now := s.now()
+	cmds, err := s.pipeline(ctx, func(p redis.Pipeliner) []*redis.Cmd {
+		cmds := make([]*redis.Cmd, len(gs))
+		for i, g := range gs {
+			k := keysOf(g.SKU)
+			cmds[i] = groupCloseScript.EvalSha(ctx, p, []string{k.group(g.ID), k.members(g.ID)}, now)
+		}
+		return cmds
+	}, groupCloseScript)
+	for i, g := range gs {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		reply, cerr := cmds[i].StringSlice()
+		if cerr != nil {
+			errs[i] = reservation.Unavailable("redis close group", cerr)
+			continue
+		}
+		out[i], errs[i] = closing(g.ID, reply)
+	}
+	return out, errs
+}
+
+// closing reads group_close.lua's reply.
+func closing(id string, out []string) (reservation.GroupClosing, error) {
 	if len(out) == 0 {
-		return reservation.GroupClosing{}, fmt.Errorf("redis close group %s: empty reply", g.ID)
+		return reservation.GroupClosing{}, fmt.Errorf("redis close group %s: empty reply", id)
 	}
 	switch out[0] {
 	case "UNKNOWN":
@@ -668,7 +704,7 @@ func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservatio
 	case "FAILED":
 		return reservation.GroupClosing{Status: reservation.GroupFailed, Holders: out[1:]}, nil
 	}
-	return reservation.GroupClosing{}, fmt.Errorf("redis close group %s: unknown code %q", g.ID, out[0])
+	return reservation.GroupClosing{}, fmt.Errorf("redis close group %s: unknown code %q", id, out[0])
 }
 
 func holdFromPairs(id string, bucket int, kv []string) (reservation.Reservation, error) {
