@@ -17,7 +17,6 @@ type groupsFigure struct {
 	ended    bool          // the honest group ended in that sweep
 	failed   int           // groups the sweep failed
 	period   time.Duration // the template's sweep period
-	grace    time.Duration // HOLDFAST_SWEEP_GRACE
 	oldSweep int           // sweeps the honest group waited before (one batch of due groups per sweep)
 }
 
@@ -27,8 +26,8 @@ const spamGroups = 10_000
 
 // groups measures how soon an honest group ends behind one buyer's 10,000
 // empty groups due before it: one sweep ends every due group, so the honest
-// group ends within the sweep period + the grace + that sweep's time of its
-// deadline (goal ≤ 65 s with the template's 60 s period). Before, a sweep
+// group ends within the sweep period + that sweep's time of its deadline
+// (goal ≤ 65 s with the template's 60 s period). Before, a sweep
 // ended one batch (500) of due groups, earliest deadline first.
 func (b *bench) groups(ctx context.Context) error {
 	svc, err := b.service(ctx, b.cfg, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
@@ -78,8 +77,8 @@ func (b *bench) groups(ctx context.Context) error {
 	if _, _, err := svc.Reserve(ctx, reservation.ReserveRequest{SKU: honest, Qty: 1, UserID: "groups-u1", GroupID: g.ID}); err != nil {
 		return err
 	}
-	// Wait for the honest group's deadline and the grace to pass.
-	time.Sleep(time.Until(g.Deadline.Add(b.cfg.Protocol.SweepGrace + 100*time.Millisecond)))
+	// Wait for the honest group's deadline to pass.
+	time.Sleep(time.Until(g.Deadline.Add(100 * time.Millisecond)))
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second) // the sweeper's timeout
 	defer cancel()
 	start := time.Now()
@@ -88,7 +87,7 @@ func (b *bench) groups(ctx context.Context) error {
 		return err
 	}
 	f := groupsFigure{empty: spamGroups, sweep: time.Since(start), failed: rep.GroupsFailed, period: time.Minute,
-		grace: b.cfg.Protocol.SweepGrace, oldSweep: (spamGroups + b.cfg.Protocol.SweepBatch) / b.cfg.Protocol.SweepBatch}
+		oldSweep: (spamGroups + b.cfg.Protocol.SweepBatch) / b.cfg.Protocol.SweepBatch}
 	var status string
 	if err := b.app.DB.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ?`, g.ID).Scan(&status); err != nil {
 		return err
@@ -103,12 +102,12 @@ func (b *bench) groups(ctx context.Context) error {
 func (b *bench) groupLines() []string {
 	var out []string
 	for _, f := range b.groupRuns {
-		worst := f.period + f.grace + f.sweep
+		worst := f.period + f.sweep
 		out = append(out,
 			fmt.Sprintf("groups: one buyer's %d empty groups due before an honest one: one sweep ended %d groups in %v; the honest group ended in it: %v",
 				f.empty, f.failed, f.sweep.Round(time.Millisecond), f.ended),
-			fmt.Sprintf("  an honest group ends within sweep period %v + grace %v + that sweep = %v of its deadline (goal ≤ 65 s); before: %d sweeps (one batch of %d due groups each) ≈ %v",
-				f.period, f.grace, worst.Round(100*time.Millisecond), f.oldSweep, b.cfg.Protocol.SweepBatch, time.Duration(f.oldSweep)*f.period))
+			fmt.Sprintf("  an honest group ends within sweep period %v + that sweep = %v of its deadline (goal ≤ 65 s); before: %d sweeps (one batch of %d due groups each) ≈ %v",
+				f.period, worst.Round(100*time.Millisecond), f.oldSweep, b.cfg.Protocol.SweepBatch, time.Duration(f.oldSweep)*f.period))
 	}
 	return out
 }
