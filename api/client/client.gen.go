@@ -674,6 +674,11 @@ type Sku = SkuId
 // BadRequest defines model for BadRequest.
 type BadRequest = InvalidRequest
 
+// CancelThrottled defines model for CancelThrottled.
+type CancelThrottled struct {
+	union json.RawMessage
+}
+
 // Fault defines model for Fault.
 type Fault struct {
 	union json.RawMessage
@@ -916,6 +921,68 @@ func (t *StockChange) UnmarshalJSON(b []byte) error {
 		}
 	}
 
+	return err
+}
+
+// AsRateLimited returns the union data inside the CancelThrottled as a RateLimited
+func (t CancelThrottled) AsRateLimited() (RateLimited, error) {
+	var body RateLimited
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromRateLimited overwrites any union data inside the CancelThrottled as the provided RateLimited
+func (t *CancelThrottled) FromRateLimited(v RateLimited) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeRateLimited performs a merge with any union data inside the CancelThrottled, using the provided RateLimited
+func (t *CancelThrottled) MergeRateLimited(v RateLimited) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the CancelThrottled as a GatewayMessage
+func (t CancelThrottled) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the CancelThrottled as the provided GatewayMessage
+func (t *CancelThrottled) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the CancelThrottled, using the provided GatewayMessage
+func (t *CancelThrottled) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t CancelThrottled) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *CancelThrottled) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
 	return err
 }
 
@@ -1489,7 +1556,10 @@ type ClientInterface interface {
 	// CancelReservation Cancel a reservation (the buyer's own)
 	//
 	// Cancels it and returns its stock to both stores exactly once, however often or
-	// late it is repeated. A reservation already CANCELLED is answered as it is.
+	// late it is repeated. A reservation already CANCELLED is answered as it is. A
+	// cancel is one of the caller's attempts on the reservation's SKU (the id names it),
+	// from the budget buys, joins and group creations draw on: past the rate 429
+	// `rate_limited`, nothing read or cancelled.
 	//
 	// Corresponds with DELETE /reservations/{id} (the `CancelReservation` operationId).
 	CancelReservation(ctx context.Context, id ReservationId, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1685,7 +1755,10 @@ func (c *Client) Reserve(ctx context.Context, params *ReserveParams, body Reserv
 // CancelReservation Cancel a reservation (the buyer's own)
 //
 // Cancels it and returns its stock to both stores exactly once, however often or
-// late it is repeated. A reservation already CANCELLED is answered as it is.
+// late it is repeated. A reservation already CANCELLED is answered as it is. A
+// cancel is one of the caller's attempts on the reservation's SKU (the id names it),
+// from the budget buys, joins and group creations draw on: past the rate 429
+// `rate_limited`, nothing read or cancelled.
 //
 // Corresponds with DELETE /reservations/{id} (the `CancelReservation` operationId).
 func (c *Client) CancelReservation(ctx context.Context, id ReservationId, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2216,7 +2289,10 @@ type ClientWithResponsesInterface interface {
 	// CancelReservationWithResponse Cancel a reservation (the buyer's own)
 	//
 	// Cancels it and returns its stock to both stores exactly once, however often or
-	// late it is repeated. A reservation already CANCELLED is answered as it is.
+	// late it is repeated. A reservation already CANCELLED is answered as it is. A
+	// cancel is one of the caller's attempts on the reservation's SKU (the id names it),
+	// from the budget buys, joins and group creations draw on: past the rate 429
+	// `rate_limited`, nothing read or cancelled.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -2814,6 +2890,11 @@ type CancelReservationResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// CancelReservationResponse429Headers the declared response headers of an HTTP 429 response for CancelReservation
+type CancelReservationResponse429Headers struct {
+	RetryAfter *int
+}
+
 // CancelReservationResponse503Headers the declared response headers of an HTTP 503 response for CancelReservation
 type CancelReservationResponse503Headers struct {
 	RetryAfter *int
@@ -2828,6 +2909,8 @@ type CancelReservationResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ReservationNotFound
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *CancelThrottled
 	// JSON431 the response for an HTTP 431 `application/json` response
 	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -2836,6 +2919,8 @@ type CancelReservationResponse struct {
 	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *CancelReservationResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CancelReservationResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CancelReservationResponse503Headers
 }
@@ -2853,6 +2938,11 @@ func (r CancelReservationResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r CancelReservationResponse) GetJSON404() *ReservationNotFound {
 	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CancelReservationResponse) GetJSON429() *CancelThrottled {
+	return r.JSON429
 }
 
 // GetJSON431 returns the response for an HTTP 431 `application/json` response
@@ -3229,7 +3319,10 @@ func (c *ClientWithResponses) ReserveWithResponse(ctx context.Context, params *R
 // CancelReservationWithResponse Cancel a reservation (the buyer's own)
 //
 // Cancels it and returns its stock to both stores exactly once, however often or
-// late it is repeated. A reservation already CANCELLED is answered as it is.
+// late it is repeated. A reservation already CANCELLED is answered as it is. A
+// cancel is one of the caller's attempts on the reservation's SKU (the id names it),
+// from the budget buys, joins and group creations draw on: past the rate 429
+// `rate_limited`, nothing read or cancelled.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -3850,6 +3943,13 @@ func ParseCancelReservationResponse(rsp *http.Response) (*CancelReservationRespo
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest CancelThrottled
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
 		var dest HeadTooLarge
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3884,6 +3984,16 @@ func ParseCancelReservationResponse(rsp *http.Response) (*CancelReservationRespo
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers CancelReservationResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers CancelReservationResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {

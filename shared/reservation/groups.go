@@ -81,7 +81,7 @@ func (s *Service) Group(ctx context.Context, id string) (Group, error) {
 	if !ValidID(id) {
 		return Group{}, ErrUnknownGroup
 	}
-	g, err := s.ledger.Group(ctx, id)
+	g, err := s.groupRow(ctx, id) // a made-up id is answered from memory when it can
 	if err != nil {
 		return Group{}, err
 	}

@@ -339,9 +339,11 @@ func (s *Service) warm(ctx context.Context, sku string, b int) (warmed bool, err
 // Get returns a reservation of user's: MySQL's row once MySQL has decided
 // it, the Redis hold (HELD) until then. ErrNotFound if neither store knows
 // the id, or it is another user's (the same answer, so ids cannot be
-// probed). With MySQL unreachable, Redis's view is the answer.
+// probed); an id naming a SKU MySQL does not have is answered without
+// reading the row (unknownSKUOf). With MySQL unreachable, Redis's view is
+// the answer.
 func (s *Service) Get(ctx context.Context, id, user string) (Reservation, error) {
-	if !ValidReservationID(id, "") {
+	if !ValidReservationID(id, "") || s.unknownSKUOf(ctx, id) {
 		return Reservation{}, ErrNotFound
 	}
 	row, err := s.ledger.Reservation(ctx, id)

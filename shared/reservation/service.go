@@ -69,7 +69,8 @@ type Service struct {
 	// transfersPaused holds the time.Time until which this instance makes
 	// no transfer (MySQL failed to record one).
 	transfersPaused atomic.Value
-	idSecret        []byte // the key of ids derived from an Idempotency-Key
+	unknownGroups   unknowns // group ids MySQL said it does not have, lately
+	idSecret        []byte   // the key of ids derived from an Idempotency-Key
 }
 
 // Deps are the Service's collaborators.

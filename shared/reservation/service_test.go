@@ -1638,3 +1638,51 @@ func TestSweepNearItsDeadlineKeepsItsPlace(t *testing.T) {
 		t.Errorf("the next sweep visited %d, want s-10 … s-19", rep.CatalogSKUs)
 	}
 }
+
+// A buyer's cancel is an attempt charged before MySQL is read: over the
+// rate nothing is read or cancelled; with Redis unreachable the cancel goes
+// on unmetered and MySQL decides it.
+func TestCancelMetering(t *testing.T) {
+	t.Run("over the rate reads nothing from MySQL", func(t *testing.T) {
+		f := newFixture(t)
+		f.stock(t, "s", 5)
+		r := f.reserve(t, "s", "ann", 1)
+		f.holds.fail["Charge"] = &RateLimitedError{RetryAfter: time.Second}
+		before := f.ledger.calls["Reservation"]
+		for i := range 20 {
+			if _, err := f.svc.Cancel(bg, r.ID, "ann"); !errors.Is(err, ErrRateLimited) {
+				t.Fatalf("Cancel %d = %v, want ErrRateLimited", i, err)
+			}
+		}
+		if n := f.ledger.calls["Reservation"] - before; n != 0 {
+			t.Errorf("20 rate-limited cancels read MySQL %d times, want 0", n)
+		}
+		if h, err := f.svc.Get(bg, r.ID, "ann"); err != nil || h.Status != StatusHeld {
+			t.Errorf("Get after the refused cancels = %v, %v; want HELD", h.Status, err)
+		}
+	})
+	t.Run("with Redis unreachable MySQL decides it unmetered", func(t *testing.T) {
+		f := newFixture(t)
+		f.stock(t, "s", 5)
+		r := f.reserve(t, "s", "ann", 1)
+		f.holds.fail["Charge"] = Unavailable("redis charge", errors.New("connection refused"))
+		if out, err := f.svc.Cancel(bg, r.ID, "ann"); err != nil || out.Status != StatusCancelled {
+			t.Errorf("Cancel with the budget unreachable = %v, %v; want CANCELLED", out.Status, err)
+		}
+	})
+	t.Run("an id naming an unknown SKU reads no row", func(t *testing.T) {
+		f := newFixture(t)
+		id := "nosuch.aaaaaaaaaaaaaaaaaaaaaaaaaa"
+		for range 10 {
+			if _, err := f.svc.Cancel(bg, id, "ann"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Cancel(%q) = %v, want ErrNotFound", id, err)
+			}
+			if _, err := f.svc.Get(bg, id, "ann"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Get(%q) = %v, want ErrNotFound", id, err)
+			}
+		}
+		if n := f.ledger.calls["Reservation"]; n != 0 {
+			t.Errorf("reads and cancels of an unknown SKU's id read %d rows, want 0", n)
+		}
+	})
+}

@@ -16,7 +16,9 @@ func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, e
 }
 
 // Cancel is user's cancel of one of their reservations (another user's is
-// ErrNotFound, like an unknown id). A HELD reservation is fenced and
+// ErrNotFound, like an unknown id). It is an attempt of user's on the id's
+// SKU, charged before MySQL is read (meterCancel): past the rate
+// *RateLimitedError, nothing read or changed. A HELD reservation is fenced and
 // released; a CONFIRMED one is refunded in MySQL and then in Redis.
 // Idempotent: a repeat finds the decided row and moves nothing, however long
 // afterwards. Once MySQL has decided, the answer is the row; Redis follows
@@ -24,6 +26,9 @@ func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, e
 func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, error) {
 	if !ValidReservationID(id, "") {
 		return Reservation{}, ErrNotFound
+	}
+	if err := s.meterCancel(ctx, id, user); err != nil {
+		return Reservation{}, err
 	}
 	row, err := s.ledger.Reservation(ctx, id)
 	if err == nil {

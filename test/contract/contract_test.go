@@ -450,8 +450,11 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	expect(reserve(mint("fay"), `{"sku":"`+sku+`","qty":9}`, nil), 409, "sold_out")
 	slow := testservices.Name("slow")
 	expect(put(slow, `{"stock":100,"rate_per_second":1,"burst":1}`, nil), 200, "")
-	expect(reserve(ann, `{"sku":"`+slow+`","qty":1}`, nil), 202, "")
+	slowID := reserve(ann, `{"sku":"`+slow+`","qty":1}`, nil)
+	expect(slowID, 202, "")
 	expect(reserve(ann, `{"sku":"`+slow+`","qty":1}`, nil), 429, "rate_limited")
+	// A cancel is an attempt on the same budget.
+	expect(k.do(call{token: ann, method: "DELETE", path: "/reservations/" + slowID.str("reservation_id")}), 429, "rate_limited")
 	// Opening a group is an attempt on the same budget, and a buyer's open groups per SKU are capped (3).
 	expect(k.do(call{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + slow + `","capacity":2}`}), 429, "rate_limited")
 	hal := mint("hal")

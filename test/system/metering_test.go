@@ -291,4 +291,98 @@ func TestMetering(t *testing.T) {
 			t.Errorf("the other instance 2 s after the SKU was created: %d, %v; want 4 units", n, err)
 		}
 	})
+
+	t.Run("cancels past the buyer's rate are 429 with Retry-After and read nothing from MySQL", func(t *testing.T) {
+		// A hostile-client review of make dev sent 18,346 DELETEs of one
+		// cancelled reservation from one account in 5 s: each read MySQL.
+		s := meteredStack(t, 3, 0)
+		sku := testservices.Name("cancelrate")
+		s.createSKU(sku, 10, 1)
+		code, body := s.reserve(sku, "canceller", 1, "") // token 1
+		if code != http.StatusAccepted {
+			t.Fatalf("reserve = %d %v, want 202", code, body)
+		}
+		id := body["reservation_id"].(string)
+		path := "/reservations/" + id
+		if a := s.send("canceller", "DELETE", path, "", nil); a.code != http.StatusOK || a.body["status"] != "CANCELLED" { // token 2
+			t.Fatalf("the buyer's cancel within the budget = %d %v, want 200 CANCELLED", a.code, a.body)
+		}
+		if a := s.send("intruder", "DELETE", path, "", nil); a.code != http.StatusNotFound || a.body["error"] != "not_found" {
+			t.Errorf("another buyer's cancel of it = %d %v, want 404 not_found", a.code, a.body)
+		}
+		if a := s.send("canceller", "DELETE", path, "", nil); a.code != http.StatusOK { // token 3
+			t.Fatalf("a repeated cancel within the budget = %d %v, want 200", a.code, a.body)
+		}
+		const n = 50
+		cost := s.statements(5, 0, func() {
+			for i := range n {
+				a := s.send("canceller", "DELETE", path, "", nil)
+				if a.code != http.StatusTooManyRequests || a.body["error"] != "rate_limited" || a.headers["Retry-After"] == "" {
+					t.Fatalf("cancel %d past the burst = %d %v (Retry-After %q), want 429 rate_limited with Retry-After",
+						4+i, a.code, a.body, a.headers["Retry-After"])
+				}
+			}
+		})
+		t.Logf("%d cancels over the rate: %d MySQL statements", n, cost)
+		if cost > 0 {
+			t.Errorf("%d cancels over the rate cost MySQL %d statements, want none", n, cost)
+		}
+		// The intruder spent their own budget, not the buyer's.
+		for range 2 {
+			s.send("intruder", "DELETE", path, "", nil)
+		}
+		if a := s.send("intruder", "DELETE", path, "", nil); a.code != http.StatusTooManyRequests {
+			t.Errorf("another buyer's cancel past their own burst = %d %v, want 429", a.code, a.body)
+		}
+		s.clock.Advance(time.Second)
+		if a := s.send("canceller", "DELETE", path, "", nil); a.code != http.StatusOK || a.body["status"] != "CANCELLED" {
+			t.Errorf("the buyer's cancel a token later = %d %v, want 200 CANCELLED", a.code, a.body)
+		}
+	})
+
+	t.Run("reads and cancels of ids naming unknown SKUs cost at most 0.1 MySQL statements each", func(t *testing.T) {
+		s := newStack(t)
+		id := testservices.Name("nosuch") + ".aaaaaaaaaaaaaaaaaaaaaaaaaa"
+		const n = 200
+		for _, method := range []string{"GET", "DELETE"} {
+			cost := s.statements(5, n/10, func() {
+				for range n {
+					if a := s.send("prober", method, "/reservations/"+id, "", nil); a.code != http.StatusNotFound || a.body["error"] != "not_found" {
+						t.Fatalf("%s of an id naming an unknown SKU = %d %v, want 404 not_found", method, a.code, a.body)
+					}
+				}
+			})
+			t.Logf("%d %s probes of an id naming an unknown SKU: %d MySQL statements", n, method, cost)
+			if cost > n/10 {
+				t.Errorf("%d %s probes of an id naming an unknown SKU cost MySQL %d statements, want at most %d", n, method, cost, n/10)
+			}
+		}
+	})
+
+	t.Run("reads of an unknown group cost at most 0.1 MySQL statements each", func(t *testing.T) {
+		s := newStack(t)
+		gid := "g-aaaaaaaaaaaaaaaaaaaaaaaaaa"
+		const n = 200
+		cost := s.statements(5, n/10, func() {
+			for range n {
+				if a := s.send("prober", "GET", "/groups/"+gid, "", nil); a.code != http.StatusNotFound || a.body["error"] != "unknown_group" {
+					t.Fatalf("GET of an unknown group = %d %v, want 404 unknown_group", a.code, a.body)
+				}
+			}
+		})
+		t.Logf("%d probes of an unknown group: %d MySQL statements", n, cost)
+		if cost > n/10 {
+			t.Errorf("%d probes of an unknown group cost MySQL %d statements, want at most %d", n, cost, n/10)
+		}
+		// A group opened on another instance is visible here at once.
+		sku := testservices.Name("seen")
+		s.createSKU(sku, 10, 1)
+		g, err := s.twin(s.clock, nil).CreateGroup(context.Background(), "host", sku, 2, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := s.send("prober", "GET", "/groups/"+g.ID, "", nil); a.code != http.StatusOK || a.body["status"] != "OPEN" {
+			t.Errorf("GET of a group another instance just opened = %d %v, want 200 OPEN", a.code, a.body)
+		}
+	})
 }

@@ -171,7 +171,7 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 		if errors.As(err, &rl) && rl.RetryAfter > wait {
 			wait = rl.RetryAfter
 		}
-		resp := errorReply(http.StatusTooManyRequests, "rate_limited", "too many attempts by this buyer on this sku; nothing was held")
+		resp := errorReply(http.StatusTooManyRequests, "rate_limited", "too many attempts by this buyer on this sku; nothing was held or changed")
 		resp.Headers["Retry-After"] = strconv.Itoa(int((wait + time.Second - 1) / time.Second))
 		return resp
 	case errors.Is(err, reservation.ErrTooManyGroups):
