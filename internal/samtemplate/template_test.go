@@ -460,6 +460,9 @@ func TestSamconfigDeploysTheTemplate(t *testing.T) {
 		if caps := fmt.Sprint(d["capabilities"]); !strings.Contains(caps, "CAPABILITY_IAM") {
 			t.Errorf("[%s] capabilities = %q: the template creates IAM roles", env, caps)
 		}
+		if b := m(m(m(cfg[env])["build"])["parameters"]); b["build_in_source"] != true {
+			t.Errorf("[%s] build parameters = %v: want build_in_source, so that sam build copies nothing of the checkout (make dev's data lives in it)", env, b)
+		}
 		if d["resolve_s3"] != true || d["confirm_changeset"] != true {
 			t.Errorf("[%s] want resolve_s3 (the code and api/openapi.yaml are uploaded) and a confirmed change set: %v", env, d)
 		}
