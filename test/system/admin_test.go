@@ -1,13 +1,16 @@
 package system_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/reservation"
 )
 
 // TestAdminStockWrites: PUT /admin/skus/{sku}/stock through the handler.
@@ -122,6 +125,67 @@ func TestAdminStockWrites(t *testing.T) {
 		}
 		if err := json.Unmarshal([]byte(body), &got); code != http.StatusOK || err != nil || got.MySQL != want || got.Redis != want || got.Version != 1+writers*each {
 			t.Errorf("GET %s = %d %s, want %d units in both stores at version %d", path, code, body, want, 1+writers*each)
+		}
+	})
+
+	// Two admins turn a per-user limit on, each for their own SKU with a
+	// confirmed sale and no user_units rows yet; a's change is held up by
+	// a lock of its own SKU (as a persist of a holds its row). b's change
+	// is answered meanwhile, and both apply. (Issue 20: the rebuild's
+	// DELETE of no rows locked the empty table's gap, b's insert waited for
+	// it, and the two deadlocked. mysqlstore's TestChangeStockPerUserLimit
+	// counts InnoDB's deadlocks and waits on a MariaDB of its own.)
+	t.Run("limit changes of distinct SKUs do not wait for each other", func(t *testing.T) {
+		p := newPromise(t)
+		a, b := testservices.Name("lima"), testservices.Name("limb")
+		p.createSKU(a, 10, 0)
+		p.createSKU(b, 10, 0)
+		ra, rb := p.reserved(a, "ua", 1, ""), p.reserved(b, "ub", 1, "")
+		p.persistMsgs(ra, rb)
+		if n := p.count(`SELECT COUNT(*) FROM user_units`); n != 0 {
+			t.Fatalf("user_units has %d rows, want none", n)
+		}
+		svc := p.app.Service
+		release := p.lockRow(`SELECT qty FROM reservations WHERE reservation_id = ? FOR UPDATE`, ra)
+		doneA, doneB := make(chan error, 1), make(chan error, 1)
+		go func() {
+			_, err := svc.ChangeStock(context.Background(), reservation.StockChange{SKU: a, Add: ptr(int64(1)), Limit: ptr(2)})
+			doneA <- err
+		}()
+		var errA error
+		aDone := false
+		testservices.Eventually(t, 10*time.Second, "a's change ends or waits for a lock", func() bool {
+			select {
+			case errA = <-doneA:
+				aDone = true
+				return true
+			default:
+				return p.count(`SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'INNODB_ROW_LOCK_CURRENT_WAITS'`) > 0
+			}
+		})
+		go func() {
+			_, err := svc.ChangeStock(context.Background(), reservation.StockChange{SKU: b, Add: ptr(int64(1)), Limit: ptr(2)})
+			doneB <- err
+		}()
+		var errB error
+		select {
+		case errB = <-doneB:
+		case <-time.After(10 * time.Second):
+			t.Errorf("the limit change of %s waited 10 s (still waiting) for the change of another SKU, %s", b, a)
+			release()
+			errB = <-doneB
+		}
+		release()
+		if !aDone {
+			errA = <-doneA
+		}
+		if errA != nil || errB != nil {
+			t.Errorf("changes of %s, %s: %v, %v; want both applied", a, b, errA, errB)
+		}
+		for sku, user := range map[string]string{a: "ua", b: "ub"} {
+			if n := p.count(`SELECT units FROM user_units WHERE sku = ? AND user_id = ?`, sku, user); n != 1 {
+				t.Errorf("user_units of %s, %s = %d, want 1 (its confirmed unit)", sku, user, n)
+			}
 		}
 	})
 }

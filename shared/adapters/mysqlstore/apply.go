@@ -102,11 +102,33 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 }
 
 // userUnits reads the confirmed units of users of a SKU with a per-user
-// limit, locking their rows (lock order: after product_stock).
+// limit, locking their rows (lock order: after product_stock, which every
+// writer of the SKU's user_units holds first: persist, refund, a stock
+// change).
+//
+// No statement here locks a row that is not there (design.md, "Stock
+// changes"). Under REPEATABLE READ a locking read of a user who has no row
+// yet locks the gap before the next key of user_units instead — another
+// SKU's row, or the supremum — and an insert into that gap, another SKU's
+// persist adding its first units, waits for it: two persists of distinct
+// limited SKUs, each with a new buyer, each held the gap and each waited
+// for the other's with its insert (1213). So each user's row is made first,
+// with 0 units where it had none: an insert takes only an insert intention
+// lock (which no gap lock of anyone's blocks now: nothing takes one here),
+// and ON DUPLICATE KEY UPDATE on a duplicate primary key locks that record
+// alone. Then every row read is found by its primary key: a record lock.
+// A zero row left by a buyer a batch refused counts as no row.
 func userUnits(ctx context.Context, tx *sql.Tx, sku string, users []any) (map[string]int64, error) {
 	type uu struct {
 		user  string
 		units int64
+	}
+	zero := make(map[string]int64, len(users))
+	for _, u := range users {
+		zero[u.(string)] = 0
+	}
+	if err := upsertUserUnits(ctx, tx, sku, zero, `units = units`); err != nil {
+		return nil, err
 	}
 	have := make(map[string]int64, len(users))
 	err := inChunks(len(users), func(lo, hi int) error {
@@ -129,26 +151,35 @@ func userUnits(ctx context.Context, tx *sql.Tx, sku string, users []any) (map[st
 
 // addUserUnits adds confirmed units to users of a SKU in one statement.
 func addUserUnits(ctx context.Context, tx *sql.Tx, sku string, add map[string]int64) error {
-	if len(add) == 0 {
+	return upsertUserUnits(ctx, tx, sku, add, `units = units + VALUES(units)`)
+}
+
+// upsertUserUnits inserts the rows of units, and sets those that exist by
+// onDuplicate, in primary-key order (one lock order for every statement),
+// rowsPerStatement rows a statement. Each row is one primary key: a new one
+// takes an insert intention lock, an existing one a lock on its record
+// alone, never a gap.
+func upsertUserUnits(ctx context.Context, tx *sql.Tx, sku string, units map[string]int64, onDuplicate string) error {
+	if len(units) == 0 {
 		return nil
 	}
-	users := make([]string, 0, len(add))
-	for user := range add {
+	users := make([]string, 0, len(units))
+	for user := range units {
 		users = append(users, user)
 	}
-	sort.Strings(users) // one lock order for every batch
+	sort.Strings(users)
 	err := inChunks(len(users), func(lo, hi int) error {
 		args := make([]any, 0, 3*(hi-lo))
 		for _, user := range users[lo:hi] {
-			args = append(args, sku, user, add[user])
+			args = append(args, sku, user, units[user])
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO user_units (sku, user_id, units) VALUES `+
 			strings.TrimSuffix(strings.Repeat(`(?, ?, ?),`, hi-lo), ",")+
-			` ON DUPLICATE KEY UPDATE units = units + VALUES(units)`, args...)
+			` ON DUPLICATE KEY UPDATE `+onDuplicate, args...)
 		return err
 	})
 	if err != nil {
-		return translate("add user units", err)
+		return translate("write user units", err)
 	}
 	return nil
 }

@@ -84,13 +84,22 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 		return reservation.Reservation{}, false, err
 	}
 	var version int64
-	if err := tx.QueryRowContext(ctx, `SELECT version FROM product_stock WHERE sku = ?`, row.SKU).Scan(&version); err != nil {
+	var limit int
+	if err := tx.QueryRowContext(ctx, `SELECT version, per_user_limit FROM product_stock WHERE sku = ?`, row.SKU).Scan(&version, &limit); err != nil {
 		return reservation.Reservation{}, false, translate("refund read version", err)
 	}
 	stmts := []stmt{
 		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, refunded = 1, released = 0, refund_version = ?, notified = 0, updated_at = ?
 			WHERE reservation_id = ?`, []any{string(reason), version, utc(now), id}},
-		{`UPDATE user_units SET units = GREATEST(units - ?, 0) WHERE sku = ? AND user_id = ?`, []any{row.Qty, row.SKU, row.UserID}},
+	}
+	if limit > 0 {
+		// Only a SKU with a limit keeps figures (turning one on rebuilds
+		// them), and then the buyer of a confirmed row has one: the update
+		// finds its record by primary key. An update of a row that is not
+		// there would lock the gap before the next key, which another SKU's
+		// persist may be inserting into (design.md, "Stock changes").
+		stmts = append(stmts, stmt{`UPDATE user_units SET units = GREATEST(units - ?, 0) WHERE sku = ? AND user_id = ?`,
+			[]any{row.Qty, row.SKU, row.UserID}})
 	}
 	if row.GroupID != "" {
 		// A FORMED group stays FORMED (final): the member leaves, the group

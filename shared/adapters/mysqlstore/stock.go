@@ -37,10 +37,9 @@ import (
 //   - the Idempotency-Key row is a plain insert into stock_change_keys
 //     (primary key (sku, change_key)): the same rules, no gap.
 func (s *Store) ChangeStock(ctx context.Context, c reservation.StockChange) (level reservation.StockLevel, err error) {
-	// A change that rebuilds user_units can still deadlock with a persist
-	// of the same SKU (it reads the SKU's reservations after locking the
-	// stock row; a persist inserts one before): InnoDB rolls one back, and
-	// it runs again.
+	// No deadlock of a change is known (rebuildUserUnits reads the SKU's
+	// reservations without locking them): this stays as a guard, should
+	// InnoDB roll one back, it runs again.
 	err = retryDeadlocks(ctx, func() error {
 		if creates(c) {
 			var created bool
@@ -177,14 +176,8 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange, exis
 		return reservation.StockLevel{}, translate("change stock write", err)
 	}
 	if oldLimit == 0 && level.PerUserLimit > 0 {
-		for _, st := range []stmt{
-			{`DELETE FROM user_units WHERE sku = ?`, []any{c.SKU}},
-			{`INSERT INTO user_units (sku, user_id, units) SELECT sku, user_id, SUM(qty) FROM reservations
-				WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL GROUP BY sku, user_id`, []any{c.SKU}},
-		} {
-			if _, err := tx.ExecContext(ctx, st.q, st.args...); err != nil {
-				return reservation.StockLevel{}, translate("rebuild user units", err)
-			}
+		if err := rebuildUserUnits(ctx, tx, c.SKU); err != nil {
+			return reservation.StockLevel{}, err
 		}
 	}
 	levels := []reservation.StockLevel{level}
@@ -195,6 +188,75 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange, exis
 		return reservation.StockLevel{}, translate("change stock commit", err)
 	}
 	return levels[0], nil
+}
+
+// rebuildUserUnits sets sku's user_units to its confirmed rows' units per
+// buyer (a per-user limit being turned on: while it was off, persist kept
+// no figures). The caller holds sku's product_stock row lock, which every
+// writer of the SKU's reservations' units and of its user_units takes first
+// (persist, refund, a stock change), so nothing of this SKU changes in
+// either table until it commits.
+//
+// Plain reads, then writes by primary key, at REPEATABLE READ: no gap lock.
+// It was `DELETE … WHERE sku = ?` then `INSERT … SELECT`: the delete of a
+// SKU with no rows locked the gap where they would be (the supremum of an
+// empty table), the insert waited for every other such gap lock, and two
+// admins turning a limit on for two SKUs waited for each other and
+// deadlocked; the INSERT … SELECT also took shared next-key locks on the
+// SKU's reservations, gaps other SKUs' persists insert into, and waited on
+// a persist of its own SKU that had inserted its row and waited for the
+// stock row (a deadlock, retried). READ COMMITTED would drop the gap locks
+// too, but at the price of a SET before every such transaction (a round
+// trip, and a session change RDS Proxy may pin on) and of a binlog format
+// constraint; this keeps the whole store at one isolation level.
+//
+// The reads are consistent reads, and they see every change of this SKU
+// that committed: the transaction's snapshot is taken by its first
+// consistent read, and nothing before this in changeStock reads without
+// locking (the stock row is read FOR UPDATE), so the snapshot is taken
+// after the lock was granted. A persist of this SKU still in flight has at
+// most inserted its reservations row (uncommitted, so not counted here) and
+// waits for the stock row; it then reads the limit this change set and adds
+// its own units. Keep it so: a plain read added before the stock row's
+// lock would make these reads miss what commits in between.
+func rebuildUserUnits(ctx context.Context, tx *sql.Tx, sku string) error {
+	type uu struct {
+		user  string
+		units int64
+	}
+	scan := func(row interface{ Scan(...any) error }) (uu, error) {
+		var u uu
+		err := row.Scan(&u.user, &u.units)
+		return u, err
+	}
+	confirmed, err := queryAll(ctx, tx, "rebuild user units read", scan, `SELECT user_id, SUM(qty) FROM reservations
+		WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL GROUP BY user_id`, sku)
+	if err != nil {
+		return err
+	}
+	old, err := queryAll(ctx, tx, "rebuild user units read", scan, `SELECT user_id, units FROM user_units WHERE sku = ?`, sku)
+	if err != nil {
+		return err
+	}
+	units := make(map[string]int64, len(confirmed))
+	for _, u := range confirmed {
+		units[u.user] = u.units
+	}
+	var stale []any // rows of buyers with no confirmed units: each found by its key
+	for _, u := range old {
+		if _, ok := units[u.user]; !ok {
+			stale = append(stale, u.user)
+		}
+	}
+	err = inChunks(len(stale), func(lo, hi int) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM user_units WHERE sku = ? AND user_id IN (?`+strings.Repeat(",?", hi-lo-1)+`)`,
+			append([]any{sku}, stale[lo:hi]...)...)
+		return err
+	})
+	if err != nil {
+		return translate("rebuild user units", err)
+	}
+	return upsertUserUnits(ctx, tx, sku, units, `units = VALUES(units)`)
 }
 
 // missing is the answer to c on a SKU that is not there (c does not create).
