@@ -519,7 +519,7 @@ type ReserveNotFoundError string
 
 // ReserveRequest defines model for ReserveRequest.
 type ReserveRequest struct {
-	// GroupId Join this group-buy.
+	// GroupId Join this group-buy (absent: a buy; never null or empty).
 	GroupId *string `json:"group_id,omitempty"`
 
 	// Qty 1 to the stage's HOLDFAST_MAX_QTY (10 by default)

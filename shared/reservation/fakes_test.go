@@ -390,7 +390,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		}
 		key := groupKey(sku, gid)
 		if g := m.groups[key]; group != "" && group == gid && m.members[key][who] == id && g != nil && g.status == GroupOpen &&
-			m.nowMS() < g.deadline {
+			(m.nowMS() < g.deadline || (row.Status == StatusCancelled && !row.Reason.CountsInGroup())) {
 			delete(m.members[key], who)
 			g.remaining++
 			g.fullAt = 0

@@ -325,21 +325,6 @@ func (s *Service) formGroup(ctx context.Context, g Group, at time.Time, full boo
 	}
 }
 
-// leavesAFilledGroup reports whether a join cancelled for reason counts as
-// accepted when its group has every slot taken: its message was sent
-// (persist refused it, it reached the dead-letter queue, the buyer cancels
-// it), or its hold expired — which nobody can tell from an accepted join
-// whose message came too late. Joins never accepted (their send or their
-// Redis call failed at reserve) and joins MySQL refuses as not joining this
-// group (closed, full, the user already in it, no such SKU) do not form it.
-func leavesAFilledGroup(reason Reason) bool {
-	switch reason {
-	case ReasonBuyer, ReasonDeadLetter, ReasonExpired, ReasonInsufficient, ReasonLimit:
-		return true
-	}
-	return false
-}
-
 // formBeforeLeaving is a member's cancel meeting its group: if every slot is
 // taken, the group filled in time with this member in it, so it forms first
 // and the member then leaves a FORMED group (no slot reopens).

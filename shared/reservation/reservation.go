@@ -52,6 +52,21 @@ const (
 	ReasonLimit         Reason = "limit_exceeded"     // MySQL found the user at the SKU's per-user limit
 )
 
+// CountsInGroup reports whether a join cancelled for r had counted among
+// its group's slots: it was accepted (its message was sent: the buyer
+// cancelled it, it reached the dead-letter queue, MySQL was short or over
+// the limit), or its hold expired (nobody can tell that from an accepted
+// join whose message came too late). A join that did not count — its send
+// or Redis call failed at reserve, or MySQL refused it as not joining this
+// group — never filled its group: its slot reopens even after the deadline.
+func (r Reason) CountsInGroup() bool {
+	switch r {
+	case ReasonBuyer, ReasonDeadLetter, ReasonExpired, ReasonInsufficient, ReasonLimit:
+		return true
+	}
+	return false
+}
+
 // Reservation is one buyer's claim on Qty units of SKU.
 type Reservation struct {
 	ID      string

@@ -320,3 +320,81 @@ func TestGroupFormsThoughACancellationAwaitsItsAcknowledgement(t *testing.T) {
 			g["status"], sa, ra, sc, rc)
 	}
 }
+
+// TestGroupJoinWhoseSendFailsPastTheDeadlineDoesNotFormIt: an unkeyed join
+// takes a group's last slot 1 s before its deadline; its SQS send fails
+// after the retries, past the deadline. Its release gives the slot back
+// even after the deadline (the join never counted), so at the deadline the
+// group is not full: it fails and returns its stock. (Found by the second
+// adversarial review of issue 20: the slot stayed taken and the group
+// formed with 1 member of 2.)
+func TestGroupJoinWhoseSendFailsPastTheDeadlineDoesNotFormIt(t *testing.T) {
+	enq := &switchEnqueuer{}
+	p := newPromise(t, withEnqueuer(enq))
+	enq.rec = p.rec
+	sku := testservices.Name("zr2strad")
+	p.createSKU(sku, 10, 0)
+	gid := p.group(sku, 2, 30)
+	a := p.joined(sku, gid, "ua")
+	p.persistMsgs(a)
+
+	p.clock.Advance(29 * time.Second)                        // 1 s before the deadline
+	enq.before = func() { p.clock.Advance(2 * time.Second) } // the send's retries outlast the deadline
+	enq.fail.Store(true)
+	code, body := p.join(sku, gid, "ub")
+	enq.fail.Store(false)
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("join whose send fails = %d %v, want 503", code, body)
+	}
+	p.clock.Advance(10 * time.Second)
+	rep := p.sweep()
+	st, members, capacity := p.groupState(gid)
+	_, g := p.call("GET", "/groups/"+gid, "", nil)
+	sa, ra, _ := p.row(a)
+	if st == "FORMED" && members < capacity {
+		t.Errorf("ub's join was answered 503 (publish_failed): after the deadline's sweep (%+v) the group is %s with %d of %d members (GET %v), ua %s %s; "+
+			"want FAILED with ua refunded (only one accepted join)", rep, st, members, capacity, g, sa, ra)
+	}
+	p.check(invariant.Expect{Sellable: map[string]int64{sku: 10}, Accepted: []string{a}, Quiescent: true})
+}
+
+// TestGroupJoinWhoseSendFailedAndWhoseReleaseWaitsDoesNotFormIt: an unkeyed
+// join takes the last slot of a group of 2; its send fails and it is fenced
+// publish_failed, but Redis refuses the release (a blip): the release waits
+// in the outbox, past the deadline. Draining it gives the slot back (the
+// join never counted), so the group is not full at the sweep: it fails and
+// returns its stock. (Found by the second adversarial review of issue 20.)
+func TestGroupJoinWhoseSendFailedAndWhoseReleaseWaitsDoesNotFormIt(t *testing.T) {
+	enq := &switchEnqueuer{}
+	p := newPromiseBehindProxy(t, withEnqueuer(enq))
+	enq.rec = p.rec
+	sku := testservices.Name("zr2obx")
+	p.createSKU(sku, 10, 0)
+	gid := p.group(sku, 2, 30)
+	a := p.joined(sku, gid, "ua")
+	p.persistMsgs(a)
+
+	p.clock.Advance(10 * time.Second)
+	enq.before = func() { p.proxy.Refuse(true) } // Redis blips while reserve releases the failed join
+	enq.fail.Store(true)
+	code, body := p.join(sku, gid, "ub")
+	enq.fail.Store(false)
+	p.proxy.Refuse(false)
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("join whose send fails = %d %v, want 503", code, body)
+	}
+	code3, body3 := p.join(sku, gid, "uc")
+	accepted := []string{a}
+	if code3 == http.StatusAccepted {
+		accepted = append(accepted, body3["reservation_id"].(string))
+	}
+	p.clock.Advance(25 * time.Second) // past the deadline; the next sweep runs now
+	rep := p.sweep()
+	st, members, capacity := p.groupState(gid)
+	if st == "FORMED" && members < capacity {
+		t.Errorf("ub answered 503 (publish_failed, release in the outbox); uc's join before the deadline = %d %v; "+
+			"after the sweep (%+v) the group is %s with %d of %d members; want FAILED (stock returned) or uc accepted",
+			code3, body3, rep, st, members, capacity)
+	}
+	p.check(invariant.Expect{Sellable: map[string]int64{sku: 10}, Accepted: accepted, Quiescent: false})
+}

@@ -620,8 +620,10 @@ func (m *modelMachine) giveBack(x *modelRes, qty int) {
 	if g := x.group; g != nil && g.inRedis && g.slots[x.user] == x.id {
 		delete(g.slots, x.user)
 		// A FORMED group stays FORMED (spec 5): its slot is not offered again;
-		// nor is a slot after the deadline: the group is decided as it stood.
-		if !g.formed && m.now().Before(g.deadline) {
+		// nor is a slot after the deadline: the group is decided as it stood
+		// — unless the join never counted (MySQL refused it as not joining).
+		counted := x.row != mCancelled || reservation.Reason(x.reason).CountsInGroup()
+		if !g.formed && (m.now().Before(g.deadline) || !counted) {
 			g.remaining++
 		}
 	}

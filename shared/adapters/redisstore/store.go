@@ -411,7 +411,8 @@ func chunkBySKU(rows []reservation.Reservation, idx []int) [][]int {
 
 func (s *Store) followArgs(row reservation.Reservation, version int64) []any {
 	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
-		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion, s.now()}
+		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion, s.now(),
+		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup())}
 }
 
 func flag(b bool) string {

@@ -187,10 +187,10 @@ func (h *Handler) Handle(ctx context.Context, req events.APIGatewayV2HTTPRequest
 }
 
 type reserveBody struct {
-	SKU     string `json:"sku"`
-	Qty     *int   `json:"qty"`
-	UserID  string `json:"user_id"`
-	GroupID string `json:"group_id"`
+	SKU     string  `json:"sku"`
+	Qty     *int    `json:"qty"`
+	UserID  string  `json:"user_id"`
+	GroupID *string `json:"group_id"` // nil: a buy; "" is not a group
 }
 
 func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPRequest, user string) response {
@@ -207,9 +207,15 @@ func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPReques
 		// The buyer is who the token says; a body naming someone else is
 		// refused, never trusted.
 		return errorReply(http.StatusBadRequest, "user_mismatch", "user_id in the body is not the user the token names (leave it out)")
+	case b.GroupID != nil && *b.GroupID == "":
+		return invalid("group_id must name a group (leave it out to buy)")
+	}
+	var group string
+	if b.GroupID != nil {
+		group = *b.GroupID
 	}
 	r, replayed, err := h.svc.Reserve(ctx, reservation.ReserveRequest{
-		SKU: b.SKU, Qty: *b.Qty, UserID: user, GroupID: b.GroupID,
+		SKU: b.SKU, Qty: *b.Qty, UserID: user, GroupID: group,
 		IdempotencyKey: header(req, "Idempotency-Key"),
 	})
 	if err != nil {

@@ -58,12 +58,53 @@ func decode(req events.APIGatewayV2HTTPRequest, v any) (response, bool) {
 // refused, invalid UTF-8 refused, one value and nothing after it) refusing
 // unknown members too. make bench measures it against encoding/json.
 func UnmarshalBody(body []byte, v any) error {
+	if name := nullMember(body); name != "" {
+		return &nullError{name: name}
+	}
 	return jsonv2.Unmarshal(body, v, jsonv2.RejectUnknownMembers(true))
+}
+
+// nullError is a member given as null: no member of any body is nullable
+// (api/openapi.yaml), and a null read as "absent" would be one request to a
+// schema validator and another to the handler.
+type nullError struct{ name string }
+
+func (e *nullError) Error() string { return fmt.Sprintf("field %q must not be null", e.name) }
+
+// nullMember names the first member of a top-level object whose value is
+// null ("" if none, or if the body is not such an object: the decoder then
+// says what is wrong). Bodies without the word pay one scan for it.
+func nullMember(body []byte) string {
+	if !bytes.Contains(body, []byte("null")) {
+		return ""
+	}
+	dec := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowDuplicateNames(true))
+	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
+		return ""
+	}
+	for dec.PeekKind() != '}' {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return ""
+		}
+		name := tok.String() // before the next call voids the token
+		if dec.PeekKind() == 'n' {
+			return name
+		}
+		if err := dec.SkipValue(); err != nil {
+			return ""
+		}
+	}
+	return ""
 }
 
 // bodyProblem says what is wrong with a body UnmarshalBody refused, naming
 // the member.
 func bodyProblem(body []byte, err error, v any) string {
+	var null *nullError
+	if errors.As(err, &null) {
+		return null.Error()
+	}
 	var syn *jsontext.SyntacticError
 	if errors.As(err, &syn) {
 		if errors.Is(syn.Err, jsontext.ErrDuplicateName) {

@@ -39,6 +39,10 @@ func TestBodiesAreDecodedStrictly(t *testing.T) {
 			{"a case-folded name alone", `{"` + m[2] + `":` + m[1] + `}`,
 				`unknown field "` + m[2] + `" (member names are case-sensitive: "` + m[0] + `")`},
 			{"an unknown member", r.valid + `,"colour":"red"}`, `unknown field "colour"`},
+			// No member is nullable: a null read as "absent" would be one
+			// request to a schema validator and another to the handler.
+			{"a member given as null", `{"` + m[0] + `":null}`,
+				`field "` + m[0] + `" must not be null`},
 		}
 		if r.name == "reserve" {
 			// encoding/json folds Unicode too: U+017F (ſ) matched "s".
@@ -70,6 +74,9 @@ func TestBodiesAreDecodedStrictly(t *testing.T) {
 		{"a number", `1`, "body must be a JSON object"},
 		{"two objects", `{"sku":"s","qty":1}{"sku":"s","qty":3}`, "body has data after the JSON object"},
 		{"a type", `{"sku":"s","qty":"3"}`, `field "qty" must be an integer`},
+		{"a null group_id", `{"sku":"s","qty":1,"group_id":null}`, `field "group_id" must not be null`},
+		{"a null user_id", `{"sku":"s","qty":1,"user_id":null}`, `field "user_id" must not be null`},
+		{"an empty group_id", `{"sku":"s","qty":1,"group_id":""}`, `group_id must name a group`},
 	} {
 		t.Run("reserve/"+c.name, func(t *testing.T) {
 			svc := &stub{}

@@ -13,6 +13,9 @@
 -- ARGV[12] the stock row's version after a CONFIRMED commit (0: unknown)
 -- ARGV[13] the stock row's version right after a refund (0: none)
 -- ARGV[14] now (unix ms; "" = Redis's clock): a group's slot reopens only before its deadline
+-- ARGV[15] "1": the row's join never counted among its group's slots (its send or Redis call failed
+--          at reserve, MySQL refused it as not joining the group): its slot reopens even after
+--          the deadline, while the group is OPEN (reservation.Reason.CountsInGroup)
 -- Prefixed with clock.lua.
 --
 -- Returns 1 if this call returned stock, 0 otherwise, 2 if it cannot follow yet: a refund whose
@@ -23,8 +26,9 @@
 --   CONFIRMED, hold missing (Redis lost it), a commit newer than the level the stock was warmed
 --   from (version > meta.wver)  -> the units are taken from stock now (Redis never took them)
 --   CANCELLED: HELD          -> CANCELLED, stock, per-user units and group slot returned (the slot
---                               only to a group still OPEN before its deadline: after formation or
---                               the deadline the group is decided as it stood, and no slot reopens)
+--                               only to a group still OPEN, and before its deadline unless the join
+--                               never counted: after formation or the deadline the group is decided
+--                               as it stood at its deadline, and no slot of a counted join reopens)
 --   CANCELLED refunded, hold CONFIRMED or missing, released "0", not yet applied for this token
 --                            -> stock and per-user units returned (a formed group keeps its slot),
 --                               unless the stock was warmed from a level at or past the refund
@@ -45,7 +49,7 @@ local function give_back(n, who, group, counted)
   if who ~= '' and redis.call('HINCRBY', KEYS[4], who, -n) <= 0 then redis.call('HDEL', KEYS[4], who) end
   if group ~= '' and group == gid and redis.call('HGET', KEYS[7], who) == id then
     local g = redis.call('HMGET', KEYS[6], 'status', 'deadline')
-    if g[1] == 'OPEN' and clock_ms(ARGV[14]) < tonumber(g[2]) then
+    if g[1] == 'OPEN' and (ARGV[15] == '1' or clock_ms(ARGV[14]) < tonumber(g[2])) then
       redis.call('HDEL', KEYS[7], who)
       redis.call('HINCRBY', KEYS[6], 'remaining', 1)
       redis.call('HDEL', KEYS[6], 'full_at')
