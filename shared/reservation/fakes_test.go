@@ -43,6 +43,7 @@ type memHold struct {
 	transfer                bool   // a transfer's hold (field into)
 	into                    int
 	credited                bool // a transfer's mark in the receiving bucket (credit.lua)
+	sent                    bool // a join's message is sent (group_accept.lua's field sent)
 }
 
 // reservation mirrors redisstore's holdFromMap: Released is not a Redis field.
@@ -50,7 +51,7 @@ func (h *memHold) reservation(id string) Reservation {
 	r := Reservation{
 		ID: id, SKU: h.sku, Qty: int(h.qty), UserID: h.user, GroupID: h.group,
 		Token: h.token, Status: h.state, Reason: h.reason, Refunded: h.refunded,
-		Bucket: h.bucket, Transfer: h.transfer, Into: h.into,
+		Bucket: h.bucket, Transfer: h.transfer, Into: h.into, Sent: h.sent,
 	}
 	if h.deadline > 0 {
 		r.ExpiresAt = time.UnixMilli(h.deadline).UTC()
@@ -376,6 +377,12 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 	sku, id, token := BucketName(row.SKU, row.Bucket), row.ID, row.Token
 	key := holdKey(sku, id)
 	qty, user, gid := int64(row.Qty), row.UserID, row.GroupID
+	// neverCounted mirrors follow.lua's: the row's join never counted, or
+	// its hold expired unsent.
+	neverCounted := row.Status == StatusCancelled && !row.Reason.CountsInGroup()
+	if h, ok := m.holds[key]; ok && row.Reason == ReasonExpired && h.state == StatusHeld && !h.sent {
+		neverCounted = true
+	}
 	giveBack := func(n int64, who, group string, counted bool) {
 		if _, ok := m.stock[sku]; ok && !counted {
 			m.stock[sku] += n
@@ -390,7 +397,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		}
 		key := groupKey(sku, gid)
 		if g := m.groups[key]; group != "" && group == gid && m.members[key][who] == id && g != nil && g.status == GroupOpen &&
-			(m.nowMS() < g.deadline || (row.Status == StatusCancelled && !row.Reason.CountsInGroup())) {
+			(m.nowMS() < g.deadline || neverCounted) {
 			delete(m.members[key], who)
 			g.remaining++
 			g.fullAt = 0
@@ -915,6 +922,35 @@ func (m *memHolds) CloseGroup(_ context.Context, g Group) (GroupClosing, error) 
 	}
 	sort.Strings(holders) // HVALS has no order; sorted for repeatable tests
 	return GroupClosing{Status: GroupFailed, Holders: holders}, nil
+}
+
+// AcceptJoin mirrors group_accept.lua.
+func (m *memHolds) AcceptJoin(_ context.Context, r Reservation) (bool, error) {
+	err := m.enter("AcceptJoin")
+	defer m.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	if h, ok := m.holds[holdKey(BucketName(r.SKU, r.Bucket), r.ID)]; ok && h.state == StatusHeld && h.token == r.Token {
+		h.sent = true
+	}
+	g, ok := m.groups[groupKey(r.SKU, r.GroupID)]
+	return ok && g.remaining == 0, nil
+}
+
+// GroupHoldersAccepted mirrors redisstore's read of the members and their holds.
+func (m *memHolds) GroupHoldersAccepted(_ context.Context, g Group) (bool, error) {
+	err := m.enter("GroupHoldersAccepted")
+	defer m.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	for _, id := range m.members[groupKey(g.SKU, g.ID)] {
+		if h, ok := m.holds[holdKey(g.SKU, id)]; ok && h.state == StatusHeld && !h.sent {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // CloseGroups mirrors CloseGroup on each group (one pipeline).

@@ -346,6 +346,13 @@ func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error
 			return err
 		}
 	}
+	// Every slot must be held by an accepted join: one whose send is in
+	// flight may still fail and give its slot back, so the group has not
+	// filled yet. Its own reserve (once sent), persist, or the next sweep
+	// asks again.
+	if accepted, err := s.holds.GroupHoldersAccepted(ctx, g); err != nil || !accepted {
+		return err
+	}
 	leaving, err := s.ledger.GroupLeaving(ctx, g.ID)
 	if err != nil {
 		return err

@@ -113,6 +113,14 @@ type Holds interface {
 	// CloseGroups is CloseGroup of many groups in one round trip (per
 	// shard): one answer or error per group.
 	CloseGroups(ctx context.Context, gs []Group) ([]GroupClosing, []error)
+	// AcceptJoin marks a join's HELD hold (of r's token) accepted, once its
+	// message is sent; full reports that the group has no free slot left.
+	AcceptJoin(ctx context.Context, r Reservation) (full bool, err error)
+	// GroupHoldersAccepted reports whether every hold that takes a slot of
+	// the group is accepted (marked by AcceptJoin) or decided; false while a
+	// join's send is in flight (it may still fail and give its slot back).
+	// A member whose hold Redis no longer has counts as accepted.
+	GroupHoldersAccepted(ctx context.Context, g Group) (bool, error)
 	// FormGroup marks the group FORMED (final; no slot left to take) once
 	// MySQL has recorded it; false if Redis has no such group or it FAILED.
 	FormGroup(ctx context.Context, g Group, formedAt time.Time) (bool, error)

@@ -101,6 +101,10 @@ type Reservation struct {
 	// has no user and no event.
 	Transfer bool
 	Into     int
+	// Sent (Redis, a join's hold) says its message was sent: the join was
+	// accepted (Holds.AcceptJoin). A join's hold that expires unsent never
+	// counted among its group's slots.
+	Sent bool
 	// Charged marks a reserve call that repeats an attempt the script has
 	// charged to the buyer's attempt rate already (the retry after a
 	// refill): it is not charged again. Never stored.

@@ -245,11 +245,20 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if !out.Replayed {
 		s.metrics.Count("reserved", 1)
 	}
-	if held.GroupID != "" && (out.Full || out.Replayed) {
-		// An accepted join that took the last slot forms the group: MySQL
-		// records it (unless a member's cancellation is still on its way to
-		// Redis), then Redis. If this fails the sweeper decides at the deadline.
-		s.formGroup(ctx, Group{ID: held.GroupID, SKU: held.SKU}, held.CreatedAt, out.Full)
+	if held.GroupID != "" {
+		// The join is accepted (its message is sent): its slot now counts.
+		// If it leaves no slot free the group formed — once every join
+		// holding a slot is accepted too: one whose send is still in flight
+		// may yet fail and give its slot back; the last of them to be sent
+		// (or persist, or the sweeper) records it. MySQL records it (unless
+		// a member's cancellation is still on its way to Redis), then Redis.
+		full, err := s.holds.AcceptJoin(ctx, held)
+		if err != nil {
+			s.log.WarnContext(ctx, "reserve: join not marked accepted; persist marks it confirmed", "reservation_id", held.ID, "error", err)
+		}
+		if full || out.Full {
+			s.formGroup(ctx, Group{ID: held.GroupID, SKU: held.SKU}, held.CreatedAt, full)
+		}
 	}
 	return held, out.Replayed, nil
 }

@@ -66,7 +66,7 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 // CANCELLED fence unless MySQL already decided, then make Redis follow the
 // row. An error means MySQL could not decide; nothing was released.
 func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
-	if reason.CountsInGroup() { // the group filled with this join in it: it forms first
+	if reason.CountsInGroup() && (reason != ReasonExpired || r.Sent) { // the group filled with this join in it: it forms first
 		s.formBeforeLeaving(ctx, r)
 	}
 	row, inserted, err := s.ledger.Fence(ctx, r, reason, s.clock.Now())

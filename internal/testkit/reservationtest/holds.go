@@ -397,6 +397,47 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("groups: a slot counts once its join is accepted (AcceptJoin), or decided", func(t *testing.T) {
+		s, sku, _ := setup(t, 10, 0)
+		g := reservation.Group{ID: "g3", SKU: sku, Capacity: 2, Remaining: 2, Status: reservation.GroupOpen, Deadline: t0.Add(time.Hour)}
+		if err := s.CreateGroup(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		var held []reservation.Reservation
+		for _, u := range []string{"u1", "u2"} {
+			r := hold(sku, "j"+u, u, 1)
+			r.GroupID = "g3"
+			h, _, err := s.Reserve(ctx, r, ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, h)
+		}
+		if ok, err := s.GroupHoldersAccepted(ctx, g); err != nil || ok {
+			t.Errorf("GroupHoldersAccepted with two joins in flight = %v %v, want false", ok, err)
+		}
+		if full, err := s.AcceptJoin(ctx, held[0]); err != nil || !full {
+			t.Errorf("AcceptJoin of the first = %v %v, want full (no free slot)", full, err)
+		}
+		if ok, _ := s.GroupHoldersAccepted(ctx, g); ok {
+			t.Error("GroupHoldersAccepted with one join in flight = true, want false")
+		}
+		stale := held[1]
+		stale.Token = "another"
+		if _, err := s.AcceptJoin(ctx, stale); err != nil {
+			t.Fatal(err)
+		}
+		if ok, _ := s.GroupHoldersAccepted(ctx, g); ok {
+			t.Error("AcceptJoin of another token marked the hold: GroupHoldersAccepted = true, want false")
+		}
+		if _, err := s.AcceptJoin(ctx, held[1]); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.GroupHoldersAccepted(ctx, g); err != nil || !ok {
+			t.Errorf("GroupHoldersAccepted with both joins accepted = %v %v, want true", ok, err)
+		}
+	})
+
 	t.Run("groups: an unfilled group closes only after its deadline, and releases reopen slots while OPEN", func(t *testing.T) {
 		s, sku, c := setup(t, 10, 0)
 		g := reservation.Group{ID: "g2", SKU: sku, Capacity: 3, Remaining: 3, Status: reservation.GroupOpen, Deadline: t0.Add(time.Hour)}

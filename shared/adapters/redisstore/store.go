@@ -51,6 +51,8 @@ var (
 	creditLua string
 	//go:embed lua/charge.lua
 	chargeLua string
+	//go:embed lua/group_accept.lua
+	groupAcceptLua string
 )
 
 // ReserveLua is the reserve script's source (with its clock prelude), for
@@ -80,6 +82,7 @@ var (
 	groupCreateScript = redis.NewScript(groupCreateLua)
 	groupCloseScript  = redis.NewScript(clockLua + groupCloseLua)
 	groupFormScript   = redis.NewScript(groupFormLua)
+	groupAcceptScript = redis.NewScript(groupAcceptLua)
 	healScript        = redis.NewScript(clockLua + healLua)
 	confirmScript     = redis.NewScript(confirmLua)
 	touchScript       = redis.NewScript(clockLua + touchLua)
@@ -635,6 +638,46 @@ func (s *Store) FormGroup(ctx context.Context, g reservation.Group, formedAt tim
 	return n == 1, nil
 }
 
+// AcceptJoin implements reservation.Holds.
+func (s *Store) AcceptJoin(ctx context.Context, r reservation.Reservation) (bool, error) {
+	k := keysOfHold(r)
+	n, err := groupAcceptScript.Run(ctx, s.rdb, []string{k.hold(r.ID), k.group(r.GroupID)}, r.Token).Int()
+	if err != nil {
+		return false, reservation.Unavailable("redis accept join", err)
+	}
+	return n == 0, nil
+}
+
+// GroupHoldersAccepted implements reservation.Holds: the group's members
+// hash, then each member's hold, in one pipeline.
+func (s *Store) GroupHoldersAccepted(ctx context.Context, g reservation.Group) (bool, error) {
+	k := keysOf(g.SKU)
+	members, err := s.rdb.HGetAll(ctx, k.members(g.ID)).Result()
+	if err != nil {
+		return false, reservation.Unavailable("redis group members", err)
+	}
+	if len(members) == 0 {
+		return true, nil
+	}
+	cmds := make([]*redis.SliceCmd, 0, len(members))
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, id := range members {
+			cmds = append(cmds, p.HMGet(ctx, k.hold(id), "state", "sent"))
+		}
+		return nil
+	})
+	if err != nil {
+		return false, reservation.Unavailable("redis group holds", err)
+	}
+	for _, c := range cmds {
+		v := c.Val()
+		if len(v) == 2 && v[0] == "HELD" && v[1] == nil {
+			return false, nil // sent not yet: its send may still fail
+		}
+	}
+	return true, nil
+}
+
 // CloseGroup implements reservation.Holds.
 func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservation.GroupClosing, error) {
 	k := keysOf(g.SKU)
@@ -727,7 +770,7 @@ func holdFromMap(id string, bucket int, m map[string]string) (reservation.Reserv
 	r := reservation.Reservation{
 		ID: id, SKU: m["sku"], Qty: qty, UserID: m["user"], GroupID: m["group"],
 		Token: m["token"], Status: reservation.Status(m["state"]), Reason: reservation.Reason(m["reason"]),
-		Refunded: m["refunded"] == "1", Bucket: bucket,
+		Refunded: m["refunded"] == "1", Bucket: bucket, Sent: m["sent"] == "1",
 	}
 	if into, ok := m["into"]; ok {
 		r.Transfer = true

@@ -15,7 +15,8 @@
 -- ARGV[14] now (unix ms; "" = Redis's clock): a group's slot reopens only before its deadline
 -- ARGV[15] "1": the row's join never counted among its group's slots (its send or Redis call failed
 --          at reserve, MySQL refused it as not joining the group): its slot reopens even after
---          the deadline, while the group is OPEN (reservation.Reason.CountsInGroup)
+--          the deadline, while the group is OPEN (reservation.Reason.CountsInGroup); so does the
+--          slot of a join whose hold expired unsent (no field sent: group_accept.lua never ran)
 -- Prefixed with clock.lua.
 --
 -- Returns 1 if this call returned stock, 0 otherwise, 2 if it cannot follow yet: a refund whose
@@ -44,12 +45,13 @@ local status, refunded, released = ARGV[7], ARGV[8] == '1', ARGV[9] == '1'
 local reason, retention, version = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
 local refund_version = tonumber(ARGV[13])
 
+local never_counted = ARGV[15] == '1' -- set below for an expired hold never sent
 local function give_back(n, who, group, counted)
   if not counted and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], n) end
   if who ~= '' and redis.call('HINCRBY', KEYS[4], who, -n) <= 0 then redis.call('HDEL', KEYS[4], who) end
   if group ~= '' and group == gid and redis.call('HGET', KEYS[7], who) == id then
     local g = redis.call('HMGET', KEYS[6], 'status', 'deadline')
-    if g[1] == 'OPEN' and (ARGV[15] == '1' or clock_ms(ARGV[14]) < tonumber(g[2])) then
+    if g[1] == 'OPEN' and (never_counted or clock_ms(ARGV[14]) < tonumber(g[2])) then
       redis.call('HDEL', KEYS[7], who)
       redis.call('HINCRBY', KEYS[6], 'remaining', 1)
       redis.call('HDEL', KEYS[6], 'full_at')
@@ -65,8 +67,9 @@ local function unhold(n)
 end
 
 local returned = 0
-local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel', 'into')
+local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel', 'into', 'sent')
 is_transfer = h[7] ~= false and h[7] ~= nil
+if reason == 'expired' and h[1] == 'HELD' and not h[8] then never_counted = true end
 local state = h[1]
 if state and token ~= '' and (h[5] or '') ~= token then
   if state == 'HELD' then
