@@ -931,8 +931,13 @@ func (m *memHolds) AcceptJoin(_ context.Context, r Reservation) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if h, ok := m.holds[holdKey(BucketName(r.SKU, r.Bucket), r.ID)]; ok && h.state == StatusHeld && h.token == r.Token {
+	h, ok := m.holds[holdKey(BucketName(r.SKU, r.Bucket), r.ID)]
+	switch {
+	case ok && h.token == r.Token && h.state == StatusHeld:
 		h.sent = true
+	case ok && h.token == r.Token && h.state == StatusConfirmed:
+	default:
+		return false, ErrNotFound
 	}
 	g, ok := m.groups[groupKey(r.SKU, r.GroupID)]
 	return ok && g.remaining == 0, nil

@@ -114,7 +114,9 @@ type Holds interface {
 	// shard): one answer or error per group.
 	CloseGroups(ctx context.Context, gs []Group) ([]GroupClosing, []error)
 	// AcceptJoin marks a join's HELD hold (of r's token) accepted, once its
-	// message is sent; full reports that the group has no free slot left.
+	// message is sent (a CONFIRMED one is accepted already); full reports
+	// that the group has no free slot left. ErrNotFound if Redis has no such
+	// hold of that token or it is CANCELLED: the join is not accepted.
 	AcceptJoin(ctx context.Context, r Reservation) (full bool, err error)
 	// GroupHoldersAccepted reports whether every hold that takes a slot of
 	// the group is accepted (marked by AcceptJoin) or decided; false while a

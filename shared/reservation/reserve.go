@@ -220,7 +220,16 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	// this hold (or the sweeper expires it). Fencing would turn the retry into
 	// a CANCELLED answer for good, and could cancel a reservation an earlier
 	// attempt with the key was told 202 for.
-	if err := s.queue.Enqueue(ctx, held); err != nil {
+	err = s.queue.Enqueue(ctx, held)
+	var full bool
+	if err == nil && held.GroupID != "" {
+		// A join is accepted — told 202 — only once its hold is marked so
+		// (its slot counts from then on: until then it may be a send in
+		// flight, which may still fail). If the mark fails, it is answered
+		// as a failed send.
+		full, err = s.holds.AcceptJoin(ctx, held)
+	}
+	if err != nil {
 		s.metrics.Count("publish_failed", 1)
 		if out.Replayed {
 			s.log.WarnContext(ctx, "reserve: re-send of a replayed hold failed", "reservation_id", held.ID, "error", err)
@@ -245,20 +254,13 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if !out.Replayed {
 		s.metrics.Count("reserved", 1)
 	}
-	if held.GroupID != "" {
-		// The join is accepted (its message is sent): its slot now counts.
-		// If it leaves no slot free the group formed — once every join
-		// holding a slot is accepted too: one whose send is still in flight
-		// may yet fail and give its slot back; the last of them to be sent
-		// (or persist, or the sweeper) records it. MySQL records it (unless
-		// a member's cancellation is still on its way to Redis), then Redis.
-		full, err := s.holds.AcceptJoin(ctx, held)
-		if err != nil {
-			s.log.WarnContext(ctx, "reserve: join not marked accepted; persist marks it confirmed", "reservation_id", held.ID, "error", err)
-		}
-		if full || out.Full {
-			s.formGroup(ctx, Group{ID: held.GroupID, SKU: held.SKU}, held.CreatedAt, full)
-		}
+	if held.GroupID != "" && (full || out.Full) {
+		// An accepted join that leaves no slot free forms the group — once
+		// every join holding a slot is accepted too (recordFormed): the last
+		// of them to be accepted, or persist, or the sweeper records it.
+		// MySQL records it (unless a member's cancellation is still on its
+		// way to Redis), then Redis.
+		s.formGroup(ctx, Group{ID: held.GroupID, SKU: held.SKU}, held.CreatedAt, full)
 	}
 	return held, out.Replayed, nil
 }

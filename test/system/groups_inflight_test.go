@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/reservation"
@@ -195,4 +197,86 @@ func body2id(p *promise, user string) string {
 	var id string
 	_ = p.db.QueryRow(`SELECT reservation_id FROM reservations WHERE user_id = ? ORDER BY created_at DESC LIMIT 1`, user).Scan(&id)
 	return id
+}
+
+// afterSendEnqueuer records the message (the send succeeds) and then runs
+// after once, if set: a fault that strikes between the send and the mark.
+type afterSendEnqueuer struct {
+	rec   *recordingEnqueuer
+	after atomic.Pointer[func()]
+}
+
+func (e *afterSendEnqueuer) Enqueue(ctx context.Context, r reservation.Reservation) error {
+	err := e.rec.Enqueue(ctx, r)
+	if f := e.after.Swap(nil); f != nil {
+		(*f)()
+	}
+	return err
+}
+
+// TestGroupJoinWhoseMarkFails: a join's send succeeds but Redis refuses the
+// mark that makes it accepted. It is answered as a failed send, never 202:
+// unkeyed, it is fenced publish_failed (its message takes nothing) and its
+// slot reopens, so another join fills the group; keyed, the 503 asks for a
+// retry, which replays the hold, sends again, marks it and answers 202.
+// (Found by the fourth adversarial review of issue 20: the join was told 202
+// unmarked, counted as in flight, and a member's cancel then failed the
+// group — cancelling a buyer who did nothing.)
+func TestGroupJoinWhoseMarkFails(t *testing.T) {
+	for _, key := range []string{"", "k-u2"} {
+		name := "unkeyed"
+		if key != "" {
+			name = "keyed"
+		}
+		t.Run(name, func(t *testing.T) {
+			p := &promise{rec: &recordingEnqueuer{}}
+			enq := &afterSendEnqueuer{rec: p.rec}
+			p.stack = newStack(t, withEnqueuer(enq), withRedisProxy(&p.proxy))
+			sku := testservices.Name("gmark")
+			p.createSKU(sku, 10, 0)
+			gid := p.group(sku, 2, 30)
+			m1 := p.joined(sku, gid, "u1")
+			p.persistMsgs(m1)
+
+			join := func() (int, map[string]any) {
+				body := fmt.Sprintf(`{"sku":%q,"qty":1,"group_id":%q}`, sku, gid)
+				var h map[string]string
+				if key != "" {
+					h = map[string]string{"Idempotency-Key": key}
+				}
+				return p.callAs("u2", "POST", "/reservations", body, h)
+			}
+			f := func() { p.proxy.Refuse(true) }
+			enq.after.Store(&f)
+			code, body := join()
+			p.proxy.Refuse(false)
+			if code != http.StatusServiceUnavailable {
+				t.Fatalf("u2's join whose mark failed = %d %v, want 503 (not accepted)", code, body)
+			}
+			var accepted []string
+			if key == "" {
+				p.clock.Advance(3 * time.Second) // past the grace: the sweep drains the release
+				p.sweep()
+				if rg := p.redisGroup(sku, gid); rg["remaining"] != "1" {
+					t.Fatalf("group in Redis after u2's 503 and a sweep = %v, want its slot back (remaining 1)", rg)
+				}
+				accepted = []string{m1, p.joined(sku, gid, "u3")}
+			} else {
+				code, body = join() // the retry with the same key
+				if code != http.StatusAccepted {
+					t.Fatalf("u2's retry with the same key = %d %v, want 202", code, body)
+				}
+				accepted = []string{m1, body["reservation_id"].(string)}
+			}
+			p.persistMsgs(accepted[1])
+			p.wantFormed("after the group filled with accepted joins", sku, gid)
+			p.clock.Advance(40 * time.Second)
+			rep := p.sweep()
+			p.noGroupFailed("after the deadline", sku, rep)
+			for _, id := range accepted {
+				p.wantStatus(id, reservation.StatusConfirmed, "")
+			}
+			p.check(invariant.Expect{Sellable: map[string]int64{sku: 10}, Accepted: accepted, Quiescent: true})
+		})
+	}
 }

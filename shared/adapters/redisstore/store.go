@@ -641,11 +641,17 @@ func (s *Store) FormGroup(ctx context.Context, g reservation.Group, formedAt tim
 // AcceptJoin implements reservation.Holds.
 func (s *Store) AcceptJoin(ctx context.Context, r reservation.Reservation) (bool, error) {
 	k := keysOfHold(r)
-	n, err := groupAcceptScript.Run(ctx, s.rdb, []string{k.hold(r.ID), k.group(r.GroupID)}, r.Token).Int()
+	out, err := groupAcceptScript.Run(ctx, s.rdb, []string{k.hold(r.ID), k.group(r.GroupID)}, r.Token).Int64Slice()
 	if err != nil {
 		return false, reservation.Unavailable("redis accept join", err)
 	}
-	return n == 0, nil
+	if len(out) != 2 {
+		return false, fmt.Errorf("redis accept join %s: reply %v", r.ID, out)
+	}
+	if out[0] != 1 {
+		return false, fmt.Errorf("accept join %s: the hold is not held any more: %w", r.ID, reservation.ErrNotFound)
+	}
+	return out[1] == 0, nil
 }
 
 // GroupHoldersAccepted implements reservation.Holds: the group's members
