@@ -287,7 +287,7 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
 			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
-		if h.token != r.Token && h.state == StatusHeld && !r.Charged {
+		if h.token != r.Token && !r.Charged {
 			if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}

@@ -231,10 +231,13 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	}
 	if err != nil {
 		s.metrics.Count("publish_failed", 1)
-		if out.Replayed {
+		if out.Replayed && (held.GroupID == "" || held.Sent) {
 			s.log.WarnContext(ctx, "reserve: re-send of a replayed hold failed", "reservation_id", held.ID, "error", err)
 			return held, true, nil
 		}
+		// A replayed join never accepted before (unmarked: its first send
+		// failed, or its reserve died first) is not accepted now either: its
+		// retry is answered as its first attempt was.
 		if keyed {
 			s.log.WarnContext(ctx, "reserve: send failed; the hold waits for a retry with the same key", "reservation_id", held.ID, "error", err)
 			return Reservation{}, false, Unavailable("reserve enqueue", err)

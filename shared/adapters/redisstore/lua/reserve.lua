@@ -28,12 +28,13 @@
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"}
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
 -- Idempotent: a retried call (the same token) finds the hold and answers REPLAY, free of charge;
--- another request for the same id (a client's replay of a HELD hold) costs an attempt first.
+-- another request for the same id (a client's replay, of a HELD hold or a decided one) costs an
+-- attempt first: replays are script calls on the SKU's shard like any other.
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
 -- A token bucket per user and SKU: every attempt costs one token — a new one, sold out or refused,
--- and a client's replay of a HELD hold (it re-sends the message) — so a script hammering from one
+-- and a client's replay (of a HELD hold, which re-sends the message, or a decided one) — so a script hammering from one
 -- account can neither crowd out other buyers nor flood the queue. A retry of this very call (the
 -- same token: go-redis after a timeout) is free. A clock that stepped back restarts the refill.
 local now = clock_ms(ARGV[8])
@@ -65,7 +66,7 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
   if tonumber(h[1]) ~= qty or h[2] ~= user or (h[3] or '') ~= gid then
     return {'MISMATCH'}
   end
-  if h[4] ~= token and h[5] == 'HELD' then
+  if h[4] ~= token then
     local wait = charge()
     if wait then return {'RATE_LIMITED', tostring(wait)} end
   end
