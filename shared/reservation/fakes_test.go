@@ -1132,6 +1132,9 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 		l.members[r.GroupID][r.UserID] = r.ID
 		if g.g.Members+1 >= g.g.Capacity {
 			g.g.Status = GroupFormed
+			if g.g.FormedAt.IsZero() {
+				g.g.FormedAt = msUTC(now)
+			}
 		}
 		g.g.Members++
 	}

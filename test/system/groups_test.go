@@ -108,6 +108,9 @@ func TestGroupFormation(t *testing.T) {
 		gid, m1, m2 := fillWithoutRecord(t, p, db, sku)
 		p.persistMsgs(m1, m2)
 		p.wantFormed("after persist settled both joins", sku, gid)
+		if n := p.count(`SELECT COUNT(*) FROM group_buys WHERE group_id = ? AND formed_at IS NOT NULL`, gid); n != 1 {
+			t.Errorf("the group persist's join formed has no formed_at in MySQL")
+		}
 		// A member's refund after formation reopens no slot: no join is
 		// accepted into a group the API calls FORMED.
 		if code, b := p.call("DELETE", "/reservations/"+m1, "", nil); code != http.StatusOK || b["status"] != "CANCELLED" {

@@ -399,8 +399,9 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 		return 0, translate("apply join group", err)
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE group_buys
-		SET status = IF(members + 1 >= capacity, 'FORMED', status), members = members + 1, updated_at = ?
-		WHERE group_id = ? AND sku = ? AND status IN ('OPEN', 'FORMED') AND members < capacity`, utc(now), r.GroupID, r.SKU)
+		SET formed_at = IF(members + 1 >= capacity, COALESCE(formed_at, ?), formed_at),
+			status = IF(members + 1 >= capacity, 'FORMED', status), members = members + 1, updated_at = ?
+		WHERE group_id = ? AND sku = ? AND status IN ('OPEN', 'FORMED') AND members < capacity`, utc(now), utc(now), r.GroupID, r.SKU)
 	if err != nil {
 		return 0, translate("apply take slot", err)
 	}

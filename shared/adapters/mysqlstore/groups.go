@@ -64,9 +64,21 @@ func (s *Store) DueGroups(ctx context.Context, t time.Time, after reservation.Gr
 }
 
 // UnsettledGroups implements reservation.Ledger.
+// FORMED groups and FAILED ones are listed apart, each over its end of the
+// index (status, settled_at), so that FAILED groups whose settling keeps
+// failing cannot crowd FORMED ones out of Redis's news (nor the reverse).
 func (s *Store) UnsettledGroups(ctx context.Context, limit int) ([]reservation.Group, error) {
-	return queryAll(ctx, s.db, "unsettled groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
-		WHERE status IN ('FORMED', 'FAILED') AND settled_at IS NULL ORDER BY status, settled_at LIMIT ?`, limit)
+	formed, err := queryAll(ctx, s.db, "unsettled groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
+		WHERE status = 'FORMED' AND settled_at IS NULL LIMIT ?`, max(1, limit/2))
+	if err != nil {
+		return nil, err
+	}
+	failed, err := queryAll(ctx, s.db, "unsettled groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
+		WHERE status = 'FAILED' AND settled_at IS NULL LIMIT ?`, max(1, limit-len(formed)))
+	if err != nil {
+		return nil, err
+	}
+	return append(formed, failed...), nil
 }
 
 // FormGroup implements reservation.Ledger.
