@@ -51,14 +51,16 @@ var (
 	creditLua string
 	//go:embed lua/charge.lua
 	chargeLua string
+	//go:embed lua/budget.lua
+	budgetLua string
 	//go:embed lua/group_accept.lua
 	groupAcceptLua string
 )
 
-// ReserveLua is the reserve script's source (with its clock prelude), for
+// ReserveLua is the reserve script's source (with its clock and budget preludes), for
 // tools that measure the raw script (make bench's floor); ReserveKeys and
 // ReserveArgs give its KEYS and ARGV.
-var ReserveLua = clockLua + reserveLua
+var ReserveLua = clockLua + budgetLua + reserveLua
 
 // ReserveKeys returns the KEYS of reserve.lua for a reservation.
 func ReserveKeys(r reservation.Reservation) []string {
@@ -89,7 +91,7 @@ var (
 	unmarkScript      = redis.NewScript(clockLua + unmarkLua)
 	takeoutScript     = redis.NewScript(clockLua + takeoutLua)
 	creditScript      = redis.NewScript(creditLua)
-	chargeScript      = redis.NewScript(clockLua + chargeLua)
+	chargeScript      = redis.NewScript(clockLua + budgetLua + chargeLua)
 )
 
 var _ reservation.Holds = (*Store)(nil)

@@ -1,7 +1,8 @@
 -- charge.lua: charge one attempt of a buyer's on a SKU to their attempt budget, and, for a group
 -- they open, claim one of their open-group places. For what reserve.lua cannot charge in the same
 -- call: a group-buy's creation, and a join (bucket 0) of a buyer whose budget lives in another
--- bucket, or whose keyed join must be charged before MySQL is asked. Prefixed with clock.lua.
+-- bucket, or whose keyed join must be charged before MySQL is asked. Prefixed with clock.lua and
+-- budget.lua.
 -- All keys are the buyer's home bucket's ({sku} or {sku#b}): the one budget per buyer and SKU,
 -- whatever K, that reserve.lua's charge() spends for a buy in that bucket.
 --
@@ -25,23 +26,9 @@ local now, token, gid = clock_ms(ARGV[1]), ARGV[4], ARGV[5]
 if gid ~= '' and redis.call('ZSCORE', KEYS[3], gid) then return {'OK'} end
 local charged = token ~= '' and redis.call('HGET', KEYS[2], 'last') == token
 
-local rate = tonumber(redis.call('HGET', KEYS[1], 'rate') or '0')
-local burst = tonumber(redis.call('HGET', KEYS[1], 'burst') or '0')
-if rate <= 0 then rate = tonumber(ARGV[2]) end
-if burst <= 0 then burst = tonumber(ARGV[3]) end
-if not charged and rate > 0 and burst > 0 then
-  local b = redis.call('HMGET', KEYS[2], 'tokens', 'at')
-  local tokens, at = tonumber(b[1]), tonumber(b[2])
-  if not tokens or not at then tokens, at = burst, now end
-  if now < at then at = now end
-  tokens = math.min(burst, tokens + (now - at) * rate / 1000)
-  if tokens < 1 then
-    redis.call('HSET', KEYS[2], 'tokens', tostring(tokens), 'at', now)
-    redis.call('PEXPIRE', KEYS[2], math.ceil(burst * 1000 / rate) + 1000)
-    return {'RATE_LIMITED', tostring(math.ceil((1 - tokens) * 1000 / rate))}
-  end
-  redis.call('HSET', KEYS[2], 'tokens', tostring(tokens - 1), 'at', now, 'last', token)
-  redis.call('PEXPIRE', KEYS[2], math.ceil(burst * 1000 / rate) + 1000)
+if not charged then
+  local wait = spend(KEYS[1], KEYS[2], now, ARGV[2], ARGV[3], token)
+  if wait then return {'RATE_LIMITED', tostring(wait)} end
 end
 
 if gid == '' then return {'OK'} end

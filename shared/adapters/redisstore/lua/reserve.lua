@@ -1,5 +1,5 @@
 -- reserve.lua: check and pre-deduct stock for one reservation, atomically.
--- All keys share the SKU's {hash tag}. Prefixed with clock.lua.
+-- All keys share the SKU's {hash tag}. Prefixed with clock.lua and budget.lua.
 --
 -- KEYS[1] stock    string: units buyers can still reserve
 -- KEYS[2] meta     hash: held (units HELD, not yet decided), limit (per-user units, 0 = none),
@@ -33,32 +33,14 @@
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
--- A token bucket per user and SKU: every attempt costs one token — a new one, sold out or refused,
--- and a client's replay (of a HELD hold, which re-sends the message, or a decided one) — so a script hammering from one
--- account can neither crowd out other buyers nor flood the queue. A retry of this very call (the
--- same token: go-redis after a timeout) is free. A clock that stepped back restarts the refill.
+-- A token bucket per user and SKU (budget.lua): every attempt costs one token — a new one, sold
+-- out or refused, and a client's replay (of a HELD hold, which re-sends the message, or a decided
+-- one) — so a script hammering from one account can neither crowd out other buyers nor flood the
+-- queue. A retry of this very call (the same token: go-redis after a timeout) is free.
 local now = clock_ms(ARGV[8])
 local function charge()
   if ARGV[11] == '1' then return nil end
-  local rate = tonumber(redis.call('HGET', KEYS[2], 'rate') or '0')
-  local burst = tonumber(redis.call('HGET', KEYS[2], 'burst') or '0')
-  if rate <= 0 then rate = tonumber(ARGV[9]) end
-  if burst <= 0 then burst = tonumber(ARGV[10]) end
-  if rate <= 0 or burst <= 0 then return nil end
-  local b = redis.call('HMGET', KEYS[8], 'tokens', 'at')
-  local tokens, at = tonumber(b[1]), tonumber(b[2])
-  if not tokens or not at then tokens, at = burst, now end
-  if now < at then at = now end
-  tokens = math.min(burst, tokens + (now - at) * rate / 1000)
-  local wait = nil
-  if tokens < 1 then
-    wait = math.ceil((1 - tokens) * 1000 / rate)
-  else
-    tokens = tokens - 1
-  end
-  redis.call('HSET', KEYS[8], 'tokens', tostring(tokens), 'at', now)
-  redis.call('PEXPIRE', KEYS[8], math.ceil(burst * 1000 / rate) + 1000)
-  return wait
+  return spend(KEYS[2], KEYS[8], now, ARGV[9], ARGV[10], '')
 end
 
 if redis.call('EXISTS', KEYS[5]) == 1 then
