@@ -238,14 +238,7 @@ func TestGroupJoinWhoseMarkFails(t *testing.T) {
 			m1 := p.joined(sku, gid, "u1")
 			p.persistMsgs(m1)
 
-			join := func() (int, map[string]any) {
-				body := fmt.Sprintf(`{"sku":%q,"qty":1,"group_id":%q}`, sku, gid)
-				var h map[string]string
-				if key != "" {
-					h = map[string]string{"Idempotency-Key": key}
-				}
-				return p.callAs("u2", "POST", "/reservations", body, h)
-			}
+			join := func() (int, map[string]any) { return p.joinKeyed(sku, gid, "u2", key) }
 			f := func() { p.proxy.Refuse(true) }
 			enq.after.Store(&f)
 			code, body := join()

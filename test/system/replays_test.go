@@ -4,7 +4,6 @@ package system_test
 // by the fifth adversarial review of issue 20; each test says what it saw).
 
 import (
-	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -34,10 +33,7 @@ func TestKeyedJoinReplayWhoseResendFailsIsNotAccepted(t *testing.T) {
 	m1 := p.joined(sku, gid, "u1")
 	p.persistMsgs(m1)
 
-	join := func() (int, map[string]any) {
-		body := fmt.Sprintf(`{"sku":%q,"qty":1,"group_id":%q}`, sku, gid)
-		return p.callAs("u2", "POST", "/reservations", body, map[string]string{"Idempotency-Key": "k-u2"})
-	}
+	join := func() (int, map[string]any) { return p.joinKeyed(sku, gid, "u2", "k-u2") }
 	enq.fail.Store(true)
 	code1, body1 := join()
 	code2, body2 := join() // the retry with the same key, as a 503 asks; its send fails too

@@ -360,8 +360,18 @@ func (s *stack) reserve(sku, user string, qty int, key string) (int, map[string]
 
 func (s *stack) join(sku, group, user string) (int, map[string]any) {
 	s.t.Helper()
+	return s.joinKeyed(sku, group, user, "")
+}
+
+// joinKeyed is join with an Idempotency-Key ("" for none).
+func (s *stack) joinKeyed(sku, group, user, key string) (int, map[string]any) {
+	s.t.Helper()
 	body, _ := json.Marshal(map[string]any{"sku": sku, "qty": 1, "user_id": user, "group_id": group})
-	return s.call("POST", "/reservations", string(body), nil)
+	var h map[string]string
+	if key != "" {
+		h = map[string]string{"Idempotency-Key": key}
+	}
+	return s.call("POST", "/reservations", string(body), h)
 }
 
 // redisStock returns the Redis figures of a SKU: available and held.
