@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -70,13 +69,7 @@ func TestRedisClusterTLS(t *testing.T) {
 	if err := os.WriteFile(cas, bundle, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	spec, _ := json.Marshal(clusters)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRedisClusterTLSWithTheCATrusted$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+cas, "SSL_CERT_DIR=", "HOLDFAST_CLUSTER_TLS_CHECK="+string(spec))
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestRedisClusterTLSWithTheCATrusted") {
-		t.Errorf("with the CAs trusted: %v\n%s", err, out)
-	}
+	runTrusting(t, cas, "TestRedisClusterTLSWithTheCATrusted", "HOLDFAST_CLUSTER_TLS_CHECK", clusters)
 }
 
 // TestRedisClusterTLSWithTheCATrusted runs in the child process that

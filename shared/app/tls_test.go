@@ -105,12 +105,21 @@ func TestTLSRefusesAWrongCertificate(t *testing.T) {
 
 	// A process that trusts the CA (as the runtime trusts the proxy's and
 	// ElastiCache's): the right name connects, another name is refused.
-	spec, _ := json.Marshal(s)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTLSWithTheCATrusted$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+certs.CAFile, "SSL_CERT_DIR=", "HOLDFAST_TLS_CHECK="+string(spec))
+	runTrusting(t, certs.CAFile, "TestTLSWithTheCATrusted", "HOLDFAST_TLS_CHECK", s)
+}
+
+// runTrusting runs test in a child process of this test binary whose only
+// trusted CAs are those in caFile (as the runtime trusts the proxy's and
+// ElastiCache's), with spec as JSON in the environment variable env, and
+// requires it to pass.
+func runTrusting(t *testing.T, caFile, test, env string, spec any) {
+	t.Helper()
+	raw, _ := json.Marshal(spec)
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+caFile, "SSL_CERT_DIR=", env+"="+string(raw))
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestTLSWithTheCATrusted") {
-		t.Errorf("with the CA trusted: %v\n%s", err, out)
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+test) {
+		t.Errorf("%s with the CA trusted: %v\n%s", test, err, out)
 	}
 }
 
