@@ -15,6 +15,14 @@ func TestFakeHoldsKeepTheContract(t *testing.T) {
 	})
 }
 
+// The in-memory Holds follows MySQL's rows as reservation.React says, as
+// follow.lua does.
+func TestFakeHoldsReactAsReactSays(t *testing.T) {
+	reservationtest.Reactions(t, func(t *testing.T, c reservation.Clock, rate, burst int) reservationtest.HoldsUnderTest {
+		return reservation.NewFakeHolds(c, rate, burst)
+	})
+}
+
 // The in-memory Ledger keeps the contract the MySQL adapter keeps.
 func TestFakeLedgerKeepsTheContract(t *testing.T) {
 	reservationtest.Ledger(t, func(t *testing.T) reservation.Ledger { return reservation.NewFakeLedger() })

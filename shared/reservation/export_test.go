@@ -41,3 +41,10 @@ func (n *memNotifier) Events() []Reservation {
 	defer n.mu.Unlock()
 	return append([]Reservation(nil), n.events...)
 }
+
+// UserUnits reads a buyer's per-user units in a bucket (the Reactions suite).
+func (m *memHolds) UserUnits(_ context.Context, sku, user string) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.users[sku][user], nil
+}

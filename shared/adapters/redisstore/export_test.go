@@ -2,8 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 
 	"github.com/holdfast/holdfast/shared/reservation"
+	"github.com/redis/go-redis/v9"
 )
 
 // Forget deletes a hold, as retention or a failover would.
@@ -14,4 +16,13 @@ func (s *Store) Forget(ctx context.Context, r reservation.Reservation) error {
 // ForgetStock deletes a SKU's stock figure, as a failover might.
 func (s *Store) ForgetStock(ctx context.Context, sku string) error {
 	return s.rdb.Del(ctx, keysOf(sku).stock()).Err()
+}
+
+// UserUnits reads a buyer's per-user units in a bucket (the Reactions suite).
+func (s *Store) UserUnits(ctx context.Context, sku, user string) (int64, error) {
+	n, err := s.rdb.HGet(ctx, keysOf(sku).users(), user).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, err
 }

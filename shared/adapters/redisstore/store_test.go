@@ -30,6 +30,22 @@ func TestContractRedisServer(t *testing.T) {
 	reservationtest.Holds(t, factory(func(t *testing.T) redis.UniversalClient { return env.Redis(t) }))
 }
 
+// Follow on every combination of hold and row does what reservation.React
+// says, on miniredis and on the real redis-server.
+func TestReactionsMiniredis(t *testing.T) {
+	reservationtest.Reactions(t, factory(func(t *testing.T) redis.UniversalClient {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}))
+}
+
+func TestReactionsRedisServer(t *testing.T) {
+	env := testservices.Require(t)
+	reservationtest.Reactions(t, factory(func(t *testing.T) redis.UniversalClient { return env.Redis(t) }))
+}
+
 // t0 is now: group keys expire at an absolute time (deadline + retention).
 // On a real three-shard Redis Cluster: every script's keys share one slot
 // (a CROSSSLOT error would fail the suite).
