@@ -64,18 +64,12 @@ func newToken() string {
 // decided, MySQL down, the hold stays for the sweeper); a keyed request's
 // hold stays for its retry.
 func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation, bool, error) {
-	if len(req.IdempotencyKey) > 128 {
-		return Reservation{}, false, invalid("Idempotency-Key", "must be at most 128 characters")
-	}
-	now := s.clock.Now()
-	r := Reservation{
-		ID: ReservationID(req, s.idSecret), SKU: req.SKU, Qty: req.Qty, UserID: req.UserID, GroupID: req.GroupID,
-		Token: newToken(), Status: StatusHeld,
-	}
-	if err := r.Validate(s.cfg.MaxQty); err != nil {
+	r, err := s.newReservation(req)
+	if err != nil {
 		return Reservation{}, false, err
 	}
 	keyed := req.IdempotencyKey != ""
+	now := s.clock.Now()
 	// A sold-out SKU is answered here for a short while. Not for a request
 	// with an idempotency key: it may be the replay of a reservation that exists.
 	if until, ok := s.soldOut.Load(r.SKU); ok && !keyed && now.Before(until.(time.Time)) {
@@ -86,43 +80,29 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if err != nil {
 		return Reservation{}, false, err
 	}
-	k := l.k
-	r.Bucket = HomeBucket(r.UserID, r.GroupID, k)
-	// One attempt, one token of the buyer's one budget on the SKU, which
-	// lives in their home bucket: a buy's script charges it in the same call.
-	// A join is held in bucket 0, so when the buyer's home is another bucket
-	// it is charged there first — joins and buys draw on one budget on any K.
-	// A keyed join is charged first too, even at home: it asks MySQL before
-	// the script (below), and an attempt over the rate reads nothing.
-	if r.GroupID != "" && (keyed || HomeBucket(r.UserID, "", k) != r.Bucket) {
-		a := Attempt{SKU: r.SKU, Bucket: HomeBucket(r.UserID, "", k), UserID: r.UserID, Token: r.Token}
-		if err := s.holds.Charge(ctx, a); err != nil {
-			if errors.Is(err, ErrRateLimited) {
-				s.metrics.Count("rate_limited", 1)
-			}
-			return Reservation{}, false, err
-		}
-		r.Charged = true
+	r.Bucket = HomeBucket(r.UserID, r.GroupID, l.k)
+	if err := s.chargeAway(ctx, &r, keyed, l.k); err != nil {
+		return Reservation{}, false, err
 	}
 	// A keyed buy runs the script first, so the buyer's attempt rate is
 	// charged before any MySQL read: a scalper's thousands of fresh keys cost
 	// Redis, not the arbiter; MySQL is asked only when Redis has no final
-	// answer (below). A keyed join, charged above, asks MySQL first: a hold
-	// the script took again for a decided id would hold a slot in this
+	// answer (judgeKeyed). A keyed join, charged above, asks MySQL first: a
+	// hold the script took again for a decided id would hold a slot in this
 	// request's group, which returning the stray (it follows MySQL's row,
 	// and the row's group) could not give back when the row names another
 	// group.
 	checked := false
 	if keyed && r.GroupID != "" {
-		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
-			if rerr != nil {
-				return Reservation{}, false, rerr
+		if row, ok, err := s.decidedRow(ctx, r); ok || err != nil {
+			if err != nil {
+				return Reservation{}, false, err
 			}
 			return row, true, nil
 		}
 		checked = true
 	}
-	if keyed && k > 1 {
+	if keyed && l.k > 1 {
 		if mismatch, err := s.crossBucketMismatch(ctx, r, l); err != nil || mismatch {
 			if err == nil {
 				err = ErrIdempotencyMismatch
@@ -130,78 +110,17 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 			return Reservation{}, false, err
 		}
 	}
-	s.touch(ctx, r.SKU)
-	held, out, err := s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
-	if errors.Is(err, ErrUnknownSKU) {
-		// Redis may have lost the bucket (failover, flush): warm it from
-		// MySQL once and try again; MySQL says whether the SKU exists at all.
-		if _, werr := s.warm(ctx, r.SKU, r.Bucket); werr != nil {
-			if errors.Is(werr, ErrUnknownSKU) {
-				s.withdraw(ctx, r.SKU)
-			}
-			return Reservation{}, false, werr
-		}
-		r.Charged = true // the script charged this attempt before it found no stock
-		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
+	held, out, err, failed := s.hold(ctx, r, l.k)
+	if failed != nil {
+		return Reservation{}, false, failed
 	}
-	// The buyer's bucket ran dry: while another bucket has the units, move
-	// some here and try again (bounded), so no buyer hears sold out while
-	// the SKU has stock anywhere.
-	for round := 0; k > 1 && errors.Is(err, ErrSoldOut) && round < maxRefills; round++ {
-		ok, rerr := s.refill(ctx, r.SKU, r.Bucket, k, r.Qty)
-		if rerr != nil {
-			// A store failed mid-refill: not the stock's answer. Nothing
-			// is held for this buyer; the client retries.
-			s.log.WarnContext(ctx, "reserve: refill failed", "sku", r.SKU, "bucket", r.Bucket, "error", rerr)
-			return Reservation{}, false, Unavailable("reserve refill", rerr)
-		}
-		if !ok {
-			break
-		}
-		r.Charged = true // one attempt of the buyer's, charged once
-		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
-	}
-	if err != nil && keyed && !checked && refusal(err) {
-		// Redis may have forgotten a reservation MySQL decided: a replay of
-		// it is answered with its row, not refused for today's stock.
-		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
-			if rerr != nil {
-				return Reservation{}, false, rerr
-			}
-			return row, true, nil
-		}
-	}
-	if err == nil && keyed && !checked && !held.Status.Final() {
-		// A held answer to a keyed request (a new hold, or one Redis took
-		// again while MySQL was unreachable): if MySQL already decided this
-		// id, the hold is a stray. Follow returns it, and the row answers.
-		// MySQL unreachable: go on; persist recognises a stray by its token
-		// and returns it.
-		if row, ok, rerr := s.decidedRow(ctx, r); ok || rerr != nil {
-			s.followStray(ctx, row, held.Bucket) // the row's hold was in another bucket
-			s.follow(ctx, row, 0)
-			if rerr != nil {
-				return Reservation{}, false, rerr
-			}
-			return row, true, nil
+	if keyed && !checked {
+		if row, ok, jerr := s.judgeKeyed(ctx, r, held, err); ok || jerr != nil {
+			return row, jerr == nil, jerr
 		}
 	}
 	if err != nil {
-		if errors.Is(err, ErrRateLimited) {
-			s.metrics.Count("rate_limited", 1)
-		}
-		if errors.Is(err, ErrSoldOut) {
-			s.metrics.Count("sold_out", 1)
-			// Only a buy of one unit says the SKU has none: a bigger one
-			// may be refused while smaller ones can still be served.
-			if s.cfg.SoldOutTTL > 0 && r.GroupID == "" && r.Qty == 1 {
-				s.soldOut.Store(r.SKU, now.Add(s.cfg.SoldOutTTL))
-			}
-		}
-		if errors.Is(err, ErrUnavailable) && !keyed {
-			s.abandon(ctx, r)
-		}
-		return Reservation{}, false, err
+		return Reservation{}, false, s.refused(ctx, r, keyed, now, err)
 	}
 	if out.Replayed && held.Status.Final() {
 		return held, true, nil
@@ -211,48 +130,142 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 			return Reservation{}, false, err
 		}
 	}
-	// A replay of a HELD hold sends again: the first attempt may have crashed
-	// between the deduct and the send. Persist takes each id at most once.
-	// If that re-send fails, the first send (or, failing it, the sweeper)
-	// still decides the hold, so the replay answers HELD and cancels nothing.
-	// A keyed request's failed send is not fenced either: the 503 tells the
-	// client to retry with the same key, and that retry replays and re-sends
-	// this hold (or the sweeper expires it). Fencing would turn the retry into
-	// a CANCELLED answer for good, and could cancel a reservation an earlier
-	// attempt with the key was told 202 for.
-	err = s.queue.Enqueue(ctx, held)
+	return s.handOff(ctx, held, out, keyed)
+}
+
+// newReservation is the HELD reservation a request asks for, with its id
+// and a fresh token, or the request's first problem.
+func (s *Service) newReservation(req ReserveRequest) (Reservation, error) {
+	if len(req.IdempotencyKey) > 128 {
+		return Reservation{}, invalid("Idempotency-Key", "must be at most 128 characters")
+	}
+	r := Reservation{
+		ID: ReservationID(req, s.idSecret), SKU: req.SKU, Qty: req.Qty, UserID: req.UserID, GroupID: req.GroupID,
+		Token: newToken(), Status: StatusHeld,
+	}
+	return r, r.Validate(s.cfg.MaxQty)
+}
+
+// chargeAway charges a join's attempt before its script runs, when the
+// script cannot: one attempt, one token of the buyer's one budget on the
+// SKU, which lives in their home bucket, and a buy's script charges it in
+// the same call. A join is held in bucket 0, so when the buyer's home is
+// another bucket it is charged there first — joins and buys draw on one
+// budget on any K. A keyed join is charged first too, even at home: it asks
+// MySQL before the script, and an attempt over the rate reads nothing.
+func (s *Service) chargeAway(ctx context.Context, r *Reservation, keyed bool, k int) error {
+	home := HomeBucket(r.UserID, "", k)
+	if r.GroupID == "" || (!keyed && home == r.Bucket) {
+		return nil
+	}
+	if err := s.holds.Charge(ctx, Attempt{SKU: r.SKU, Bucket: home, UserID: r.UserID, Token: r.Token}); err != nil {
+		if errors.Is(err, ErrRateLimited) {
+			s.metrics.Count("rate_limited", 1)
+		}
+		return err
+	}
+	r.Charged = true
+	return nil
+}
+
+// hold runs the reserve script for r: once, again after warming a bucket
+// Redis lost, and again after each refill of a bucket that ran dry (bounded),
+// so no buyer hears sold out while the SKU has stock anywhere. The buyer's
+// attempt is charged once, by the first call that ran. err is the script's
+// last answer; failed ends the request as it is (the warm-up or a refill
+// failed: nothing is held for the buyer, and MySQL is not asked again).
+func (s *Service) hold(ctx context.Context, r Reservation, k int) (held Reservation, out ReserveOutcome, err, failed error) {
+	s.touch(ctx, r.SKU)
+	held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
+	if errors.Is(err, ErrUnknownSKU) {
+		// Redis may have lost the bucket (failover, flush): warm it from
+		// MySQL once and try again; MySQL says whether the SKU exists at all.
+		if _, werr := s.warm(ctx, r.SKU, r.Bucket); werr != nil {
+			if errors.Is(werr, ErrUnknownSKU) {
+				s.withdraw(ctx, r.SKU)
+			}
+			return Reservation{}, ReserveOutcome{}, nil, werr
+		}
+		r.Charged = true // the script charged this attempt before it found no stock
+		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
+	}
+	for round := 0; k > 1 && errors.Is(err, ErrSoldOut) && round < maxRefills; round++ {
+		ok, rerr := s.refill(ctx, r.SKU, r.Bucket, k, r.Qty)
+		if rerr != nil {
+			// A store failed mid-refill: not the stock's answer. Nothing
+			// is held for this buyer; the client retries.
+			s.log.WarnContext(ctx, "reserve: refill failed", "sku", r.SKU, "bucket", r.Bucket, "error", rerr)
+			return Reservation{}, ReserveOutcome{}, nil, Unavailable("reserve refill", rerr)
+		}
+		if !ok {
+			break
+		}
+		r.Charged = true // one attempt of the buyer's, charged once
+		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
+	}
+	return held, out, err, nil
+}
+
+// judgeKeyed asks MySQL about a keyed request when Redis had no answer of
+// its own: ok with the row when MySQL decided the id for this request (the
+// answer is the row), or ErrIdempotencyMismatch. Redis may have forgotten a
+// reservation MySQL decided: a replay of it is answered with its row, not
+// refused for today's stock (a refusal), and a hold the script took again
+// is a stray, which follows the row back (a new hold). MySQL unreachable:
+// not ok; persist recognises a stray by its token and returns it.
+func (s *Service) judgeKeyed(ctx context.Context, r, held Reservation, err error) (Reservation, bool, error) {
+	newHold := err == nil && !held.Status.Final()
+	if !newHold && (err == nil || !refusal(err)) {
+		return Reservation{}, false, nil
+	}
+	row, ok, rerr := s.decidedRow(ctx, r)
+	if !ok && rerr == nil {
+		return Reservation{}, false, nil
+	}
+	if newHold {
+		s.followStray(ctx, row, held.Bucket) // the row's hold was in another bucket
+		s.follow(ctx, row, 0)
+	}
+	if rerr != nil {
+		return Reservation{}, false, rerr
+	}
+	return row, true, nil
+}
+
+// refused counts a refusal and returns it. A buy of one unit refused as
+// sold out is remembered for a while (a bigger one may be refused while
+// smaller ones can still be served); a request without a key whose Redis
+// call failed is abandoned (it may have left a hold).
+func (s *Service) refused(ctx context.Context, r Reservation, keyed bool, now time.Time, err error) error {
+	if errors.Is(err, ErrRateLimited) {
+		s.metrics.Count("rate_limited", 1)
+	}
+	if errors.Is(err, ErrSoldOut) {
+		s.metrics.Count("sold_out", 1)
+		if s.cfg.SoldOutTTL > 0 && r.GroupID == "" && r.Qty == 1 {
+			s.soldOut.Store(r.SKU, now.Add(s.cfg.SoldOutTTL))
+		}
+	}
+	if errors.Is(err, ErrUnavailable) && !keyed {
+		s.abandon(ctx, r)
+	}
+	return err
+}
+
+// handOff sends a hold to persist and answers the buyer. A replay of a HELD
+// hold sends again: the first attempt may have crashed between the deduct
+// and the send. Persist takes each id at most once. A join is accepted —
+// told 202 — only once its hold is marked so (AcceptJoin: its slot counts
+// from then on; until then it may be a send in flight, which may still
+// fail). If the mark fails, it is answered as a failed send (sendFailed).
+func (s *Service) handOff(ctx context.Context, held Reservation, out ReserveOutcome, keyed bool) (Reservation, bool, error) {
+	err := s.queue.Enqueue(ctx, held)
 	var full bool
 	if err == nil && held.GroupID != "" {
-		// A join is accepted — told 202 — only once its hold is marked so
-		// (its slot counts from then on: until then it may be a send in
-		// flight, which may still fail). If the mark fails, it is answered
-		// as a failed send.
 		full, err = s.holds.AcceptJoin(ctx, held)
 	}
 	if err != nil {
-		s.metrics.Count("publish_failed", 1)
-		if out.Replayed && (held.GroupID == "" || held.Sent) {
-			s.log.WarnContext(ctx, "reserve: re-send of a replayed hold failed", "reservation_id", held.ID, "error", err)
-			return held, true, nil
-		}
-		// A replayed join never accepted before (unmarked: its first send
-		// failed, or its reserve died first) is not accepted now either: its
-		// retry is answered as its first attempt was.
-		if keyed {
-			s.log.WarnContext(ctx, "reserve: send failed; the hold waits for a retry with the same key", "reservation_id", held.ID, "error", err)
-			return Reservation{}, false, Unavailable("reserve enqueue", err)
-		}
-		final, serr := s.settle(ctx, held, ReasonPublishFailed)
-		if serr != nil {
-			s.log.ErrorContext(ctx, "reserve: enqueue failed and the hold is left to the sweeper",
-				"reservation_id", held.ID, "enqueue_error", err, "settle_error", serr)
-			return Reservation{}, false, Unavailable("reserve enqueue", err)
-		}
-		if final.Status == StatusConfirmed {
-			// The send that reported failure went through and was persisted.
-			return final, true, nil
-		}
-		return Reservation{}, false, Unavailable("reserve enqueue", err)
+		return s.sendFailed(ctx, held, out, keyed, err)
 	}
 	if !out.Replayed {
 		s.metrics.Count("reserved", 1)
@@ -266,6 +279,41 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		s.formGroup(ctx, Group{ID: held.GroupID, SKU: held.SKU}, held.CreatedAt, full)
 	}
 	return held, out.Replayed, nil
+}
+
+// sendFailed answers a hold whose send (or a join's mark) failed.
+//   - A replay of an accepted hold answers HELD and cancels nothing: the
+//     first send (or, failing it, the sweeper) still decides the hold.
+//   - A keyed request's hold is not fenced: the 503 tells the client to
+//     retry with the same key, and that retry replays and re-sends this hold
+//     (or the sweeper expires it). Fencing would turn the retry into a
+//     CANCELLED answer for good, and could cancel a reservation an earlier
+//     attempt with the key was told 202 for. A replayed join never accepted
+//     before (its first send failed, or its reserve died first) is not
+//     accepted now either: its retry is answered as its first attempt was.
+//   - Otherwise the hold is fenced at once (publish_failed), so the 503
+//     holds nothing; if the send went through after all and persist
+//     confirmed it first, the answer is the CONFIRMED row.
+func (s *Service) sendFailed(ctx context.Context, held Reservation, out ReserveOutcome, keyed bool, err error) (Reservation, bool, error) {
+	s.metrics.Count("publish_failed", 1)
+	if out.Replayed && (held.GroupID == "" || held.Sent) {
+		s.log.WarnContext(ctx, "reserve: re-send of a replayed hold failed", "reservation_id", held.ID, "error", err)
+		return held, true, nil
+	}
+	if keyed {
+		s.log.WarnContext(ctx, "reserve: send failed; the hold waits for a retry with the same key", "reservation_id", held.ID, "error", err)
+		return Reservation{}, false, Unavailable("reserve enqueue", err)
+	}
+	final, serr := s.settle(ctx, held, ReasonPublishFailed)
+	if serr != nil {
+		s.log.ErrorContext(ctx, "reserve: enqueue failed and the hold is left to the sweeper",
+			"reservation_id", held.ID, "enqueue_error", err, "settle_error", serr)
+		return Reservation{}, false, Unavailable("reserve enqueue", err)
+	}
+	if final.Status == StatusConfirmed {
+		return final, true, nil // the send that reported failure went through and was persisted
+	}
+	return Reservation{}, false, Unavailable("reserve enqueue", err)
 }
 
 // refusal reports the script's answers that refuse a request for the state
