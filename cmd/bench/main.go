@@ -157,6 +157,7 @@ type bench struct {
 	groupRuns []groupsFigure
 	// bucketRuns are the buckets part's runs (K = 1, K = 3).
 	bucketRuns []bucketRun
+	dry        string         // the buckets part's dry sale: MySQL statements on the buyers' path
 	closers    []func() error // services built for a part, closed at the end
 }
 
