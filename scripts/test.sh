@@ -19,9 +19,9 @@ scripts/verify.sh
 # The race detector on what runs concurrently: the service's caches and
 # sweeps (shared/reservation), the adapters and handlers under their
 # contract suites, the dev stack, its event source and gateway, the JWT
-# issuer, the load tool and the fault proxy. About 3 minutes on 2 cores.
+# issuer and the load tool. About 3 minutes on 2 cores.
 race=(./shared/... ./internal/devstack ./internal/eventsource ./internal/devauth
-  ./internal/loadgen ./internal/testkit/faultproxy ./cmd/load)
+  ./internal/loadgen ./cmd/load)
 scripts/with-services.sh bash -c 'echo "== go vet" && go vet ./... && echo "== go test" && go test -count=1 -timeout 20m ./... &&
   echo "== go test -race" && go test -race -count=1 -timeout 20m "$@"' race "${race[@]}"
 
