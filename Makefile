@@ -3,16 +3,22 @@
 GO        ?= go
 DEV_DIR   ?= .holdfast/dev
 
-.PHONY: dev test unit bench chaos invoke load token migrate build deploy clean
+.PHONY: dev test verify unit bench chaos invoke load token migrate build deploy clean
 
 ## dev: start Redis, MariaDB and the SQS server, then holdfast on 127.0.0.1:3000;
 ## buyer routes want a JWT from the dev issuer (make token), admin routes none
 dev:
 	scripts/dev.sh
 
-## test: start the services on free ports and run every test against them
+## test: make verify, then start the services on free ports and run every
+## test against them (the concurrent packages again under -race)
 test:
 	scripts/test.sh
+
+## verify: gofmt, go mod tidy, golangci-lint (.golangci.yml, the version pinned
+## in tools/go.mod) and every generated file current; make test runs it first
+verify:
+	scripts/verify.sh
 
 ## unit: the fast tests only (no servers; integration tests skip)
 unit:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# test.sh — what `make test` runs: every test against real services started on
-# free loopback ports (integration tests fail rather than skip if one is
-# missing), then the network guard: the unit tests again, without the
+# test.sh — what `make test` runs: scripts/verify.sh (gofmt, go mod tidy, the
+# linter, generated files current), every test against real services started
+# on free loopback ports (integration tests fail rather than skip if one is
+# missing), the packages with goroutines and locks again under the race
+# detector against the same services, then the network guard: the unit tests again, without the
 # services' settings, in a network namespace that has only loopback, so a
 # test that reaches beyond 127.0.0.0/8 (the EC2 metadata address, an AWS
 # endpoint) fails here rather than leaking. With arguments, a focused
@@ -12,7 +14,16 @@ export HOLDFAST_REQUIRE_SERVICES=1
 if [ $# -gt 0 ]; then
   exec scripts/with-services.sh go test -count=1 "$@"
 fi
-scripts/with-services.sh bash -c 'echo "== go vet" && go vet ./... && echo "== go test" && go test -count=1 -timeout 20m ./...'
+scripts/verify.sh
+
+# The race detector on what runs concurrently: the service's caches and
+# sweeps (shared/reservation), the adapters and handlers under their
+# contract suites, the dev stack, its event source and gateway, the JWT
+# issuer and the load tool. About 3 minutes on 2 cores.
+race=(./shared/... ./internal/devstack ./internal/eventsource ./internal/devauth
+  ./internal/loadgen ./cmd/load)
+scripts/with-services.sh bash -c 'echo "== go vet" && go vet ./... && echo "== go test" && go test -count=1 -timeout 20m ./... &&
+  echo "== go test -race" && go test -race -count=1 -timeout 20m "$@"' race "${race[@]}"
 
 # The network guard. unshare -n needs root (or -r, user namespaces, without).
 netns=(unshare -n)

@@ -732,6 +732,13 @@ func version(cmd string, args ...string) string {
 	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 }
 
+// The report's markers and its first line, which says which parts
+// writeDoc writes.
+const (
+	docBegin, docEnd = "<!-- bench:begin -->", "<!-- bench:end -->"
+	docHeader        = "<!-- Generated in part by `make bench` (cmd/bench): it rewrites what lies between the bench:begin and bench:end markers (the run's figures, docs/benchmarks.png beside it); everything else here is written by hand. -->\n"
+)
+
 func (b *bench) writeDoc() error {
 	var sb strings.Builder
 	saved := b.stdout
@@ -743,16 +750,26 @@ func (b *bench) writeDoc() error {
 	if err != nil {
 		return err
 	}
-	const begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
-	i, j := strings.Index(string(doc), begin), strings.Index(string(doc), end)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s lacks the %s … %s markers", b.o.out, begin, end)
-	}
 	var gen strings.Builder
-	fmt.Fprintf(&gen, "%s\n\nMeasured %s by `make bench` on this machine: %d cores (%s), %s, %s, %s, goaws v0.5.4.\n",
-		begin, time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH, runtime.Version(),
+	fmt.Fprintf(&gen, "Measured %s by `make bench` on this machine: %d cores (%s), %s, %s, %s, goaws v0.5.4.\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH, runtime.Version(),
 		version("redis-server", "--version"), version("mariadbd", "--version"))
-	fmt.Fprintf(&gen, "Reserve modes: %d clients, %v each, one hot SKU. Persist: a backlog of %d messages, %d consumers (the textbook consumer is cut off after 60 s).\n\n```\n%s```\n\n![load run](benchmarks.png)\n\n%s",
-		b.o.concurrency, b.o.duration, b.o.backlog, b.o.consumers, table, end)
-	return os.WriteFile(b.o.out, []byte(string(doc[:i])+gen.String()+string(doc[j+len(end):])), 0o644)
+	fmt.Fprintf(&gen, "Reserve modes: %d clients, %v each, one hot SKU. Persist: a backlog of %d messages, %d consumers (the textbook consumer is cut off after 60 s).\n\n```\n%s```\n\n![load run](benchmarks.png)\n",
+		b.o.concurrency, b.o.duration, b.o.backlog, b.o.consumers, table)
+	out, err := spliceDoc(string(doc), gen.String())
+	if err != nil {
+		return fmt.Errorf("%s: %w", b.o.out, err)
+	}
+	return os.WriteFile(b.o.out, []byte(out), 0o644)
+}
+
+// spliceDoc puts gen between the report's markers, keeps everything else as
+// written, and heads the report with docHeader (once).
+func spliceDoc(doc, gen string) (string, error) {
+	i, j := strings.Index(doc, docBegin), strings.Index(doc, docEnd)
+	if i < 0 || j < i {
+		return "", fmt.Errorf("no %s … %s markers", docBegin, docEnd)
+	}
+	out := doc[:i] + docBegin + "\n\n" + gen + "\n" + doc[j:]
+	return docHeader + strings.TrimPrefix(out, docHeader), nil
 }

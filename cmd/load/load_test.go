@@ -131,7 +131,8 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 }
 
 func TestFlagsAreValidated(t *testing.T) {
-	if _, err := run(context.Background(), []string{"-n", "0", "-url", "http://127.0.0.1:1"}, io.Discard, io.Discard); err == nil {
+	// -jwt-dir: the default, .holdfast/dev/jwt, would be made in cmd/load.
+	if _, err := run(context.Background(), []string{"-n", "0", "-url", "http://127.0.0.1:1", "-jwt-dir", t.TempDir()}, io.Discard, io.Discard); err == nil {
 		t.Error("load -n 0 ran")
 	}
 }

@@ -316,8 +316,6 @@ func (t *Template) Routes() []Route {
 // (…/functions/${ReserveFunction.Arn}/invocations) invokes.
 var integrationFunction = regexp.MustCompile(`/functions/\$\{(\w+)\.Arn\}/invocations`)
 
-func refOf(v any) string { s, _ := mapOf(v)["Ref"].(string); return s }
-
 // Rate returns the period of a "rate(N unit)" schedule expression.
 func Rate(expr string) (time.Duration, error) {
 	var n int

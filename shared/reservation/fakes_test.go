@@ -426,7 +426,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		state = ""
 	}
 	if _, stocked := m.stock[sku]; row.Status == StatusCancelled && row.Refunded && !row.Released &&
-		(state == StatusConfirmed || state == "") && !(state != "" && old.hasRel && old.rel == token) && !stocked {
+		(state == StatusConfirmed || state == "") && (state == "" || !old.hasRel || old.rel != token) && !stocked {
 		return returned, true
 	}
 	if state == "" { // the row's tombstone

@@ -50,3 +50,41 @@ func TestFunctionsLinkOnlyShared(t *testing.T) {
 		}
 	}
 }
+
+// TestLayers: handlers translate and never reach an adapter; adapters sit
+// beside the protocol and never reach each other (docs/design.md, "Parts").
+// What both sides of a wire share (the queue message) lives in a plain
+// package under shared/ that either may import. Test files are held to it
+// too.
+func TestLayers(t *testing.T) {
+	const handlers, adapters = module + "/shared/handlers/", module + "/shared/adapters/"
+	adapterOf := func(pkg string) string { // "redisstore" for …/adapters/redisstore/…
+		rest, ok := strings.CutPrefix(pkg, adapters)
+		if !ok {
+			return ""
+		}
+		name, _, _ := strings.Cut(rest, "/")
+		return name
+	}
+	lines := goList(t, "-f", `{{.ImportPath}}{{range .Imports}},{{.}}{{end}}{{range .TestImports}},{{.}}{{end}}{{range .XTestImports}},{{.}}{{end}}`,
+		"./shared/handlers/...", "./shared/adapters/...")
+	checked := 0
+	for _, line := range lines {
+		imports := strings.Split(line, ",")
+		pkg := imports[0]
+		checked++
+		for _, imp := range imports[1:] {
+			to := adapterOf(imp)
+			switch {
+			case to == "":
+			case strings.HasPrefix(pkg, handlers):
+				t.Errorf("handler %s imports the adapter %s: handlers reach adapters only through the service's ports", pkg, imp)
+			case adapterOf(pkg) != to:
+				t.Errorf("adapter %s imports the adapter %s: adapters never reach each other", pkg, imp)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("go list found no handler or adapter packages")
+	}
+}

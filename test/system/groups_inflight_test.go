@@ -17,14 +17,14 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
-	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
 // persistQuiet delivers the captured message of id to persist without
 // failing the test (it may run on another goroutine).
 func (p *promise) persistQuiet(id string) error {
-	body, err := queue.Encode(p.msg(id))
+	body, err := message.Encode(p.msg(id))
 	if err != nil {
 		return err
 	}

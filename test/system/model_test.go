@@ -55,8 +55,8 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
-	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/adapters/redisstore"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
@@ -677,9 +677,10 @@ func (m *modelMachine) repeatDecided(x *modelRes) {
 		m.redisConfirm(x)
 		return
 	}
-	if x.hold == mHeld { // a Redis-only hold taken again after Redis lost the SKU
+	switch x.hold {
+	case mHeld: // a Redis-only hold taken again after Redis lost the SKU
 		m.redisRelease(x)
-	} else if x.hold == "" {
+	case "":
 		x.hold, x.holdQty = mCancelled, x.rowQty
 	}
 }
@@ -923,7 +924,7 @@ func (m *modelMachine) deliver(t *rapid.T, what string, msgs []modelMsg) {
 	ev := events.SQSEvent{}
 	var names []string
 	for _, msg := range msgs {
-		body, err := queue.Encode(msg.r)
+		body, err := message.Encode(msg.r)
 		if err != nil {
 			m.fatalf(t, "%v", err)
 		}
@@ -1008,7 +1009,7 @@ func (m *modelMachine) persisted(t *rapid.T, msg modelMsg, rows map[string]model
 // compensate hands one message to compensate (its dead letter).
 func (m *modelMachine) compensate(t *rapid.T, msg modelMsg) {
 	t.Helper()
-	body, err := queue.Encode(msg.r)
+	body, err := message.Encode(msg.r)
 	if err != nil {
 		m.fatalf(t, "%v", err)
 	}

@@ -27,10 +27,10 @@ import (
 	"github.com/holdfast/holdfast/internal/testkit/faultproxy"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
-	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/handlers/consumer"
 	"github.com/holdfast/holdfast/shared/handlers/httpapi"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -79,7 +79,7 @@ func (p *promise) deliver(h *consumer.Handler, ids ...string) {
 	p.t.Helper()
 	var ev events.SQSEvent
 	for i, id := range ids {
-		body, err := queue.Encode(p.msg(id))
+		body, err := message.Encode(p.msg(id))
 		if err != nil {
 			p.t.Fatal(err)
 		}

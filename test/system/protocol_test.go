@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
-	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/app"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -91,7 +91,7 @@ func TestDuplicateDeliveryDeductsOnce(t *testing.T) {
 	if code, body := s.reserve(sku, "alice", 2, ""); code != http.StatusAccepted {
 		t.Fatalf("reserve = %d %v", code, body)
 	}
-	body, err := queue.Encode(rec.msgs[0])
+	body, err := message.Encode(rec.msgs[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestCompensateTwiceReturnsStockOnce(t *testing.T) {
 	if code, body := s.reserve(sku, "dave", 4, ""); code != http.StatusAccepted {
 		t.Fatalf("reserve = %d %v", code, body)
 	}
-	body, _ := queue.Encode(rec.msgs[0])
+	body, _ := message.Encode(rec.msgs[0])
 	s.sendRaw(s.queues.DLQURL, string(body))
 	s.sendRaw(s.queues.DLQURL, string(body))
 	stop := s.runCompensate()

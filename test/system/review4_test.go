@@ -11,7 +11,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
-	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -32,7 +32,7 @@ func (p *promise) deliverBatch(ms ...reservation.Reservation) {
 	p.t.Helper()
 	var ev events.SQSEvent
 	for i, m := range ms {
-		body, err := queue.Encode(m)
+		body, err := message.Encode(m)
 		if err != nil {
 			p.t.Fatal(err)
 		}

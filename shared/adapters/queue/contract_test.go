@@ -12,6 +12,7 @@ import (
 	"github.com/holdfast/holdfast/internal/testkit/reservationtest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -48,7 +49,7 @@ func contractFactory(env testservices.Env, publisher func(t *testing.T, client *
 		return publisher(t, client, q.URL), func(t *testing.T, n int) []reservation.Reservation {
 			var out []reservation.Reservation
 			for _, body := range testservices.Receive(t, client, q.URL, n) {
-				r, err := queue.Decode(body)
+				r, err := message.Decode(body)
 				if err != nil {
 					t.Fatalf("decode %s: %v", body, err)
 				}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -109,8 +110,8 @@ type attributeValue struct {
 
 // attributes are the message attributes every reservation message carries.
 var attributes = map[string]attributeValue{
-	"type":    {DataType: "String", StringValue: MessageType},
-	"version": {DataType: "Number", StringValue: strconv.Itoa(Version)},
+	"type":    {DataType: "String", StringValue: message.Type},
+	"version": {DataType: "Number", StringValue: strconv.Itoa(message.Version)},
 }
 
 // skewCodes are the refusals of a signature whose time is too far from
@@ -144,7 +145,7 @@ func (e *SendError) retryable() bool {
 // once). Attempts after a transport error or a retryable refusal wait
 // reservation.Backoff, within ctx.
 func (p *DirectPublisher) Enqueue(ctx context.Context, r reservation.Reservation) error {
-	body, err := Encode(r)
+	body, err := message.Encode(r)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", r.ID, err)
 	}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -77,7 +77,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 	var valid []reservation.Reservation
 	var ids []string
 	for _, rec := range ev.Records {
-		r, err := queue.Decode([]byte(rec.Body))
+		r, err := message.Decode([]byte(rec.Body))
 		if err != nil {
 			h.metrics.Count("poison_messages", 1)
 			h.log.ErrorContext(ctx, h.name+": poison message", "message_id", rec.MessageId, "error", err)

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/handlers/consumer"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -23,7 +23,7 @@ func (c counter) Count(name string, n int) { c[name] += n }
 
 func body(t *testing.T, id string) string {
 	t.Helper()
-	b, err := queue.Encode(reservation.Reservation{ID: "s." + id, SKU: "s", Qty: 1, UserID: "u"})
+	b, err := message.Encode(reservation.Reservation{ID: "s." + id, SKU: "s", Qty: 1, UserID: "u"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package queue_test
+package message_test
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -15,11 +15,11 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		ID: "sku-1.aaaaaaaaaaaaaaaaaaaaaaaaaa", SKU: "sku-1", Qty: 3, UserID: "u", GroupID: "g-1",
 		ExpiresAt: time.Date(2026, 11, 11, 0, 1, 0, 0, time.UTC), CreatedAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC),
 	}
-	body, err := queue.Encode(in)
+	body, err := message.Encode(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := queue.Decode(body)
+	out, err := message.Decode(body)
 	if err != nil {
 		t.Fatalf("Decode(%s) = %v", body, err)
 	}
@@ -47,7 +47,7 @@ func TestDecodeRejectsPoison(t *testing.T) {
 		`{"version":1,"type":"ReservationHeld","reservation_id":"t.aaaaaaaaaaaaaaaaaaaaaaaaaa","sku":"s","user_id":"u","qty":1}`,
 		`{"version":1,"type":"ReservationHeld","reservation_id":"` + strings.Repeat("r", 65) + `","sku":"s","user_id":"u","qty":1}`,
 	} {
-		if _, err := queue.Decode([]byte(body)); !errors.Is(err, queue.ErrPoison) {
+		if _, err := message.Decode([]byte(body)); !errors.Is(err, message.ErrPoison) {
 			t.Errorf("Decode(%q) = %v, want ErrPoison", body, err)
 		}
 	}
@@ -60,9 +60,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"version":1,"type":"ReservationHeld","reservation_id":"r-1","sku":"s","qty":-1,"user_id":"u"}`))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		r, err := queue.Decode(body)
+		r, err := message.Decode(body)
 		if err != nil {
-			if !errors.Is(err, queue.ErrPoison) {
+			if !errors.Is(err, message.ErrPoison) {
 				t.Fatalf("Decode error %v is not ErrPoison", err)
 			}
 			return
