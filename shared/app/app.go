@@ -148,7 +148,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		holdOpts = append(holdOpts, redisstore.WithClock(opt.ScriptClock))
 	}
 	a.Service = reservation.NewService(cfg.Protocol, reservation.Deps{
-		Holds:    redisstore.New(rdb, cfg.HoldRetention, holdOpts...),
+		Redis:    redisstore.New(rdb, cfg.HoldRetention, holdOpts...),
 		Ledger:   mysqlstore.New(db),
 		Queue:    enq,
 		Notifier: notifier,

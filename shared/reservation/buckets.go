@@ -226,7 +226,7 @@ func (s *Service) layoutOf(ctx context.Context, sku string) (layout, error) {
 	if !s.unknown.known(sku, now) {
 		return layout{}, ErrUnknownSKU
 	}
-	k, groups, err := s.holds.Buckets(ctx, sku)
+	k, groups, err := s.figures.Buckets(ctx, sku)
 	if errors.Is(err, ErrUnknownSKU) {
 		epoch := s.unknown.begin()
 		if _, err = s.warm(ctx, sku, 0); err != nil {
@@ -235,7 +235,7 @@ func (s *Service) layoutOf(ctx context.Context, sku string) (layout, error) {
 			}
 			return layout{}, err
 		}
-		k, groups, err = s.holds.Buckets(ctx, sku)
+		k, groups, err = s.figures.Buckets(ctx, sku)
 	}
 	if err != nil {
 		return layout{}, err
@@ -356,7 +356,7 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bo
 // others, so that the buckets never offer more than the SKU has free.
 func (s *Service) cover(ctx context.Context, sku string, k int) {
 	for b := range k {
-		rs, err := s.holds.Stock(ctx, BucketName(sku, b))
+		rs, err := s.figures.Stock(ctx, BucketName(sku, b))
 		if err == nil && rs.Available < 0 {
 			if _, err := s.refill(ctx, sku, b, k, 0); err != nil {
 				s.log.WarnContext(ctx, "cover: a bucket still owes units; the next sweep tries again", "sku", sku, "bucket", b, "error", err)
@@ -390,12 +390,12 @@ func (s *Service) bucketStock(ctx context.Context, sku string, b int) (int64, er
 // Redis lost it.
 func (s *Service) bucketFigures(ctx context.Context, sku string, b int) (RedisStock, error) {
 	name := BucketName(sku, b)
-	rs, err := s.holds.Stock(ctx, name)
+	rs, err := s.figures.Stock(ctx, name)
 	if errors.Is(err, ErrUnknownSKU) {
 		if _, err = s.warm(ctx, sku, b); err != nil {
 			return RedisStock{}, err
 		}
-		rs, err = s.holds.Stock(ctx, name)
+		rs, err = s.figures.Stock(ctx, name)
 	}
 	return rs, err
 }

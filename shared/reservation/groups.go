@@ -36,7 +36,7 @@ func (s *Service) CreateGroup(ctx context.Context, user, sku string, capacity in
 	if err != nil {
 		return Group{}, err
 	}
-	now, err := s.holds.Now(ctx)
+	now, err := s.slots.Now(ctx)
 	if err != nil {
 		return Group{}, err
 	}
@@ -58,7 +58,7 @@ func (s *Service) CreateGroup(ctx context.Context, user, sku string, capacity in
 	if err := s.ledger.CreateGroup(ctx, g); err != nil {
 		return Group{}, err
 	}
-	if err := s.holds.CreateGroup(ctx, g); err != nil {
+	if err := s.slots.CreateGroup(ctx, g); err != nil {
 		// MySQL has an OPEN group nobody can join; the sweeper fails it at
 		// its deadline with no members.
 		return Group{}, err
@@ -89,7 +89,7 @@ func (s *Service) Group(ctx context.Context, id string) (Group, error) {
 	if g.Status != GroupOpen {
 		return g, nil
 	}
-	rg, err := s.holds.Group(ctx, g.SKU, id)
+	rg, err := s.slots.Group(ctx, g.SKU, id)
 	switch {
 	case err != nil:
 		g.Remaining = g.Capacity - g.Members // Redis unreachable or lost it: MySQL's view
@@ -160,7 +160,7 @@ func (s *Service) endGroups(ctx context.Context, cutoff time.Time, rep *SweepRep
 		// Redis closes the page in one round trip; the groups nobody holds
 		// a slot of and MySQL has no member of end in one statement; the
 		// others one by one (their members are cancelled).
-		closings, errs := s.holds.CloseGroups(ctx, groups)
+		closings, errs := s.slots.CloseGroups(ctx, groups)
 		var empty []string
 		var rest []Group
 		restClosing := map[string]GroupClosing{}
@@ -210,7 +210,7 @@ func (s *Service) endGroups(ctx context.Context, cutoff time.Time, rep *SweepRep
 // FORMED), then every member from both stores is cancelled with its stock
 // returned. It reports whether the group is FAILED.
 func (s *Service) failGroup(ctx context.Context, g Group) (bool, error) {
-	c, err := s.holds.CloseGroup(ctx, g)
+	c, err := s.slots.CloseGroup(ctx, g)
 	if err != nil {
 		return g.Status == GroupFailed, err
 	}
@@ -308,7 +308,7 @@ func (s *Service) cancelMember(ctx context.Context, id string) error {
 // whatever its members do afterwards), and the sweeper at the deadline.
 func (s *Service) formGroup(ctx context.Context, g Group, at time.Time, full bool) {
 	if !full {
-		rg, err := s.holds.Group(ctx, g.SKU, g.ID)
+		rg, err := s.slots.Group(ctx, g.SKU, g.ID)
 		if err != nil || rg.Status != GroupOpen || rg.Remaining > 0 {
 			return
 		}
@@ -350,7 +350,7 @@ func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error
 	// flight may still fail and give its slot back, so the group has not
 	// filled yet. Its own reserve (once sent), persist, or the next sweep
 	// asks again.
-	if accepted, err := s.holds.GroupHoldersAccepted(ctx, g); err != nil || !accepted {
+	if accepted, err := s.slots.GroupHoldersAccepted(ctx, g); err != nil || !accepted {
 		return err
 	}
 	leaving, err := s.ledger.GroupLeaving(ctx, g.ID)
@@ -363,7 +363,7 @@ func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error
 				return err
 			}
 		}
-		rg, err := s.holds.Group(ctx, g.SKU, g.ID)
+		rg, err := s.slots.Group(ctx, g.SKU, g.ID)
 		if err != nil && !errors.Is(err, ErrUnknownGroup) {
 			return err
 		}
@@ -388,7 +388,7 @@ func (s *Service) formedReachesRedis(ctx context.Context, g Group) error {
 	if at.IsZero() {
 		at = g.Deadline
 	}
-	if _, err := s.holds.FormGroup(ctx, g, at); err != nil {
+	if _, err := s.slots.FormGroup(ctx, g, at); err != nil {
 		return err
 	}
 	return s.ledger.GroupSettled(ctx, g.ID)

@@ -69,7 +69,7 @@ func (s *Service) touch(ctx context.Context, sku string) {
 	if !s.touched.due(sku, now) {
 		return
 	}
-	mark, err := s.holds.Touch(ctx, sku, s.liveFor())
+	mark, err := s.marks.Touch(ctx, sku, s.liveFor())
 	if err != nil {
 		s.metrics.Count("live_mark_errors", 1)
 		s.log.WarnContext(ctx, "could not mark sku live; the catalog pass reaches it", "sku", sku, "error", err)
@@ -89,7 +89,7 @@ func (s *Service) withdraw(ctx context.Context, sku string) {
 	if !ok {
 		return
 	}
-	if _, err := s.holds.Withdraw(ctx, mark); err != nil {
+	if _, err := s.marks.Withdraw(ctx, mark); err != nil {
 		s.log.WarnContext(ctx, "could not withdraw the live mark of an unknown sku", "sku", sku, "error", err)
 	}
 }

@@ -6,16 +6,23 @@ import (
 	"time"
 )
 
-// Holds is the Redis side of the protocol: the stock buyers see, the holds
-// and the group slots. Redis is a fast, forgetful cache of MySQL's decisions:
-// every method is safe to repeat (go-redis retries on timeouts and
-// failovers), and none of them gives stock back on its own authority — a
-// give-back is always the effect of a MySQL row (Follow). Scripts read the
-// time from Redis (TIME), so no caller's clock moves a deadline.
-//
-// Methods that take a SKU (or a level's SKU) take the name of one of its
-// buckets (BucketName): bucket 0 is named by the SKU itself. Methods that
-// take a reservation use its SKU and Bucket.
+// Redis is the Redis side of the protocol: the stock buyers see, the holds
+// and the group slots, in four roles by what each part of the protocol needs.
+// Redis is a fast, forgetful cache of MySQL's decisions: every method is safe
+// to repeat (go-redis retries on timeouts and failovers), and none of them
+// gives stock back on its own authority — a give-back is always the effect of
+// a MySQL row (Holds.Follow; the rule is React). Scripts read the time from
+// Redis (TIME), so no caller's clock moves a deadline.
+type Redis interface {
+	Holds
+	StockFigures
+	GroupSlots
+	LiveMarks
+}
+
+// Holds is a reservation's hold in Redis: taken, replayed, followed to
+// MySQL's decision, found, expired. Methods that take a reservation use its
+// SKU and Bucket.
 type Holds interface {
 	// Reserve atomically checks and deducts r.Qty units (and, for a group
 	// join, one slot and the one-join-per-user rule), records the hold HELD
@@ -26,6 +33,7 @@ type Holds interface {
 	// ErrGroupClosed, ErrGroupFull, ErrAlreadyJoined, ErrIdempotencyMismatch,
 	// ErrUnavailable.
 	Reserve(ctx context.Context, r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error)
+
 	// Follow makes the hold of row.ID follow MySQL's decided row, once:
 	//   - a HELD hold of another token is a stray (Redis took the id again
 	//     after forgetting the hold MySQL decided): its stock is returned;
@@ -39,11 +47,13 @@ type Holds interface {
 	// refund's stock must come back but Redis has no stock for the SKU;
 	// nothing changed: warm it and follow again.
 	Follow(ctx context.Context, row Reservation, version int64) (returned bool, err error)
+
 	// FollowAll is Follow of many rows at once, with one version for all
 	// (persist's batch: one round trip per shard, not one per row). Its
 	// effect is that of Follow on each row in turn; returned[i] and errs[i]
 	// are row i's.
 	FollowAll(ctx context.Context, rows []Reservation, version int64) (returned []bool, errs []error)
+
 	// Charge charges one attempt of a.UserID's on a.SKU to the buyer's one
 	// attempt budget, in a.Bucket (their home bucket: Reserve charges a buy
 	// there in the same call), and, with a.Group, claims one of their open
@@ -52,38 +62,58 @@ type Holds interface {
 	// claimed once. Errors: *RateLimitedError (nothing charged or claimed),
 	// *TooManyGroupsError (charged, nothing claimed), ErrUnavailable.
 	Charge(ctx context.Context, a Attempt) error
+
+	// AcceptJoin marks a join's HELD hold (of r's token) accepted, once its
+	// message is sent (a CONFIRMED one is accepted already); full reports
+	// that the group has no free slot left. ErrNotFound if Redis has no such
+	// hold of that token or it is CANCELLED: the join is not accepted.
+	AcceptJoin(ctx context.Context, r Reservation) (full bool, err error)
+
 	// Hold returns the hold recorded for id in bucket, or ErrNotFound.
 	Hold(ctx context.Context, id string, bucket int) (Reservation, error)
-	// Buckets returns K as the SKU's bucket 0 has it (1 for a SKU warmed
-	// without it), and whether a group-buy was created on the SKU (its
-	// groups live in bucket 0); ErrUnknownSKU if Redis has no stock for
-	// bucket 0.
-	Buckets(ctx context.Context, sku string) (k int, groups bool, err error)
+
+	// Expired returns up to limit HELD holds of sku whose deadline passed
+	// more than grace ago by Redis's clock.
+	Expired(ctx context.Context, sku string, grace time.Duration, limit int) ([]Reservation, error)
+
 	// TakeOut holds t.Qty units of bucket t.Bucket for the transfer t (its
 	// id, token, Into) until ttl after Redis's now, as Reserve holds a
 	// buyer's: stock down, held up, the hold indexed by deadline. A hold
 	// with t.ID is returned as it is and nothing is taken. ErrSoldOut if
 	// the bucket has fewer units, ErrUnknownSKU if it has no stock figure.
 	TakeOut(ctx context.Context, t Reservation, ttl time.Duration) (Reservation, error)
+
 	// Credit adds the units of the transfer t, which MySQL recorded at
 	// version t.RefundVersion, to bucket t.Into once: not again for a
 	// repeat, nor when the bucket was warmed from a level at or past that
 	// version. credited reports whether stock moved. ErrUnknownSKU if the
 	// bucket has no stock figure: nothing changed; warm it and credit again.
 	Credit(ctx context.Context, t Reservation) (credited bool, err error)
-	// Expired returns up to limit HELD holds of sku whose deadline passed
-	// more than grace ago by Redis's clock.
-	Expired(ctx context.Context, sku string, grace time.Duration, limit int) ([]Reservation, error)
+}
+
+// StockFigures is a bucket's figures in Redis: read, warmed from MySQL,
+// kept in step with admin changes, healed of drift. Methods that take a SKU
+// (or a level's SKU) take the name of one of its buckets (BucketName).
+type StockFigures interface {
 	// Stock returns the SKU's figures in Redis; ErrUnknownSKU if Redis has
 	// no stock for sku.
 	Stock(ctx context.Context, sku string) (RedisStock, error)
+
+	// Buckets returns K as the SKU's bucket 0 has it (1 for a SKU warmed
+	// without it), and whether a group-buy was created on the SKU (its
+	// groups live in bucket 0); ErrUnknownSKU if Redis has no stock for
+	// bucket 0.
+	Buckets(ctx context.Context, sku string) (k int, groups bool, err error)
+
 	// Sync makes a SKU Redis knows follow MySQL's admin changes: it moves
 	// by the difference between level.AdminDelta and the figure it has
 	// applied (newer versions only) and takes the per-user limit.
 	// SyncMissing if Redis has no stock for the SKU (see Warm).
 	Sync(ctx context.Context, level StockLevel) (SyncResult, error)
+
 	// HeldIDs returns the ids of the SKU's HELD holds (at most limit).
 	HeldIDs(ctx context.Context, sku string, limit int) ([]string, error)
+
 	// Warm loads a SKU Redis has no stock for from one consistent MySQL
 	// read taken after held (HeldIDs) was listed: level, and confirmed, the
 	// rows among held MySQL has already CONFIRMED (their units are out of
@@ -91,18 +121,37 @@ type Holds interface {
 	// held + those units. SyncStale if any listed hold moved since, or a
 	// confirm newer than the level reached Redis: read again.
 	Warm(ctx context.Context, level StockLevel, held []string, confirmed []Reservation) (SyncResult, error)
+
 	// Heal moves the SKU's stock by drift if the same drift was measured at
 	// least after ago and Redis still shows seen (no reserve or release
 	// since the measurement); otherwise it records or forgets the sighting.
 	// healed reports whether the stock moved.
 	Heal(ctx context.Context, seen RedisStock, drift int64, after time.Duration) (healed bool, err error)
+}
+
+// GroupSlots is a group-buy's slots in Redis (in bucket 0 of its SKU), and
+// Redis's clock, by which its deadline is judged.
+type GroupSlots interface {
 	// Now returns Redis's clock (or the injected test clock).
 	Now(ctx context.Context) (time.Time, error)
+
 	// CreateGroup records an OPEN group with all its slots free (in bucket
 	// 0), and that the SKU has groups.
 	CreateGroup(ctx context.Context, g Group) error
+
 	// Group returns the group's slots and status as Redis has them.
 	Group(ctx context.Context, sku, id string) (Group, error)
+
+	// GroupHoldersAccepted reports whether every hold that takes a slot of
+	// the group is accepted (marked by AcceptJoin) or decided; false while a
+	// join's send is in flight (it may still fail and give its slot back).
+	// A member whose hold Redis no longer has counts as accepted.
+	GroupHoldersAccepted(ctx context.Context, g Group) (bool, error)
+
+	// FormGroup marks the group FORMED (final; no slot left to take) once
+	// MySQL has recorded it; false if Redis has no such group or it FAILED.
+	FormGroup(ctx context.Context, g Group, formedAt time.Time) (bool, error)
+
 	// CloseGroup ends the group in Redis once its deadline passed by Redis's
 	// clock: a FORMED group stays FORMED; one whose slots are all taken is
 	// reported Full (unchanged: MySQL decides whether it formed); otherwise
@@ -110,42 +159,39 @@ type Holds interface {
 	// returned. NotDue if the deadline has not passed; Unknown if Redis lost
 	// the group.
 	CloseGroup(ctx context.Context, g Group) (GroupClosing, error)
+
 	// CloseGroups is CloseGroup of many groups in one round trip (per
 	// shard): one answer or error per group.
 	CloseGroups(ctx context.Context, gs []Group) ([]GroupClosing, []error)
-	// AcceptJoin marks a join's HELD hold (of r's token) accepted, once its
-	// message is sent (a CONFIRMED one is accepted already); full reports
-	// that the group has no free slot left. ErrNotFound if Redis has no such
-	// hold of that token or it is CANCELLED: the join is not accepted.
-	AcceptJoin(ctx context.Context, r Reservation) (full bool, err error)
-	// GroupHoldersAccepted reports whether every hold that takes a slot of
-	// the group is accepted (marked by AcceptJoin) or decided; false while a
-	// join's send is in flight (it may still fail and give its slot back).
-	// A member whose hold Redis no longer has counts as accepted.
-	GroupHoldersAccepted(ctx context.Context, g Group) (bool, error)
-	// FormGroup marks the group FORMED (final; no slot left to take) once
-	// MySQL has recorded it; false if Redis has no such group or it FAILED.
-	FormGroup(ctx context.Context, g Group, formedAt time.Time) (bool, error)
+}
 
+// LiveMarks is what the sweeper visits: the SKUs marked live, and the
+// cursor of its pass over the catalog.
+type LiveMarks interface {
 	// Touch marks sku live until ttl after Redis's now (a later mark
 	// stands) and returns the mark as it stands: the sweeper visits every
 	// live SKU each sweep. Reserve marks
 	// a SKU before a hold can be taken on it, so every hold's deadline
 	// passes before its mark does.
 	Touch(ctx context.Context, sku string, ttl time.Duration) (LiveSKU, error)
+
 	// Live returns up to limit live SKUs, the earliest marks first.
 	Live(ctx context.Context, limit int) ([]LiveSKU, error)
+
 	// Unmark ends the mark m if it is still the SKU's mark and has passed by
 	// Redis's clock; false if it moved (a reserve marked the SKU again) or
 	// has not passed.
 	Unmark(ctx context.Context, m LiveSKU) (bool, error)
+
 	// Withdraw ends the mark m at once if it is still the SKU's mark: the
 	// reserve that made it found that MySQL has no such SKU, so no hold can
 	// exist under it (a flood of made-up SKUs leaves no marks behind).
 	Withdraw(ctx context.Context, m LiveSKU) (bool, error)
+
 	// Cursor returns the last SKU the sweeper's catalog pass reached (""
 	// at the start of a pass, or when Redis forgot it); SetCursor records it.
 	Cursor(ctx context.Context) (string, error)
+
 	SetCursor(ctx context.Context, sku string) error
 }
 
@@ -189,7 +235,7 @@ type RedisStock struct {
 // SyncResult is what Sync did.
 type SyncResult int
 
-// Outcomes of Holds.Sync.
+// Outcomes of StockFigures.Sync.
 const (
 	SyncNone     SyncResult = iota // nothing to change
 	SyncWarmed                     // the SKU was missing and is loaded

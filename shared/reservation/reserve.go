@@ -374,7 +374,7 @@ const maxWarmHolds = 5000
 func (s *Service) warm(ctx context.Context, sku string, b int) (warmed bool, err error) {
 	name := BucketName(sku, b)
 	for range 3 {
-		ids, err := s.holds.HeldIDs(ctx, name, maxWarmHolds)
+		ids, err := s.figures.HeldIDs(ctx, name, maxWarmHolds)
 		if err != nil {
 			return false, err
 		}
@@ -383,7 +383,7 @@ func (s *Service) warm(ctx context.Context, sku string, b int) (warmed bool, err
 			return false, err
 		}
 		share := level.Bucket(b)
-		res, err := s.holds.Warm(ctx, share, ids, confirmed)
+		res, err := s.figures.Warm(ctx, share, ids, confirmed)
 		if err != nil {
 			return false, err
 		}

@@ -52,7 +52,10 @@ func DefaultConfig() Config {
 // Service runs the protocol. Its methods are what the handlers call.
 type Service struct {
 	cfg      Config
-	holds    Holds
+	holds    Holds        // Redis, by role: the holds,
+	figures  StockFigures // the buckets' figures,
+	slots    GroupSlots   // the groups' slots,
+	marks    LiveMarks    // what the sweeper visits
 	ledger   Ledger
 	queue    Enqueuer
 	notifier Notifier
@@ -75,7 +78,7 @@ type Service struct {
 
 // Deps are the Service's collaborators.
 type Deps struct {
-	Holds    Holds
+	Redis    Redis
 	Ledger   Ledger
 	Queue    Enqueuer // may be nil where no reservation is enqueued (persist, compensate, sweeper)
 	Notifier Notifier
@@ -114,7 +117,7 @@ func NewService(cfg Config, d Deps) *Service {
 		d.Metrics = nopMetrics{}
 	}
 	return &Service{
-		cfg: cfg, holds: d.Holds, ledger: d.Ledger, queue: d.Queue, notifier: d.Notifier,
+		cfg: cfg, holds: d.Redis, figures: d.Redis, slots: d.Redis, marks: d.Redis, ledger: d.Ledger, queue: d.Queue, notifier: d.Notifier,
 		metrics: d.Metrics, clock: d.Clock, log: d.Log, hooks: d.Hooks, sleep: sleepCtx, idSecret: d.IDSecret,
 	}
 }

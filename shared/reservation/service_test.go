@@ -32,7 +32,7 @@ func newFixture(t *testing.T) *fixture {
 	cfg := DefaultConfig()
 	cfg.HoldTTL = time.Minute
 	f.svc = NewService(cfg, Deps{
-		Holds: f.holds, Ledger: f.ledger, Queue: f.queue, Notifier: f.notes, Metrics: f.metrics, Clock: f.clock,
+		Redis: f.holds, Ledger: f.ledger, Queue: f.queue, Notifier: f.notes, Metrics: f.metrics, Clock: f.clock,
 	})
 	f.svc.sleep = func(context.Context, time.Duration) {}
 	return f

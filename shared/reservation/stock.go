@@ -45,7 +45,7 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 	s.counts.drop(c.SKU)
 	s.unknown.drop(c.SKU) // buyable at once through this instance
 	for b := range level.BucketCount() {
-		res, err := s.holds.Sync(ctx, level.Bucket(b))
+		res, err := s.figures.Sync(ctx, level.Bucket(b))
 		if err == nil && res == SyncMissing && b == 0 {
 			_, err = s.warm(ctx, c.SKU, b) // the others warm when first asked
 		}
@@ -88,12 +88,12 @@ func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, er
 		Buckets: level.BucketCount()}
 	for b := range level.BucketCount() {
 		name := BucketName(sku, b)
-		rs, err := s.holds.Stock(ctx, name)
+		rs, err := s.figures.Stock(ctx, name)
 		if errors.Is(err, ErrUnknownSKU) { // Redis lost it: warm it, as a buyer's request would
 			if _, err := s.warm(ctx, sku, b); err != nil {
 				return StockReport{}, err
 			}
-			rs, err = s.holds.Stock(ctx, name)
+			rs, err = s.figures.Stock(ctx, name)
 		}
 		if err != nil {
 			return StockReport{}, err

@@ -82,7 +82,7 @@ func (r *SweepReport) addDrift(sku string, d int64) {
 
 // Sweep is the scheduled pass that bounds how long anything stays undecided.
 // Its cost follows the sale, not the catalog: it visits
-//   - the live SKUs, those a reserve or a stock change marked (Holds.Touch)
+//   - the live SKUs, those a reserve or a stock change marked (LiveMarks.Touch)
 //     and whose holds are not all decided yet, every sweep;
 //   - a slice of the catalog (Config.SweepCatalog SKUs after a cursor kept in
 //     Redis), so that any SKU, marked or not, is visited once per pass of
@@ -150,7 +150,7 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 // it visited.
 func (s *Service) sweepLive(ctx context.Context, rep *SweepReport) map[string]bool {
 	visited := map[string]bool{}
-	live, err := s.holds.Live(ctx, s.cfg.SweepLive)
+	live, err := s.marks.Live(ctx, s.cfg.SweepLive)
 	if err != nil {
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: list live skus", "error", err)
@@ -195,7 +195,7 @@ func (s *Service) sweepLive(ctx context.Context, rep *SweepReport) map[string]bo
 		if !quiet {
 			continue
 		}
-		ended, err := s.holds.Unmark(ctx, m)
+		ended, err := s.marks.Unmark(ctx, m)
 		if err != nil {
 			rep.Errors++
 			s.log.ErrorContext(ctx, "sweep: unmark", "sku", m.SKU, "error", err)
@@ -210,7 +210,7 @@ func (s *Service) sweepLive(ctx context.Context, rep *SweepReport) map[string]bo
 // after the cursor (skipping those visited as live) and moves the cursor on;
 // past the last SKU the pass starts again from the first.
 func (s *Service) sweepCatalog(ctx context.Context, visited map[string]bool, rep *SweepReport) error {
-	after, err := s.holds.Cursor(ctx)
+	after, err := s.marks.Cursor(ctx)
 	if err != nil {
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: read catalog cursor", "error", err)
@@ -244,7 +244,7 @@ func (s *Service) sweepCatalog(ctx context.Context, visited map[string]bool, rep
 	default:
 		rep.CatalogPassDone = true
 	}
-	if err := s.holds.SetCursor(ctx, next); err != nil {
+	if err := s.marks.SetCursor(ctx, next); err != nil {
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: move catalog cursor", "error", err)
 	}
@@ -273,7 +273,7 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep *SweepReport) (quiet bool) {
 	share := level.Bucket(b)
 	sku := share.SKU // the bucket's name
-	res, err := s.holds.Sync(ctx, share)
+	res, err := s.figures.Sync(ctx, share)
 	switch {
 	case err != nil:
 	case res == SyncAdjusted:
@@ -345,7 +345,7 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 func (s *Service) reconcile(ctx context.Context, whole StockLevel, b int, rep *SweepReport) (quiet bool) {
 	level := whole.Bucket(b)
 	sku := level.SKU // the bucket's name
-	rs, err := s.holds.Stock(ctx, sku)
+	rs, err := s.figures.Stock(ctx, sku)
 	if err != nil {
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: read redis stock", "sku", sku, "error", err)
@@ -367,7 +367,7 @@ func (s *Service) reconcile(ctx context.Context, whole StockLevel, b int, rep *S
 			return quiet // MySQL moved: not a stable measurement
 		}
 	}
-	healed, err := s.holds.Heal(ctx, rs, drift, s.cfg.ReconcileAfter)
+	healed, err := s.figures.Heal(ctx, rs, drift, s.cfg.ReconcileAfter)
 	if err != nil {
 		rep.Errors++
 		s.log.ErrorContext(ctx, "sweep: heal", "sku", sku, "error", err)

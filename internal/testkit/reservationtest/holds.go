@@ -14,7 +14,7 @@ import (
 // HoldsUnderTest is a Holds the suite can make forget a hold or a SKU's
 // stock, as Redis does after its retention or a failover.
 type HoldsUnderTest interface {
-	reservation.Holds
+	reservation.Redis
 	Forget(ctx context.Context, r reservation.Reservation) error
 	ForgetStock(ctx context.Context, sku string) error
 }

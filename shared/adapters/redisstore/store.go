@@ -94,7 +94,7 @@ var (
 	chargeScript      = redis.NewScript(clockLua + budgetLua + chargeLua)
 )
 
-var _ reservation.Holds = (*Store)(nil)
+var _ reservation.Redis = (*Store)(nil)
 
 // Store keeps holds in Redis (standalone or cluster).
 type Store struct {
