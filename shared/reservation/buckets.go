@@ -434,7 +434,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 		s.transfersPaused.Store(s.clock.Now().Add(transferPause))
 		return false, fmt.Errorf("transfer %s: record: %w", t.ID, err)
 	}
-	if err := s.followTransfer(ctx, row, row.RefundVersion); err != nil {
+	if err := s.carryOutTransfer(ctx, row, row.RefundVersion); err != nil {
 		// MySQL moved the units; the outbox completes the move in Redis.
 		s.metrics.Count("follow_failed", 1)
 		return false, fmt.Errorf("transfer %s: follow: %w", t.ID, err)
@@ -447,7 +447,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 	return true, nil
 }
 
-// followTransfer makes Redis follow a transfer's row: the units credited
+// carryOutTransfer makes Redis follow a transfer's row: the units credited
 // to the receiving bucket once, then its hold in the giving bucket confirmed
 // (or, fenced, its units returned there); the row is released when both are
 // done. The credit comes first: until the hold is decided its units count as
@@ -458,7 +458,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 // later: from the outbox the hold may be gone for having finished
 // (retention), not for having been lost, and taking again would take twice;
 // reconciliation repairs the rare loss instead.
-func (s *Service) followTransfer(ctx context.Context, row Reservation, version int64) error {
+func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version int64) error {
 	if row.Status == StatusConfirmed && !row.Released {
 		_, err := s.holds.Credit(ctx, row)
 		if errors.Is(err, ErrUnknownSKU) {

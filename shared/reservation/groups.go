@@ -359,7 +359,7 @@ func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error
 	}
 	if len(leaving) > 0 {
 		for _, row := range leaving {
-			if err := s.followNow(ctx, row, 0); err != nil {
+			if err := s.carryOutNow(ctx, row, 0); err != nil {
 				return err
 			}
 		}

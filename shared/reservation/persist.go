@@ -114,7 +114,7 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 }
 
 // followAll makes Redis follow rows MySQL confirmed in one commit (version
-// is the stock row's after it), like follow on each: a failure is counted,
+// is the stock row's after it), like carryOut on each: a failure is counted,
 // logged and left to the sweeper.
 func (s *Service) followAll(ctx context.Context, rows []Reservation, version int64) {
 	if len(rows) == 0 {
@@ -123,7 +123,7 @@ func (s *Service) followAll(ctx context.Context, rows []Reservation, version int
 	returned, errs := s.holds.FollowAll(ctx, rows, version)
 	for i, row := range rows {
 		if errors.Is(errs[i], ErrUnknownSKU) {
-			s.follow(ctx, row, version) // the warm-up path, one by one
+			s.carryOut(ctx, row, version) // the warm-up path, one by one
 			continue
 		}
 		if errs[i] != nil {
@@ -170,7 +170,7 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 			}
 		}
 		r.Status = StatusConfirmed
-		r = s.follow(ctx, r, res.Version)
+		r = s.carryOut(ctx, r, res.Version)
 		if r.GroupID != "" {
 			// This join was sent, so it was accepted: if its group's slots
 			// are all taken, it formed (the reserve that sent the last join
@@ -186,7 +186,7 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 			s.metrics.Count("strays", 1)
 		}
 		s.followStray(ctx, res.Row, r.Bucket)
-		return s.follow(ctx, res.Row, 0), nil
+		return s.carryOut(ctx, res.Row, 0), nil
 	default:
 		return s.settle(ctx, r, reasonOf(res.Result))
 	}

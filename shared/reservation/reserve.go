@@ -224,7 +224,7 @@ func (s *Service) judgeKeyed(ctx context.Context, r, held Reservation, err error
 	}
 	if newHold {
 		s.followStray(ctx, row, held.Bucket) // the row's hold was in another bucket
-		s.follow(ctx, row, 0)
+		s.carryOut(ctx, row, 0)
 	}
 	if rerr != nil {
 		return Reservation{}, false, rerr

@@ -59,7 +59,7 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		s.formBeforeLeaving(ctx, row)
 		return s.refund(ctx, id, ReasonBuyer)
 	}
-	return s.follow(ctx, row, 0), nil
+	return s.carryOut(ctx, row, 0), nil
 }
 
 // settle is the fenced decision every cancelling path shares: write the
@@ -77,7 +77,7 @@ func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Res
 		s.metrics.Count("cancelled_"+string(row.Reason), 1)
 	}
 	s.followStray(ctx, row, r.Bucket)
-	return s.follow(ctx, row, 0), nil
+	return s.carryOut(ctx, row, 0), nil
 }
 
 // refund cancels a CONFIRMED reservation: stock back to MySQL, then Redis.
@@ -89,18 +89,19 @@ func (s *Service) refund(ctx context.Context, id string, reason Reason) (Reserva
 	if refunded {
 		s.metrics.Count("cancelled_"+string(reason), 1)
 	}
-	return s.follow(ctx, row, 0), nil
+	return s.carryOut(ctx, row, 0), nil
 }
 
-// follow makes Redis follow a decided row: the hold is confirmed or
-// released (a give-back at most once: the row's released flag, flipped here
-// once Redis acknowledged, is the release outbox), and a cancellation's
-// event goes out once (the notified flag). What fails here is left to the
-// sweeper, which drains both outboxes; MySQL's decision stands either way,
-// so follow reports no error. version is the stock row's version after a
-// confirm's commit (0 when unknown).
-func (s *Service) follow(ctx context.Context, row Reservation, version int64) Reservation {
-	if err := s.followNow(ctx, row, version); err != nil {
+// carryOut carries out MySQL's decided row in everything that must hear of
+// it. Redis follows the row (Holds.Follow: the hold is confirmed or released,
+// a give-back at most once), the row is marked released once Redis
+// acknowledged (the release outbox), and a cancellation's event goes out
+// once and is marked notified (the event outbox). What fails here is left to
+// the sweeper, which drains both outboxes; MySQL's decision stands either
+// way, so carryOut reports no error. version is the stock row's version
+// after a confirm's commit (0 when unknown).
+func (s *Service) carryOut(ctx context.Context, row Reservation, version int64) Reservation {
+	if err := s.carryOutNow(ctx, row, version); err != nil {
 		s.metrics.Count("follow_failed", 1)
 		s.log.WarnContext(ctx, "redis or the event bus did not follow mysql yet; the sweeper retries",
 			"reservation_id", row.ID, "status", row.Status, "error", err)
@@ -108,9 +109,10 @@ func (s *Service) follow(ctx context.Context, row Reservation, version int64) Re
 	return row
 }
 
-func (s *Service) followNow(ctx context.Context, row Reservation, version int64) error {
+// carryOutNow is carryOut, reporting what failed.
+func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int64) error {
 	if row.Transfer {
-		return s.followTransfer(ctx, row, 0)
+		return s.carryOutTransfer(ctx, row, 0)
 	}
 	if row.GroupID != "" && row.Status == StatusCancelled && !row.Released {
 		if err := s.groupFollowsMySQL(ctx, row); err != nil {

@@ -110,7 +110,7 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		s.log.ErrorContext(ctx, "sweep: list outbox", "error", err)
 	}
 	for _, row := range pending {
-		if err := s.followNow(ctx, row, 0); err != nil {
+		if err := s.carryOutNow(ctx, row, 0); err != nil {
 			rep.Errors++
 			s.log.ErrorContext(ctx, "sweep: drain outbox", "reservation_id", row.ID, "error", err)
 			continue
