@@ -72,7 +72,7 @@ func (s *Store) Charge(ctx context.Context, a reservation.Attempt) error {
 	if a.Group != "" {
 		until = ms(a.Until)
 	}
-	out, err := chargeScript.Run(ctx, s.rdb, []string{k.meta(), k.budget(a.UserID), k.opened(a.UserID)},
+	out, err := chargeScript.Run(ctx, s.rdb, []string{k.meta(), k.attempts(a.UserID), k.opened(a.UserID)},
 		s.now(), s.rate, s.burst, a.Token, a.Group, until, a.MaxOpen).StringSlice()
 	if err != nil {
 		return reservation.Unavailable("redis charge", err)

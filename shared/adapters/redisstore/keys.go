@@ -25,8 +25,12 @@ func (k keys) users() string             { return k.tag + ":users" }
 func (k keys) hold(id string) string     { return k.tag + ":r:" + id }
 func (k keys) group(gid string) string   { return k.tag + ":g:" + gid }
 func (k keys) members(gid string) string { return k.tag + ":gm:" + gid }
-func (k keys) budget(user string) string { return k.tag + ":rl:" + user }
-func (k keys) opened(user string) string { return k.tag + ":og:" + user }
+
+// attempts names a user's attempt budget hash (budget.lua). Its suffix
+// stays ":rl:" from when it was named a rate limit: renaming the key would
+// reset every buyer's budget on deploy.
+func (k keys) attempts(user string) string { return k.tag + ":rl:" + user }
+func (k keys) opened(user string) string   { return k.tag + ":og:" + user }
 func (k keys) holdKeys(r reservation.Reservation) []string {
 	// The group keys are placeholders (never written) when there is no group.
 	return []string{k.stock(), k.meta(), k.exp(), k.users(), k.hold(r.ID), k.group(r.GroupID), k.members(r.GroupID)}

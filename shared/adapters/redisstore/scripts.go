@@ -62,7 +62,7 @@ var ReserveLua = clockLua + budgetLua + reserveLua
 // ReserveKeys returns the KEYS of reserve.lua for a reservation.
 func ReserveKeys(r reservation.Reservation) []string {
 	k := keysOfHold(r)
-	return append(k.holdKeys(r), k.budget(r.UserID))
+	return append(k.holdKeys(r), k.attempts(r.UserID))
 }
 
 // ReserveArgs returns the ARGV of reserve.lua for a reservation, reading the
