@@ -1,17 +1,9 @@
 package reservation
 
-import (
-	"context"
-	"errors"
-	"fmt"
-	"hash/fnv"
-	"sort"
-	"strconv"
-	"strings"
-	"sync"
-	"time"
-)
-
+// The moves between buckets: refill (with its per-bucket lock, refilling,
+// and the reads bucketStock and bucketFigures), cover and returned, transfer
+// and its constants, followTransfer and followStray.
+//
 // Buckets: one SKU's sellable stock split over K Redis buckets, each with
 // its own hash tag, so that a cluster spreads one hot SKU over K shards.
 //
@@ -24,68 +16,14 @@ import (
 // the SKU's available units (bucket 0's is the rest), so one bucket Redis
 // lost is warmed alone. K = 1 is the layout of a SKU without buckets.
 
-// MaxBuckets bounds K.
-const MaxBuckets = 64
-
-// BucketName names bucket b of sku in Redis: the SKU itself for bucket 0,
-// "<sku>#<b>" otherwise ('#' is never part of a SKU). Holds methods that take
-// a SKU take a bucket's name.
-func BucketName(sku string, b int) string {
-	if b == 0 {
-		return sku
-	}
-	return sku + "#" + strconv.Itoa(b)
-}
-
-// ParseBucket splits a bucket's name into its SKU and bucket number.
-func ParseBucket(name string) (sku string, b int) {
-	i := strings.LastIndexByte(name, '#')
-	if i < 0 {
-		return name, 0
-	}
-	b, err := strconv.Atoi(name[i+1:])
-	if err != nil || b <= 0 || b >= MaxBuckets {
-		return name, 0
-	}
-	return name[:i], b
-}
-
-// HomeBucket is the bucket a request is held in with k buckets: a group
-// join's is bucket 0 (the group's slots are there); a buy's is a hash of its
-// buyer.
-func HomeBucket(user, group string, k int) int {
-	if k <= 1 || group != "" {
-		return 0
-	}
-	h := fnv.New32a()
-	h.Write([]byte(user))
-	return int(h.Sum32() % uint32(k))
-}
-
-// BucketCount is K of a level (1 when unset).
-func (l StockLevel) BucketCount() int { return max(1, l.Buckets) }
-
-// Bucket returns bucket b's share of the level, named BucketName(sku, b):
-// its available units (bucket 0 has what the others do not), the SKU's
-// version (one order for every bucket's events), limits and, for bucket 0,
-// the admin changes (they land there; transfers spread them).
-func (l StockLevel) Bucket(b int) StockLevel {
-	out := l
-	out.SKU = BucketName(l.SKU, b)
-	out.BucketAvailable = nil
-	if b == 0 {
-		for _, n := range l.BucketAvailable {
-			out.Available -= n
-		}
-		return out
-	}
-	out.AdminDelta = 0
-	out.Available = 0
-	if b-1 < len(l.BucketAvailable) {
-		out.Available = l.BucketAvailable[b-1]
-	}
-	return out
-}
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
 
 // transferTTL is how long a transfer's hold may wait for MySQL before the
 // sweeper fences it and its units return to the giving bucket. The
@@ -114,163 +52,6 @@ const transferTimeout = 5 * time.Second
 // a fence decides them, so a MySQL outage must not freeze the stock one
 // buyer at a time. Buyers of a dry bucket hear 503 meanwhile.
 const transferPause = time.Second
-
-// counts caches, per SKU, K as Redis has it, for touchEvery: one read per
-// SKU per instance per period, not per request.
-type counts struct {
-	mu sync.Mutex
-	m  map[string]count
-}
-
-type count struct {
-	layout
-	until time.Time
-}
-
-// layout is how a SKU's stock sits in Redis.
-type layout struct {
-	k      int  // buckets
-	groups bool // the SKU has group-buys (in bucket 0)
-}
-
-func (c *counts) get(sku string, now time.Time) (layout, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[sku]
-	return e.layout, ok && now.Before(e.until)
-}
-
-func (c *counts) put(sku string, l layout, until time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil || len(c.m) >= maxTouched {
-		c.m = make(map[string]count)
-	}
-	c.m[sku] = count{layout: l, until: until}
-}
-
-// drop forgets sku: the next request reads its layout again.
-func (c *counts) drop(sku string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.m, sku)
-}
-
-// unknownTTL is how long an instance answers unknown_sku for a SKU MySQL
-// said it does not have, without asking again: a probe of made-up SKUs costs
-// MySQL one lookup per SKU per instance per period, not one per request. A
-// SKU the admin creates through this instance is buyable at once (ChangeStock
-// drops the entry); through another, within unknownTTL.
-const unknownTTL = 2 * time.Second
-
-// unknowns remembers, per SKU, until when this instance takes MySQL's "no
-// such SKU" as the answer (bounded: past maxTouched entries it starts
-// afresh).
-type unknowns struct {
-	mu    sync.Mutex
-	m     map[string]time.Time
-	epoch uint64 // moves on every drop: a lookup that began before it does not record
-}
-
-// known reports whether sku may exist at now (no recent "unknown" here).
-func (u *unknowns) known(sku string, now time.Time) bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	until, ok := u.m[sku]
-	return !ok || !now.Before(until)
-}
-
-// begin returns the epoch a lookup starts in (for put).
-func (u *unknowns) begin() uint64 {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.epoch
-}
-
-// put records that MySQL had no sku, unless a drop came since epoch (the
-// admin may have created it meanwhile).
-func (u *unknowns) put(sku string, until time.Time, epoch uint64) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if epoch != u.epoch {
-		return
-	}
-	if u.m == nil || len(u.m) >= maxTouched {
-		u.m = make(map[string]time.Time)
-	}
-	u.m[sku] = until
-}
-
-// drop forgets sku: it exists now (or may).
-func (u *unknowns) drop(sku string) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.epoch++
-	delete(u.m, sku)
-}
-
-// bucketsOf returns K of sku.
-func (s *Service) bucketsOf(ctx context.Context, sku string) (int, error) {
-	l, err := s.layoutOf(ctx, sku)
-	return l.k, err
-}
-
-// layoutOf returns the layout of sku, warming its bucket 0 if Redis lost it
-// (ErrUnknownSKU: MySQL has no such SKU; said again without asking for
-// unknownTTL).
-func (s *Service) layoutOf(ctx context.Context, sku string) (layout, error) {
-	now := s.clock.Now()
-	if l, ok := s.counts.get(sku, now); ok {
-		return l, nil
-	}
-	if !s.unknown.known(sku, now) {
-		return layout{}, ErrUnknownSKU
-	}
-	k, groups, err := s.figures.Buckets(ctx, sku)
-	if errors.Is(err, ErrUnknownSKU) {
-		epoch := s.unknown.begin()
-		if _, err = s.warm(ctx, sku, 0); err != nil {
-			if errors.Is(err, ErrUnknownSKU) {
-				s.unknown.put(sku, now.Add(unknownTTL).Round(0), epoch)
-			}
-			return layout{}, err
-		}
-		k, groups, err = s.figures.Buckets(ctx, sku)
-	}
-	if err != nil {
-		return layout{}, err
-	}
-	l := layout{k: k, groups: groups}
-	s.counts.put(sku, l, now.Add(touchEvery).Round(0))
-	return l, nil
-}
-
-// crossBucketMismatch reports whether a keyed request's id is held in
-// Redis, for another request, in the other bucket a request with this key
-// could be held in: a join's id in the buyer's home bucket, a buy's in
-// bucket 0 (where a SKU with group-buys holds its joins). The id names the
-// buyer, the SKU and the key, not the group, so a join and a buy under one
-// key are one id in two buckets, and neither bucket's script sees the other.
-func (s *Service) crossBucketMismatch(ctx context.Context, r Reservation, l layout) (bool, error) {
-	other := HomeBucket(r.UserID, "", l.k)
-	if r.GroupID == "" {
-		if !l.groups {
-			return false, nil
-		}
-		other = 0
-	}
-	if other == r.Bucket {
-		return false, nil
-	}
-	h, err := s.holds.Hold(ctx, r.ID, other)
-	if errors.Is(err, ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return h.Qty != r.Qty || h.UserID != r.UserID || h.GroupID != r.GroupID, nil
-}
 
 // refill moves units into bucket home of sku from the other buckets, the
 // fullest first, until home has need units: at least need from a bucket,

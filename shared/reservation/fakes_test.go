@@ -89,9 +89,10 @@ type memHolds struct {
 	calls   map[string]int               // method -> calls
 	follows []Reservation                // rows Follow was called with, in order
 	// rate and burst are the per-user attempt defaults (reserve.lua's ARGV
-	// 9 and 10; 0: none); buckets are the users' token buckets per SKU.
+	// 9 and 10; 0: none); attempts are the users' attempt budgets per SKU
+	// bucket.
 	rate, burst int
-	buckets     map[string]*bucket
+	attempts    map[string]*attempts
 	// opened mirrors charge.lua's open-group sorted sets: bucket name and
 	// user -> group id -> until (ms).
 	opened map[string]map[string]int64
@@ -101,8 +102,8 @@ type memHolds struct {
 	cursor string
 }
 
-// bucket mirrors reserve.lua's attempt budget hash (tokens, at, last).
-type bucket struct {
+// attempts mirrors reserve.lua's attempt budget hash (tokens, at, last).
+type attempts struct {
 	tokens float64
 	at     int64
 	last   string // the token of the last attempt charge.lua charged
@@ -114,7 +115,7 @@ func newMemHolds(c Clock) *memHolds {
 		exp: map[string]map[string]int64{}, users: map[string]map[string]int64{},
 		holds: map[string]*memHold{}, groups: map[string]*memGroup{}, members: map[string]map[string]string{},
 		fail: map[string]error{}, lost: map[string]error{}, calls: map[string]int{},
-		buckets: map[string]*bucket{}, opened: map[string]map[string]int64{}, live: map[string]int64{},
+		attempts: map[string]*attempts{}, opened: map[string]map[string]int64{}, live: map[string]int64{},
 	}
 }
 
@@ -132,10 +133,10 @@ func (m *memHolds) charge(sku, user string, now int64) int64 {
 		return 0
 	}
 	key := sku + "\x00" + user
-	b := m.buckets[key]
+	b := m.attempts[key]
 	if b == nil {
-		b = &bucket{tokens: burst, at: now}
-		m.buckets[key] = b
+		b = &attempts{tokens: burst, at: now}
+		m.attempts[key] = b
 	}
 	if now < b.at {
 		b.at = now
@@ -163,11 +164,11 @@ func (m *memHolds) Charge(_ context.Context, a Attempt) error {
 			return nil
 		}
 	}
-	if b := m.buckets[key]; a.Token == "" || b == nil || b.last != a.Token {
+	if b := m.attempts[key]; a.Token == "" || b == nil || b.last != a.Token {
 		if wait := m.charge(name, a.UserID, now); wait > 0 {
 			return &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 		}
-		if b := m.buckets[key]; b != nil {
+		if b := m.attempts[key]; b != nil {
 			b.last = a.Token
 		}
 	}

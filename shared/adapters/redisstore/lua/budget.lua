@@ -1,9 +1,11 @@
 -- budget.lua: the prelude of every script that charges a buyer's attempt budget (reserve.lua,
--- charge.lua): one token bucket per buyer and SKU, in the buyer's home bucket. Needs clock.lua.
+-- charge.lua): one attempt budget per buyer and SKU (tokens refilled at the rate, up to the burst),
+-- in the buyer's home bucket. Needs clock.lua.
 --
 -- spend(meta, budget, now, default_rate, default_burst, last) charges one attempt:
 --   meta    the bucket's meta hash: rate, burst (0 or absent: the defaults)
---   budget  the buyer's hash: tokens, at (unix ms), last (the token of the last attempt charged)
+--   budget  the buyer's attempt budget hash: tokens, at (unix ms), last (the token of the last
+--           attempt charged)
 --   last    the attempt's token, recorded as last ("" records none)
 -- It returns nil when charged (or when no rate applies), else the wait in ms until a token is
 -- there (nothing charged). A clock that stepped back restarts the refill.

@@ -8,7 +8,8 @@
 --
 -- KEYS[1] meta    hash of the home bucket: rate, burst (per-user attempts per second and burst; 0 or
 --                 absent = ARGV defaults)
--- KEYS[2] budget  hash: tokens, at (unix ms), last (the token of the last attempt charged)
+-- KEYS[2] attempts hash: the buyer's attempt budget: tokens, at (unix ms), last (the token of the
+--                 last attempt charged)
 -- KEYS[3] opened  sorted set: group id -> until when it counts as the buyer's open group (unix ms)
 -- ARGV[1] now (unix ms; "" = Redis's clock)  ARGV[2] default rate  ARGV[3] default burst (0: no rate)
 -- ARGV[4] token (names this attempt: a repeat of this very call is free)

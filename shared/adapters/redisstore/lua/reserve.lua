@@ -9,7 +9,7 @@
 -- KEYS[5] hold     hash: the hold of this reservation id
 -- KEYS[6] group    hash: capacity, remaining, status, deadline, formed_at (placeholder when no group)
 -- KEYS[7] members  hash: user -> reservation id (placeholder when no group)
--- KEYS[8] bucket   hash: this user's attempt bucket on the SKU: tokens, at (unix ms)
+-- KEYS[8] attempts hash: this user's attempt budget on the SKU: tokens, at (unix ms)
 -- ARGV[1] sku  ARGV[2] reservation id  ARGV[3] qty  ARGV[4] user  ARGV[5] group id ("" = none)
 -- ARGV[6] hold ttl (ms)  ARGV[7] token (names this incarnation of the hold)
 -- ARGV[8] now (unix ms; "" = Redis's clock, as in production)
@@ -33,7 +33,7 @@
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
--- A token bucket per user and SKU (budget.lua): every attempt costs one token — a new one, sold
+-- An attempt budget per user and SKU (budget.lua): every attempt costs one token — a new one, sold
 -- out or refused, and a client's replay (of a HELD hold, which re-sends the message, or a decided
 -- one) — so a script hammering from one account can neither crowd out other buyers nor flood the
 -- queue. A retry of this very call (the same token: go-redis after a timeout) is free.

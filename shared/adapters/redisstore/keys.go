@@ -1,0 +1,46 @@
+package redisstore
+
+// The key layout: keys names every key of one bucket of a SKU under its
+// hash tag, keysOf and keysOfHold pick the bucket, and sweepKeys names the
+// sweeper's keys of one ledger. No other code (and no script) builds a key
+// name.
+
+import "github.com/holdfast/holdfast/shared/reservation"
+
+// keys names every key of one bucket of a SKU (its name: see
+// reservation.BucketName). Scripts never build key names.
+type keys struct{ tag string }
+
+func keysOf(bucket string) keys { return keys{tag: "hf:{" + bucket + "}"} }
+
+// keysOfHold names the keys of the bucket r's hold is in.
+func keysOfHold(r reservation.Reservation) keys {
+	return keysOf(reservation.BucketName(r.SKU, r.Bucket))
+}
+
+func (k keys) stock() string             { return k.tag + ":stock" }
+func (k keys) meta() string              { return k.tag + ":meta" }
+func (k keys) exp() string               { return k.tag + ":exp" }
+func (k keys) users() string             { return k.tag + ":users" }
+func (k keys) hold(id string) string     { return k.tag + ":r:" + id }
+func (k keys) group(gid string) string   { return k.tag + ":g:" + gid }
+func (k keys) members(gid string) string { return k.tag + ":gm:" + gid }
+
+// attempts names a user's attempt budget hash (budget.lua). Its suffix
+// stays ":rl:" from when it was named a rate limit: renaming the key would
+// reset every buyer's budget on deploy.
+func (k keys) attempts(user string) string { return k.tag + ":rl:" + user }
+func (k keys) opened(user string) string   { return k.tag + ":og:" + user }
+func (k keys) holdKeys(r reservation.Reservation) []string {
+	// The group keys are placeholders (never written) when there is no group.
+	return []string{k.stock(), k.meta(), k.exp(), k.users(), k.hold(r.ID), k.group(r.GroupID), k.members(r.GroupID)}
+}
+
+// sweepKeys names the sweeper's keys of one ledger. Their hash tag starts
+// with '#', which no SKU may contain, so it never names a SKU's slot.
+type sweepKeys struct{ tag string }
+
+func sweepKeysOf(ledger string) sweepKeys { return sweepKeys{tag: "hf:{#sweep:" + ledger + "}"} }
+
+func (k sweepKeys) live() string   { return k.tag + ":live" }
+func (k sweepKeys) cursor() string { return k.tag + ":cursor" }

@@ -1,0 +1,118 @@
+package redisstore
+
+// A SKU's stock and its warm-up: Stock reads a bucket's stock and meta,
+// Sync (stock.lua) makes a SKU Redis knows follow MySQL's admin changes,
+// HeldIDs lists the held ids, Warm (warm.lua) loads a bucket Redis has no
+// stock for from MySQL, and Heal (heal.lua) corrects a drift that has
+// persisted.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/holdfast/holdfast/shared/reservation"
+	"github.com/redis/go-redis/v9"
+)
+
+// Stock implements reservation.Holds.
+func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, error) {
+	k := keysOf(sku)
+	var stock *redis.StringCmd
+	var meta *redis.SliceCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		stock = p.Get(ctx, k.stock())
+		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver", "moving")
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return reservation.RedisStock{}, reservation.Unavailable("redis stock", err)
+	}
+	rs := reservation.RedisStock{SKU: sku}
+	rs.Available, err = stock.Int64()
+	if errors.Is(err, redis.Nil) {
+		return reservation.RedisStock{}, reservation.ErrUnknownSKU
+	}
+	if err != nil {
+		return reservation.RedisStock{}, fmt.Errorf("redis stock %s: %w", sku, err)
+	}
+	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version, &rs.Moving} {
+		if v, ok := meta.Val()[i].(string); ok {
+			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
+				return reservation.RedisStock{}, fmt.Errorf("redis meta %s: %w", sku, err)
+			}
+		}
+	}
+	return rs, nil
+}
+
+// Sync implements reservation.Holds.
+func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reservation.SyncResult, error) {
+	k := keysOf(level.SKU)
+	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()}, level.Version, level.PerUserLimit, level.AdminDelta,
+		level.UserRate, level.UserBurst, level.BucketCount()).Int()
+	if err != nil {
+		return reservation.SyncNone, reservation.Unavailable("redis sync stock", err)
+	}
+	switch n {
+	case 2:
+		return reservation.SyncAdjusted, nil
+	case 4:
+		return reservation.SyncMissing, nil
+	}
+	return reservation.SyncNone, nil
+}
+
+// HeldIDs implements reservation.Holds.
+func (s *Store) HeldIDs(ctx context.Context, sku string, limit int) ([]string, error) {
+	ids, err := s.rdb.ZRange(ctx, keysOf(sku).exp(), 0, int64(limit)-1).Result()
+	if err != nil {
+		return nil, reservation.Unavailable("redis held ids", err)
+	}
+	return ids, nil
+}
+
+// Warm implements reservation.Holds.
+func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []string, confirmed []reservation.Reservation) (reservation.SyncResult, error) {
+	k := keysOf(level.SKU)
+	token := make(map[string]string, len(confirmed))
+	for _, r := range confirmed {
+		token[r.ID] = r.Token
+	}
+	ks := make([]string, 0, 2+len(held))
+	ks = append(ks, k.stock(), k.meta())
+	args := make([]any, 0, 7+2*len(held))
+	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.BucketCount())
+	for _, id := range held {
+		ks = append(ks, k.hold(id))
+		if t, ok := token[id]; ok {
+			args = append(args, "1", t)
+		} else {
+			args = append(args, "0", "")
+		}
+	}
+	n, err := warmScript.Run(ctx, s.rdb, ks, args...).Int()
+	if err != nil {
+		return reservation.SyncNone, reservation.Unavailable("redis warm", err)
+	}
+	switch n {
+	case 1:
+		return reservation.SyncWarmed, nil
+	case 3:
+		return reservation.SyncStale, nil
+	}
+	return reservation.SyncNone, nil
+}
+
+// Heal implements reservation.Holds.
+func (s *Store) Heal(ctx context.Context, seen reservation.RedisStock, drift int64, after time.Duration) (bool, error) {
+	k := keysOf(seen.SKU)
+	n, err := healScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()},
+		seen.Available, seen.Held, drift, after.Milliseconds(), s.now()).Int()
+	if err != nil {
+		return false, reservation.Unavailable("redis heal", err)
+	}
+	return n == 1, nil
+}
