@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Buckets implements reservation.Holds: K as bucket 0's meta has it.
+// Buckets implements reservation.StockFigures: K as bucket 0's meta has it.
 func (s *Store) Buckets(ctx context.Context, sku string) (int, bool, error) {
 	k := keysOf(sku)
 	var exists *redis.IntCmd

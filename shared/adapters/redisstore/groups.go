@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// CreateGroup implements reservation.Holds.
+// CreateGroup implements reservation.GroupSlots.
 func (s *Store) CreateGroup(ctx context.Context, g reservation.Group) error {
 	k := keysOf(g.SKU)
 	err := groupCreateScript.Run(ctx, s.rdb, []string{k.group(g.ID), k.meta()},
@@ -25,7 +25,7 @@ func (s *Store) CreateGroup(ctx context.Context, g reservation.Group) error {
 	return nil
 }
 
-// Group implements reservation.Holds.
+// Group implements reservation.GroupSlots.
 func (s *Store) Group(ctx context.Context, sku, id string) (reservation.Group, error) {
 	m, err := s.rdb.HGetAll(ctx, keysOf(sku).group(id)).Result()
 	if err != nil {
@@ -48,7 +48,7 @@ func (s *Store) Group(ctx context.Context, sku, id string) (reservation.Group, e
 	return g, nil
 }
 
-// FormGroup implements reservation.Holds.
+// FormGroup implements reservation.GroupSlots.
 func (s *Store) FormGroup(ctx context.Context, g reservation.Group, formedAt time.Time) (bool, error) {
 	n, err := groupFormScript.Run(ctx, s.rdb, []string{keysOf(g.SKU).group(g.ID)}, ms(formedAt)).Int()
 	if err != nil {
@@ -57,7 +57,7 @@ func (s *Store) FormGroup(ctx context.Context, g reservation.Group, formedAt tim
 	return n == 1, nil
 }
 
-// GroupHoldersAccepted implements reservation.Holds: the group's members
+// GroupHoldersAccepted implements reservation.GroupSlots: the group's members
 // hash, then each member's hold, in one pipeline.
 func (s *Store) GroupHoldersAccepted(ctx context.Context, g reservation.Group) (bool, error) {
 	k := keysOf(g.SKU)
@@ -87,7 +87,7 @@ func (s *Store) GroupHoldersAccepted(ctx context.Context, g reservation.Group) (
 	return true, nil
 }
 
-// CloseGroup implements reservation.Holds.
+// CloseGroup implements reservation.GroupSlots.
 func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservation.GroupClosing, error) {
 	k := keysOf(g.SKU)
 	out, err := groupCloseScript.Run(ctx, s.rdb, []string{k.group(g.ID), k.members(g.ID)}, s.now()).StringSlice()
@@ -97,7 +97,7 @@ func (s *Store) CloseGroup(ctx context.Context, g reservation.Group) (reservatio
 	return closing(g.ID, out)
 }
 
-// CloseGroups implements reservation.Holds: group_close.lua for each group,
+// CloseGroups implements reservation.GroupSlots: group_close.lua for each group,
 // all in one pipeline (per shard).
 func (s *Store) CloseGroups(ctx context.Context, gs []reservation.Group) ([]reservation.GroupClosing, []error) {
 	out, errs := make([]reservation.GroupClosing, len(gs)), make([]error, len(gs))

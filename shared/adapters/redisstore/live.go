@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Touch implements reservation.Holds.
+// Touch implements reservation.LiveMarks.
 func (s *Store) Touch(ctx context.Context, sku string, ttl time.Duration) (reservation.LiveSKU, error) {
 	end, err := touchScript.Run(ctx, s.rdb, []string{s.sweep.live()}, sku, ttl.Milliseconds(), s.now()).Int64()
 	if err != nil {
@@ -18,7 +18,7 @@ func (s *Store) Touch(ctx context.Context, sku string, ttl time.Duration) (reser
 	return reservation.LiveSKU{SKU: sku, Until: time.UnixMilli(end).UTC()}, nil
 }
 
-// Live implements reservation.Holds.
+// Live implements reservation.LiveMarks.
 func (s *Store) Live(ctx context.Context, limit int) ([]reservation.LiveSKU, error) {
 	zs, err := s.rdb.ZRangeWithScores(ctx, s.sweep.live(), 0, int64(limit)-1).Result()
 	if err != nil {
@@ -32,12 +32,12 @@ func (s *Store) Live(ctx context.Context, limit int) ([]reservation.LiveSKU, err
 	return out, nil
 }
 
-// Unmark implements reservation.Holds.
+// Unmark implements reservation.LiveMarks.
 func (s *Store) Unmark(ctx context.Context, m reservation.LiveSKU) (bool, error) {
 	return s.unmark(ctx, m, "0")
 }
 
-// Withdraw implements reservation.Holds.
+// Withdraw implements reservation.LiveMarks.
 func (s *Store) Withdraw(ctx context.Context, m reservation.LiveSKU) (bool, error) {
 	return s.unmark(ctx, m, "1")
 }
@@ -50,7 +50,7 @@ func (s *Store) unmark(ctx context.Context, m reservation.LiveSKU, withdraw stri
 	return n == 1, nil
 }
 
-// Cursor implements reservation.Holds.
+// Cursor implements reservation.LiveMarks.
 func (s *Store) Cursor(ctx context.Context) (string, error) {
 	sku, err := s.rdb.Get(ctx, s.sweep.cursor()).Result()
 	if errors.Is(err, redis.Nil) {
@@ -62,7 +62,7 @@ func (s *Store) Cursor(ctx context.Context) (string, error) {
 	return sku, nil
 }
 
-// SetCursor implements reservation.Holds.
+// SetCursor implements reservation.LiveMarks.
 func (s *Store) SetCursor(ctx context.Context, sku string) error {
 	if err := s.rdb.Set(ctx, s.sweep.cursor(), sku, 0).Err(); err != nil {
 		return reservation.Unavailable("redis move sweep cursor", err)

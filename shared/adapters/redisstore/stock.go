@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Stock implements reservation.Holds.
+// Stock implements reservation.StockFigures.
 func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, error) {
 	k := keysOf(sku)
 	var stock *redis.StringCmd
@@ -48,7 +48,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 	return rs, nil
 }
 
-// Sync implements reservation.Holds.
+// Sync implements reservation.StockFigures.
 func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
 	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()}, level.Version, level.PerUserLimit, level.AdminDelta,
@@ -65,7 +65,7 @@ func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reserva
 	return reservation.SyncNone, nil
 }
 
-// HeldIDs implements reservation.Holds.
+// HeldIDs implements reservation.StockFigures.
 func (s *Store) HeldIDs(ctx context.Context, sku string, limit int) ([]string, error) {
 	ids, err := s.rdb.ZRange(ctx, keysOf(sku).exp(), 0, int64(limit)-1).Result()
 	if err != nil {
@@ -74,7 +74,7 @@ func (s *Store) HeldIDs(ctx context.Context, sku string, limit int) ([]string, e
 	return ids, nil
 }
 
-// Warm implements reservation.Holds.
+// Warm implements reservation.StockFigures.
 func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []string, confirmed []reservation.Reservation) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
 	token := make(map[string]string, len(confirmed))
@@ -106,7 +106,7 @@ func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []s
 	return reservation.SyncNone, nil
 }
 
-// Heal implements reservation.Holds.
+// Heal implements reservation.StockFigures.
 func (s *Store) Heal(ctx context.Context, seen reservation.RedisStock, drift int64, after time.Duration) (bool, error) {
 	k := keysOf(seen.SKU)
 	n, err := healScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()},

@@ -78,7 +78,7 @@ func (s *Store) now() string {
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
-// Now implements reservation.Holds.
+// Now implements reservation.GroupSlots.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	if s.clock != nil {
 		return s.clock.Now(), nil
