@@ -180,3 +180,99 @@ func TestDocsCiteTestsThatExist(t *testing.T) {
 		}
 	}
 }
+
+// maxSentence is the most words a sentence of the reference documents may
+// have: one idea a sentence, so the protocol reads top to bottom.
+const maxSentence = 40
+
+// sentenceDocs are held to maxSentence, in their prose: code blocks, table
+// rows and headings are not prose. The sections of sentenceSkips are not
+// held yet (another rewrite owns "One SKU over K buckets").
+var (
+	sentenceDocs  = []string{"docs/ARCHITECTURE.md", "docs/design.md"}
+	sentenceSkips = map[string]bool{"## One SKU over K buckets": true}
+)
+
+// sentence is one sentence of a document's prose: its words, and the line
+// it starts on.
+type sentence struct {
+	line  int
+	words []string
+}
+
+// proseSentences splits a markdown document's prose into sentences. A
+// paragraph or a list item is joined across its lines; a sentence ends at a
+// word that ends in '.', '?' or '!' (before any closing quote, parenthesis,
+// backtick or emphasis).
+func proseSentences(text string) []sentence {
+	var out []sentence
+	var cur sentence
+	end := func() {
+		if len(cur.words) > 0 {
+			out = append(out, cur)
+		}
+		cur = sentence{}
+	}
+	code, skip := false, false
+	for i, line := range strings.Split(text, "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(trimmed, "```"):
+			end()
+			code = !code
+			continue
+		case code:
+			continue
+		case strings.HasPrefix(trimmed, "#"):
+			end()
+			skip = sentenceSkips[trimmed]
+			continue
+		case skip:
+			continue
+		case trimmed == "" || strings.HasPrefix(trimmed, "|"):
+			end()
+			continue
+		}
+		if m := listItem.FindString(trimmed); m != "" {
+			end()
+			trimmed = trimmed[len(m):]
+		}
+		for _, w := range strings.Fields(trimmed) {
+			if len(cur.words) == 0 {
+				cur.line = i + 1
+			}
+			cur.words = append(cur.words, w)
+			if strings.ContainsAny(lastRune(strings.TrimRight(w, "\"')]*_`")), ".?!") {
+				end()
+			}
+		}
+	}
+	end()
+	return out
+}
+
+var listItem = regexp.MustCompile(`^([*-]|\d+\.)\s+`)
+
+func lastRune(s string) string {
+	r, _ := utf8.DecodeLastRuneInString(s)
+	return string(r)
+}
+
+func TestReferenceDocsHaveShortSentences(t *testing.T) {
+	for _, doc := range sentenceDocs {
+		text, err := os.ReadFile(filepath.Join("../..", doc))
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		sentences := proseSentences(string(text))
+		if len(sentences) < 50 {
+			t.Fatalf("%s: found only %d sentences: the splitter is broken", doc, len(sentences))
+		}
+		for _, s := range sentences {
+			if len(s.words) > maxSentence {
+				t.Errorf("%s:%d has a sentence of %d words (at most %d: one idea a sentence): %q",
+					doc, s.line, len(s.words), maxSentence, strings.Join(s.words[:12], " ")+" …")
+			}
+		}
+	}
+}
