@@ -94,7 +94,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	// group.
 	checked := false
 	if keyed && r.GroupID != "" {
-		if row, ok, err := s.decidedRow(ctx, r); ok || err != nil {
+		if row, ok, err := s.decidedRow(ctx, r, true); ok || err != nil {
 			if err != nil {
 				return Reservation{}, false, err
 			}
@@ -218,7 +218,7 @@ func (s *Service) judgeKeyed(ctx context.Context, r, held Reservation, err error
 	if !newHold && (err == nil || !refusal(err)) {
 		return Reservation{}, false, nil
 	}
-	row, ok, rerr := s.decidedRow(ctx, r)
+	row, ok, rerr := s.decidedRow(ctx, r, false)
 	if !ok && rerr == nil {
 		return Reservation{}, false, nil
 	}
@@ -329,8 +329,15 @@ func refusal(err error) bool {
 
 // decidedRow looks a keyed request's id up in MySQL: ok with the row when
 // MySQL decided it for the same request, ErrIdempotencyMismatch when for
-// another; not ok (and no error) when MySQL has no row or cannot be asked.
-func (s *Service) decidedRow(ctx context.Context, r Reservation) (Reservation, bool, error) {
+// another; not ok (and no error) when MySQL has no row. When MySQL cannot be
+// asked it is not ok with no error too, unless must: then ErrUnavailable.
+// A keyed join must know (the caller answers 503 and takes nothing): the id
+// names the buyer, the SKU and the key but not the group, so a join taken
+// again for a decided id in another group would hold a slot there that
+// returning the stray cannot give back (the row names the other group).
+// Found by an adversarial review of issue 22: such a phantom member kept
+// the other group one slot short for good.
+func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Reservation, bool, error) {
 	row, err := s.ledger.Reservation(ctx, r.ID)
 	switch {
 	case err == nil:
@@ -338,7 +345,10 @@ func (s *Service) decidedRow(ctx context.Context, r Reservation) (Reservation, b
 			return row, false, ErrIdempotencyMismatch
 		}
 		return row, true, nil
-	case !errors.Is(err, ErrNotFound):
+	case errors.Is(err, ErrNotFound):
+	case must:
+		return Reservation{}, false, Unavailable("reserve: idempotency check in mysql", err)
+	default:
 		s.log.WarnContext(ctx, "reserve: idempotency check in mysql failed", "reservation_id", r.ID, "error", err)
 	}
 	return Reservation{}, false, nil

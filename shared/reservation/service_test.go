@@ -1686,3 +1686,54 @@ func TestCancelMetering(t *testing.T) {
 		}
 	})
 }
+
+// A keyed join retried with its key in another group while MySQL cannot be
+// read is answered 503 and takes nothing: the id names buyer, SKU and key,
+// not the group, so a hold taken again in the other group would keep a
+// member there that returning the stray cannot give back. Found by an
+// adversarial review of issue 22 (before, the join was taken and the group
+// stayed one slot short for good).
+func TestKeyedJoinInAnotherGroupWaitsForMySQL(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 10)
+	g1, err := f.svc.CreateGroup(bg, "owner", "s", 2, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := f.svc.CreateGroup(bg, "owner2", "s", 2, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: "u", GroupID: g1.ID, IdempotencyKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.persist(t, r1)
+	f.holds.forget(r1.ID) // retention, or a failover
+	f.ledger.mu.Lock()
+	f.ledger.fail["Reservation"] = errInjected
+	f.ledger.mu.Unlock()
+	_, _, err = f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: "u", GroupID: g2.ID, IdempotencyKey: "k"})
+	f.ledger.mu.Lock()
+	f.ledger.fail = map[string]error{}
+	f.ledger.mu.Unlock()
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("keyed join in another group while MySQL is down = %v, want ErrUnavailable", err)
+	}
+	if g, _ := f.holds.Group(bg, "s", g2.ID); g.Remaining != 2 {
+		t.Errorf("g2 has %d free slots, want 2: the refused join took one", g.Remaining)
+	}
+	if got := f.redis("s"); got != 9 {
+		t.Errorf("redis stock = %d, want 9 (only the first join's unit)", got)
+	}
+	for _, u := range []string{"a", "b"} {
+		if _, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: u, GroupID: g2.ID}); err != nil {
+			t.Errorf("%s joins g2: %v", u, err)
+		}
+	}
+	// With MySQL back, the same request is answered as what it is: another
+	// request under the key of a decided reservation.
+	if _, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: "u", GroupID: g2.ID, IdempotencyKey: "k"}); !errors.Is(err, ErrIdempotencyMismatch) {
+		t.Errorf("the same join with MySQL back = %v, want ErrIdempotencyMismatch", err)
+	}
+}
