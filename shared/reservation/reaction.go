@@ -65,7 +65,8 @@ type Reaction struct {
 	Stock int64
 	// Held is the change of the units HELD.
 	Held int64
-	// Users is the change of the buyer's per-user units.
+	// Users is the change of the buyer's per-user units. Redis keeps no
+	// figure below zero: a buyer whose units Redis lost ends at zero.
 	Users int64
 	// SlotReopened: the join's group slot is free again.
 	SlotReopened bool

@@ -66,10 +66,13 @@ var (
 		{name: "CANCELLED stray", state: reservation.StatusCancelled, stray: true},
 	}
 	joinSetups = []holdSetup{
+		{name: "no hold"},
 		{name: "HELD unsent", state: reservation.StatusHeld},
 		{name: "HELD sent", state: reservation.StatusHeld, sent: true},
 		{name: "HELD stray", state: reservation.StatusHeld, stray: true, sent: true},
 		{name: "CONFIRMED", state: reservation.StatusConfirmed, sent: true},
+		{name: "CONFIRMED stray", state: reservation.StatusConfirmed, stray: true, sent: true},
+		{name: "CANCELLED", state: reservation.StatusCancelled, sent: true},
 	}
 	groupSetups = []groupSetup{
 		{name: "open"},
@@ -111,7 +114,13 @@ func reactionCases() []reactionCase {
 	for _, h := range joinSetups {
 		for _, g := range groupSetups {
 			for _, r := range rowSetups {
-				cs = append(cs, reactionCase{name: fmt.Sprintf("join/%s/group %s/%s", h.name, g.name, r.name), hold: h, group: g, row: r})
+				for _, lost := range []bool{false, true} {
+					name := fmt.Sprintf("join/%s/group %s/%s", h.name, g.name, r.name)
+					if lost {
+						name += "/stock lost"
+					}
+					cs = append(cs, reactionCase{name: name, hold: h, group: g, row: r, lost: lost})
+				}
 			}
 		}
 	}
