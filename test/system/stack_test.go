@@ -213,7 +213,7 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 		"HOLDFAST_HOLD_TTL":         "60s",
 		"HOLDFAST_SWEEP_GRACE":      "2s",
 		"HOLDFAST_LOG_LEVEL":        "warn",
-		// Time only moves when a test moves it, so per-user attempt buckets
+		// Time only moves when a test moves it, so per-user attempt budgets
 		// would never refill: off here, on in the tests of the limit.
 		"HOLDFAST_USER_RATE":      "0",
 		"HOLDFAST_ID_SECRET_FILE": s.writeIDSecret(),

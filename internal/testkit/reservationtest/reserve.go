@@ -96,7 +96,7 @@ func testReserve(t *testing.T, newHolds HoldsFactory) {
 		if _, err := s.Sync(ctx, reservation.StockLevel{SKU: sku, Version: 2, UserRate: 1000, UserBurst: 1000}); err != nil {
 			t.Fatal(err)
 		}
-		c.now = t0.Add(1500 * time.Millisecond) // the bucket refills at the new rate
+		c.now = t0.Add(1500 * time.Millisecond) // the attempt budget refills at the new rate
 		for i := range 20 {
 			if err := try(fmt.Sprintf("c%d", i), "bot"); err != nil {
 				t.Fatalf("with the sku's own rate, attempt %d = %v", i, err)
