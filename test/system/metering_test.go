@@ -385,4 +385,159 @@ func TestMetering(t *testing.T) {
 			t.Errorf("GET of a group another instance just opened = %d %v, want 200 OPEN", a.code, a.body)
 		}
 	})
+
+	// A bot hammering one SKU from one account is held to its attempt rate: past
+	// the burst it gets 429 with Retry-After and holds nothing, while another
+	// buyer still gets stock; the per-user limit holds throughout.
+	t.Run("a bot over the attempt rate gets 429 while others buy", func(t *testing.T) {
+		s := newStack(t, withVars(map[string]string{"HOLDFAST_USER_RATE": "5", "HOLDFAST_USER_BURST": "10"}))
+		sku := testservices.Name("bot")
+		s.setStock(sku, 100)
+		var accepted, limited int
+		for range 15 {
+			code, b := s.callAs("bot", "POST", "/reservations", `{"sku":"`+sku+`","qty":1}`, nil)
+			switch code {
+			case http.StatusAccepted:
+				accepted++
+			case http.StatusTooManyRequests:
+				limited++
+				if b["error"] != "rate_limited" {
+					t.Errorf("429 body = %v", b)
+				}
+			default:
+				t.Fatalf("bot attempt = %d %v", code, b)
+			}
+		}
+		if accepted != 10 || limited != 5 {
+			t.Errorf("bot: %d accepted, %d limited; want the burst (10) then 429s", accepted, limited)
+		}
+		if _, held := s.redisStock(sku); held != 10 {
+			t.Errorf("held = %d, want 10 (a 429 holds nothing)", held)
+		}
+		resp, err := s.api.Handle(t.Context(), apiRequest("bot", "POST", "/reservations", `{"sku":"`+sku+`","qty":1}`, nil))
+		if err != nil || resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("bot again = %v %v", resp.StatusCode, err)
+		}
+		if n, _ := strconv.Atoi(resp.Headers["Retry-After"]); n < 1 {
+			t.Errorf("Retry-After = %q, want whole seconds ≥ 1", resp.Headers["Retry-After"])
+		}
+		if code, b := s.callAs("ann", "POST", "/reservations", `{"sku":"`+sku+`","qty":1}`, nil); code != http.StatusAccepted {
+			t.Errorf("another buyer during the bot's storm = %d %v, want 202", code, b)
+		}
+	})
+
+	// Replays of a keyed request whose hold is still HELD cost an attempt each:
+	// one account cannot put unbounded duplicates of its reservation on the
+	// persist queue.
+	//
+	// Found by the third review, of identity (issue 10) (was
+	// TestReview3KeyedReplaysAreMetered), which saw this:
+	//
+	// A replay of a keyed request whose hold is still HELD costs no attempt
+	// token (reserve.lua answers REPLAY before the bucket) and yet re-sends the
+	// reservation to SQS every time (Service.Reserve). One account can therefore
+	// put unbounded duplicate messages on the shared persist queue.
+	//
+	//  1. Per-user rate 1/s, burst 1. The bot reserves once with
+	//     Idempotency-Key K (202; its one token is spent).
+	//  2. Before persist gets to it (a flash-sale backlog), the bot replays the
+	//     same request 30 times: every one is 202, none is 429.
+	//  3. The reservation queue holds 31 messages for one reservation: each
+	//     costs a persist invocation and delays other buyers' confirms (whose
+	//     holds the sweeper cancels at the deadline), the crowding-out the
+	//     attempt limit is there to prevent.
+	t.Run("replays of a held keyed request are metered", func(t *testing.T) {
+		s := newStack(t, withVars(map[string]string{"HOLDFAST_USER_RATE": "1", "HOLDFAST_USER_BURST": "1"}))
+		sku := testservices.Name("replay")
+		s.setStock(sku, 10)
+		h := map[string]string{"Idempotency-Key": "k-1"}
+		body := `{"sku":"` + sku + `","qty":1}`
+		if code, b := s.callAs("bot", "POST", "/reservations", body, h); code != http.StatusAccepted {
+			t.Fatalf("first = %d %v", code, b)
+		}
+		limited := 0
+		for range 30 {
+			code, b := s.callAs("bot", "POST", "/reservations", body, h)
+			switch code {
+			case http.StatusAccepted:
+			case http.StatusTooManyRequests:
+				limited++
+			default:
+				t.Fatalf("replay = %d %v", code, b)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+		depth := s.queueDepth(s.queues.URL)
+		if depth > 2 {
+			t.Errorf("one account's one reservation put %d messages on the persist queue (%d of 30 replays rate-limited) with an attempt budget of 1/s, burst 1", depth, limited)
+		}
+	})
+
+	// Replays of a decided keyed buy are metered like any buyer write: past the
+	// buyer's attempt budget they are 429.
+	//
+	// Found by the fifth adversarial review of issue 20 (was
+	// TestReplaysOfADecidedKeyedBuyAreMetered), which saw this:
+	//
+	// A buyer's attempt budget is 3 (rate 1/s, the clock still). They reserve
+	// with a key (1 attempt); the reservation is persisted (CONFIRMED, Redis
+	// follows). Then they POST the same request again and again. reserve.lua
+	// answers REPLAY of a decided hold without charge() (it charges only a
+	// replay of a HELD hold), and Reserve returns the row (200) — so these buyer
+	// writes are never metered: one account can hammer the SKU's Redis shard
+	// (the hot SKU's, shared by every buyer of it) with script calls at any
+	// rate. Expected (rules: every buyer write is metered per buyer per SKU):
+	// 429 after the budget is spent. Observed: every replay answered 200.
+	t.Run("replays of a decided keyed buy are metered", func(t *testing.T) {
+		p := newPromise(t, withVars(map[string]string{"HOLDFAST_USER_RATE": "1", "HOLDFAST_USER_BURST": "3"}))
+		sku := testservices.Name("r7meter")
+		p.createSKU(sku, 10, 0)
+		id := p.reserved(sku, "u1", 1, "k1")
+		p.persistMsgs(id)
+		codes := map[int]int{}
+		for range 20 {
+			code, _ := p.reserve(sku, "u1", 1, "k1")
+			codes[code]++
+		}
+		t.Logf("20 replays of the decided keyed buy: %v", codes)
+		if codes[http.StatusTooManyRequests] == 0 {
+			t.Errorf("20 POSTs by one buyer with a budget of 3 were never metered: %v", codes)
+		}
+	})
+
+	// Retry-After holds after Redis's clock steps back: the attempt budget
+	// restarts its refill, so a buyer who waits as told is served.
+	//
+	// Found by the third review, of identity (issue 10) (was
+	// TestReview3RetryAfterHoldsAfterRedisClockStepsBack), which saw this:
+	//
+	// The bucket keeps its last take time 'at'; when Redis's clock is behind it
+	// (an NTP step, a failover to a node whose clock lags), reserve.lua refills
+	// nothing (max(0, now-at)) but computes Retry-After from the tokens alone.
+	//
+	//  1. Rate 1/s, burst 1. An honest buyer reserves (its token spent, at = T).
+	//  2. Redis's clock steps back 30 s.
+	//  3. The buyer's next attempt is 429 Retry-After: 1; it waits 1 s and is
+	//     429 again, and so on for the whole 30 s of skew (the bucket key's TTL,
+	//     on the same clock, lasts as long): the Retry-After promise is broken
+	//     and the buyer is locked out for as long as the clock was stepped.
+	t.Run("Retry-After holds after Redis's clock steps back", func(t *testing.T) {
+		s := newStack(t, withVars(map[string]string{"HOLDFAST_USER_RATE": "1", "HOLDFAST_USER_BURST": "1"}))
+		sku := testservices.Name("skew")
+		s.setStock(sku, 10)
+		body := `{"sku":"` + sku + `","qty":1}`
+		if code, b := s.callAs("ann", "POST", "/reservations", body, nil); code != http.StatusAccepted {
+			t.Fatalf("first = %d %v", code, b)
+		}
+		s.clock.Advance(-30 * time.Second)
+		resp, err := s.api.Handle(t.Context(), apiRequest("ann", "POST", "/reservations", body, nil))
+		if err != nil || resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("second = %d %v", resp.StatusCode, err)
+		}
+		wait, _ := strconv.Atoi(resp.Headers["Retry-After"])
+		s.clock.Advance(time.Duration(wait) * time.Second)
+		if code, b := s.callAs("ann", "POST", "/reservations", body, nil); code != http.StatusAccepted {
+			t.Errorf("after waiting Retry-After (%d s) = %d %v, want 202", wait, code, b)
+		}
+	})
 }
