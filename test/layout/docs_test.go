@@ -43,7 +43,7 @@ func indexTests(t *testing.T, root string) testIndex {
 			return nil
 		}
 		suite := strings.HasPrefix(filepath.ToSlash(path), filepath.ToSlash(filepath.Join(root, "internal/testkit"))+"/")
-		if !strings.HasSuffix(path, "_test.go") && !(suite && strings.HasSuffix(path, ".go")) {
+		if !strings.HasSuffix(path, "_test.go") && (!suite || !strings.HasSuffix(path, ".go")) {
 			return nil
 		}
 		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
