@@ -58,11 +58,12 @@ func newToken() string {
 // hold Redis took again is returned), and a different one is
 // ErrIdempotencyMismatch, however long Redis has forgotten the hold. The
 // buyer's attempt rate is charged before MySQL is asked, one token an
-// attempt from one budget per buyer and SKU, joins and buys alike. If the hand-off of a request without a key fails,
-// the reservation is cancelled through the fenced decision before Reserve
-// returns ErrUnavailable, so the caller holds nothing (if even that cannot be
-// decided, MySQL down, the hold stays for the sweeper); a keyed request's
-// hold stays for its retry.
+// attempt from one budget per buyer and SKU, joins and buys alike. If the
+// hand-off of a request without a key fails, the reservation is cancelled
+// through the fenced decision before Reserve returns ErrUnavailable, so the
+// caller holds nothing (if even that cannot be decided, MySQL down, the hold
+// stays for the sweeper); a keyed request's hold stays for its retry. A keyed
+// join whose check in MySQL cannot be made is ErrUnavailable, nothing taken.
 func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation, bool, error) {
 	r, err := s.newReservation(req)
 	if err != nil {

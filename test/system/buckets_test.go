@@ -648,7 +648,9 @@ func TestBucketMoves(t *testing.T) {
 		s.waitBucket(sku, 0, 5) // the takeout ran; MySQL's record waits
 		cancel()
 		release()
-		<-done
+		if err := <-done; err != nil {
+			t.Logf("the buyer who went away heard %v (any answer will do)", err)
+		}
 		if _, _, err := svc.Reserve(context.Background(), reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: userIn("next", 2, k)}); err != nil {
 			t.Errorf("the next buyer of a dry bucket: %v, while MySQL is up and bucket 0 has units", err)
 		}
