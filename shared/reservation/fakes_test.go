@@ -43,6 +43,7 @@ type memHold struct {
 	transfer                bool   // a transfer's hold (field into)
 	into                    int
 	credited                bool // a transfer's mark in the receiving bucket (credit.lua)
+	landed                  bool // a transfer's units were credited (landed.lua's field landed)
 	sent                    bool // a join's message is sent (group_accept.lua's field sent)
 }
 
@@ -407,7 +408,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 	var old memHold // HMGET's answer: the hold before this call
 	unhold := func(n int64) {
 		m.metaOf(sku)["held"] -= n
-		if old.transfer {
+		if old.transfer && !old.landed {
 			m.metaOf(sku)["moving"] -= n
 		}
 		delete(m.exp[sku], id)
@@ -723,12 +724,32 @@ func (m *memHolds) Credit(_ context.Context, t Reservation) (bool, error) {
 	if _, ok := m.stock[name]; !ok {
 		return false, ErrUnknownSKU
 	}
-	credited := m.metaOf(name)["wver"] < t.RefundVersion
+	if t.RefundVersion == 0 && m.nowMS() >= t.ExpiresAt.UnixMilli() {
+		return false, nil // too late to credit ahead of the record
+	}
+	credited := t.RefundVersion == 0 || m.metaOf(name)["wver"] < t.RefundVersion
 	if credited {
 		m.stock[name] += int64(t.Qty)
 	}
 	m.holds[holdKey(name, t.ID)] = &memHold{sku: t.SKU, qty: int64(t.Qty), credited: true, bucket: t.Into}
 	return credited, nil
+}
+
+// Landed mirrors landed.lua.
+func (m *memHolds) Landed(_ context.Context, t Reservation) error {
+	err := m.enter("Landed")
+	defer m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	name := BucketName(t.SKU, t.Bucket)
+	h, ok := m.holds[holdKey(name, t.ID)]
+	if !ok || h.state != StatusHeld || h.token != t.Token || !h.transfer || h.landed {
+		return nil
+	}
+	m.metaOf(name)["moving"] -= h.qty
+	h.landed = true
+	return nil
 }
 
 // FollowAll mirrors redisstore's pipeline of follow.lua calls.
@@ -1505,18 +1526,24 @@ func moveShare(st *StockLevel, b int, n int64) {
 }
 
 // Transfer mirrors mysqlstore's transfer transaction.
-func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (Reservation, error) {
+func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (Reservation, bool, error) {
 	err := l.enter("Transfer")
 	defer l.mu.Unlock()
 	if err != nil {
-		return Reservation{}, err
+		return Reservation{}, false, err
+	}
+	if !t.Transfer || t.Bucket == t.Into || t.Qty < 1 || t.Bucket < 0 || t.Into < 0 {
+		return Reservation{}, false, ErrNotATransfer
 	}
 	if row, ok := l.rows[t.ID]; ok {
-		return row.r, nil
+		return row.r, false, nil
 	}
 	st, ok := l.stock[t.SKU]
 	if !ok {
-		return Reservation{}, ErrUnknownSKU
+		return Reservation{}, false, ErrUnknownSKU
+	}
+	if k := max(st.Buckets, 1); t.Bucket >= k || t.Into >= k {
+		return Reservation{}, false, ErrNotATransfer
 	}
 	row := l.insert(t, StatusConfirmed, "", now)
 	st.Version++
@@ -1525,7 +1552,7 @@ func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (R
 	r := &l.rows[t.ID].r
 	r.Released, r.RefundVersion = false, st.Version
 	row.Released, row.RefundVersion = false, st.Version
-	return row, nil
+	return row, true, nil
 }
 
 // Stock mirrors `SELECT … FROM product_stock WHERE sku = ?`.

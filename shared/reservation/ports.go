@@ -78,17 +78,26 @@ type Holds interface {
 
 	// TakeOut holds t.Qty units of bucket t.Bucket for the transfer t (its
 	// id, token, Into) until ttl after Redis's now, as Reserve holds a
-	// buyer's: stock down, held up, the hold indexed by deadline. A hold
-	// with t.ID is returned as it is and nothing is taken. ErrSoldOut if
-	// the bucket has fewer units, ErrUnknownSKU if it has no stock figure.
+	// buyer's: stock down, held up, the hold indexed by deadline, and the
+	// units counted as on their way (moving) until they land. A hold with
+	// t.ID is returned as it is and nothing is taken. ErrSoldOut if the
+	// bucket has fewer units, ErrUnknownSKU if it has no stock figure.
 	TakeOut(ctx context.Context, t Reservation, ttl time.Duration) (Reservation, error)
 
-	// Credit adds the units of the transfer t, which MySQL recorded at
-	// version t.RefundVersion, to bucket t.Into once: not again for a
-	// repeat, nor when the bucket was warmed from a level at or past that
-	// version. credited reports whether stock moved. ErrUnknownSKU if the
-	// bucket has no stock figure: nothing changed; warm it and credit again.
+	// Credit adds the units of the transfer t to bucket t.Into once: not
+	// again for a repeat. With t.RefundVersion 0 it is the credit ahead of
+	// MySQL's record, refused (credited false) from the hold's deadline
+	// t.ExpiresAt on, when the sweeper may record it; with the version
+	// MySQL recorded it at, it credits nothing into a bucket warmed from a
+	// level at or past that version. credited reports whether stock moved.
+	// ErrUnknownSKU if the bucket has no stock figure: nothing changed;
+	// warm it and credit again.
 	Credit(ctx context.Context, t Reservation) (credited bool, err error)
+
+	// Landed tells the giving bucket t.Bucket that the units of its HELD
+	// transfer hold (of t's token) were credited: they are no longer on
+	// their way (moving), once. The hold stays HELD until MySQL's record.
+	Landed(ctx context.Context, t Reservation) error
 }
 
 // StockFigures is a bucket's figures in Redis: read, warmed from MySQL,
@@ -323,10 +332,13 @@ type Ledger interface {
 	// Transfer records the transfer t, whose units bucket t.Bucket holds
 	// (TakeOut), in one transaction: its row CONFIRMED and unreleased (its
 	// credit owed to bucket t.Into), the two buckets' shares moved, the stock
-	// row's version moved on (the returned row's RefundVersion). If a row
-	// with t.ID exists (the sweeper fenced the hold), it is returned as it
-	// stands and nothing moves.
-	Transfer(ctx context.Context, t Reservation, now time.Time) (Reservation, error)
+	// row's version moved on (the returned row's RefundVersion); recorded
+	// reports that this call wrote it. If a row with t.ID exists (recorded
+	// before, or fenced by a release before transfers were completed
+	// forward), it is returned as it stands and nothing moves. A transfer
+	// between buckets the SKU does not have is ErrNotATransfer, and
+	// ErrUnknownSKU if MySQL has no such SKU: nothing is written.
+	Transfer(ctx context.Context, t Reservation, now time.Time) (row Reservation, recorded bool, err error)
 	// Reservation returns the row for id, or ErrNotFound.
 	Reservation(ctx context.Context, id string) (Reservation, error)
 	// MarkReleased records that Redis followed the CANCELLED row of id.

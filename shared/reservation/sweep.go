@@ -2,6 +2,7 @@ package reservation
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -305,7 +306,7 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 		}
 		failed := 0
 		for _, h := range expired {
-			row, err := s.settle(ctx, h, ReasonExpired)
+			row, err := s.decideExpired(ctx, h)
 			if err != nil {
 				failed++
 				rep.Errors++
@@ -328,6 +329,32 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 		return false // holds are being decided right now, or Redis lacks the level: measure next time
 	}
 	return s.reconcile(ctx, level, b, rep)
+}
+
+// heldElsewhere reports whether a bucket of the SKU other than b holds units
+// (or cannot be read): a transfer into b is credited before MySQL records
+// it, and until then b's drift is its units, held in the giving bucket.
+func (s *Service) heldElsewhere(ctx context.Context, whole StockLevel, b int) bool {
+	for o := range whole.BucketCount() {
+		if o == b {
+			continue
+		}
+		rs, err := s.figures.Stock(ctx, BucketName(whole.SKU, o))
+		if (err != nil && !errors.Is(err, ErrUnknownSKU)) || rs.Held != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// decideExpired decides a hold whose deadline passed: a buyer's is fenced
+// (expired), a transfer's is completed forward (persist has not recorded it
+// yet: its message was lost, or its send failed with MySQL).
+func (s *Service) decideExpired(ctx context.Context, h Reservation) (Reservation, error) {
+	if h.Transfer {
+		return s.completeTransfer(ctx, h)
+	}
+	return s.settle(ctx, h, ReasonExpired)
 }
 
 // reconcile heals Redis when a drift is real: the same value across sweeps
@@ -357,6 +384,9 @@ func (s *Service) reconcile(ctx context.Context, whole StockLevel, b int, rep *S
 	if drift != 0 {
 		if rs.Held != 0 || rs.AdminDelta != level.AdminDelta {
 			return quiet // live holds may be mid-decision, or an admin change is on its way
+		}
+		if s.heldElsewhere(ctx, whole, b) {
+			return quiet // a transfer credited here may wait for its record
 		}
 		n, err := s.ledger.Unreleased(ctx, whole.SKU)
 		if err != nil || n > 0 {

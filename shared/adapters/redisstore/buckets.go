@@ -71,12 +71,21 @@ func (s *Store) TakeOut(ctx context.Context, t reservation.Reservation, ttl time
 func (s *Store) Credit(ctx context.Context, t reservation.Reservation) (bool, error) {
 	k := keysOf(reservation.BucketName(t.SKU, t.Into))
 	n, err := creditScript.Run(ctx, s.rdb, []string{k.stock(), k.meta(), k.hold(t.ID)},
-		t.Qty, t.RefundVersion, int64(s.retention.Seconds()), t.SKU, t.Bucket).Int()
+		t.Qty, t.RefundVersion, int64(s.retention.Seconds()), t.SKU, t.Bucket, t.ExpiresAt.UnixMilli(), s.now()).Int()
 	if err != nil {
 		return false, reservation.Unavailable("redis credit", err)
 	}
 	if n == 2 {
 		return false, fmt.Errorf("redis credit %s: %w", t.ID, reservation.ErrUnknownSKU)
 	}
-	return n == 1, nil
+	return n == 1, nil // 3: too late for a credit ahead of the record, which credits it
+}
+
+// Landed implements reservation.Holds.
+func (s *Store) Landed(ctx context.Context, t reservation.Reservation) error {
+	k := keysOfHold(t)
+	if err := landedScript.Run(ctx, s.rdb, []string{k.meta(), k.hold(t.ID)}, t.Token).Err(); err != nil {
+		return reservation.Unavailable("redis landed", err)
+	}
+	return nil
 }

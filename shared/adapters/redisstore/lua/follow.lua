@@ -36,7 +36,8 @@
 --                               (meta.wver >= ARGV[13]): that level has the units already
 --   anything else            -> nothing moves; a missing hold becomes a tombstone of the row
 -- A transfer's row (user "") is followed in its giving bucket like a buy without a user: no
--- per-user units move, and its units leave meta.moving (takeout.lua) with held.
+-- per-user units move, and its units leave meta.moving (takeout.lua) with held, unless they
+-- left it already when the receiving bucket was credited (landed.lua: the hold's landed field).
 -- Idempotent: the hold's state and its rel field (the token whose release was applied)
 -- make a repeat a no-op; MySQL's released flag ends the retries.
 local sku, id, token = ARGV[1], ARGV[2], ARGV[3]
@@ -59,16 +60,16 @@ local function give_back(n, who, group, counted)
   end
 end
 
-local is_transfer = false -- the hold is a transfer's (field into): set below
+local in_transit = false -- the hold is a transfer's (field into) whose units have not landed: set below
 local function unhold(n)
   redis.call('HINCRBY', KEYS[2], 'held', -n)
-  if is_transfer then redis.call('HINCRBY', KEYS[2], 'moving', -n) end
+  if in_transit then redis.call('HINCRBY', KEYS[2], 'moving', -n) end
   redis.call('ZREM', KEYS[3], id)
 end
 
 local returned = 0
-local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel', 'into', 'sent')
-is_transfer = h[7] ~= false and h[7] ~= nil
+local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel', 'into', 'sent', 'landed')
+in_transit = h[7] ~= false and h[7] ~= nil and not h[9]
 if reason == 'expired' and h[1] == 'HELD' and not h[8] then never_counted = true end
 local state = h[1]
 if state and token ~= '' and (h[5] or '') ~= token then
