@@ -260,6 +260,8 @@ type modelMachine struct {
 	pending []modelMsg
 	done    []modelMsg // delivered or dead-lettered: for redeliveries and late dead letters
 	nmsg    int
+	// transfersDone: the transfer messages persist has had (by id).
+	transfersDone map[string]bool
 }
 
 func newModelMachine(t *rapid.T, s *stack, rec *recordingEnqueuer, sku string, k int) *modelMachine {
@@ -267,7 +269,7 @@ func newModelMachine(t *rapid.T, s *stack, rec *recordingEnqueuer, sku string, k
 	rec.msgs = nil
 	rec.mu.Unlock()
 	m := &modelMachine{
-		s: s, rec: rec, sku: sku, exact: true, k: k,
+		s: s, rec: rec, sku: sku, exact: true, k: k, transfersDone: map[string]bool{},
 		buyers:  []string{"u1", "u2", "u3"},
 		units:   map[string]int{},
 		res:     map[string]*modelRes{},
@@ -319,6 +321,7 @@ func (m *modelMachine) actions(skip []string) map[string]func(*rapid.T) {
 		{"groupJoinFormationFails", 2, m.actGroupJoinFormationFails},
 		{"deliver", 5, m.actDeliver},
 		{"deliverBatch", 2, m.actDeliverBatch},
+		{"deliverTransfers", 2, m.actDeliverTransfers},
 		{"redeliver", 1, m.actRedeliver},
 		{"deadLetter", 2, m.actDeadLetter},
 		{"cancel", 3, m.actCancel},
@@ -445,10 +448,62 @@ func (m *modelMachine) sent() int {
 	return len(m.rec.msgs)
 }
 
+// sentSince returns the reservation messages sent since the nth; transfer
+// messages between buckets are persist's too, but no buyer's: they wait in
+// the queue for actDeliverTransfers (or the sweeper, at their deadline).
 func (m *modelMachine) sentSince(n int) []reservation.Reservation {
 	m.rec.mu.Lock()
 	defer m.rec.mu.Unlock()
-	return slices.Clone(m.rec.msgs[n:])
+	var out []reservation.Reservation
+	for _, r := range m.rec.msgs[n:] {
+		if !r.Transfer {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// transfersSent returns every transfer message sent in this case.
+func (m *modelMachine) transfersSent() []reservation.Reservation {
+	m.rec.mu.Lock()
+	defer m.rec.mu.Unlock()
+	var out []reservation.Reservation
+	for _, r := range m.rec.msgs {
+		if r.Transfer {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// actDeliverTransfers hands persist the transfer messages it has not had
+// (and, sometimes, one again: a redelivery). A transfer moves no unit the
+// model sees: MySQL records it once, and Redis's figures stay the sum.
+func (m *modelMachine) actDeliverTransfers(t *rapid.T) {
+	all := m.transfersSent()
+	var batch []reservation.Reservation
+	for _, r := range all {
+		if !m.transfersDone[r.ID] {
+			batch = append(batch, r)
+		}
+	}
+	if len(all) > 0 && rapid.IntRange(0, 3).Draw(t, "redeliverTransfer") == 0 {
+		batch = append(batch, all[rapid.IntRange(0, len(all)-1).Draw(t, "transfer")])
+	}
+	if len(batch) == 0 {
+		t.SkipNow() // no transfer sent
+	}
+	m.deliverTransfers(t, batch)
+}
+
+func (m *modelMachine) deliverTransfers(t *rapid.T, batch []reservation.Reservation) {
+	for i, err := range m.s.app.Service.PersistBatch(context.Background(), batch) {
+		if err != nil {
+			m.fatalf(t, "persist transfer %s: %v", batch[i].ID, err)
+		}
+		m.transfersDone[batch[i].ID] = true
+	}
+	t.Logf("persist %d transfer messages", len(batch))
 }
 
 // keys lists every Redis key of the SKU, in all its buckets (on every
@@ -1765,6 +1820,15 @@ func (m *modelMachine) quiesce(t *rapid.T) {
 	t.Logf("-- quiescence --")
 	for len(m.pending) > 0 {
 		m.deliver(t, "deliver", []modelMsg{m.takePending(0)})
+	}
+	var transfers []reservation.Reservation
+	for _, r := range m.transfersSent() {
+		if !m.transfersDone[r.ID] {
+			transfers = append(transfers, r)
+		}
+	}
+	if len(transfers) > 0 {
+		m.deliverTransfers(t, transfers)
 	}
 	m.advance(t, 3*time.Minute) // past every hold (60 s) and group (≤ 90 s) deadline
 	m.sweep(t, "sweep")
