@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -43,6 +44,8 @@ type memHold struct {
 	transfer                bool   // a transfer's hold (field into)
 	into                    int
 	credited                bool // a transfer's mark in the receiving bucket (credit.lua)
+	ahead                   bool // the mark's state is AHEAD: credited ahead of the record
+	wn                      int64
 	landed                  bool // a transfer's units were credited (landed.lua's field landed)
 	sent                    bool // a join's message is sent (group_accept.lua's field sent)
 }
@@ -540,7 +543,7 @@ func (m *memHolds) Stock(_ context.Context, sku string) (RedisStock, error) {
 		return RedisStock{}, ErrUnknownSKU
 	}
 	meta := m.meta[sku]
-	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"]}, nil
+	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"], Ahead: meta["ahead"]}, nil
 }
 
 // Sync mirrors stock.lua (admin changes of a SKU Redis knows).
@@ -630,6 +633,8 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	m.stock[level.SKU] = level.Available - held
 	meta["ver"], meta["added"], meta["limit"], meta["wver"] = level.Version, level.AdminDelta, int64(level.PerUserLimit), level.Version
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
+	meta["ahead"] = 0
+	meta["wn"]++
 	return SyncWarmed, nil
 }
 
@@ -718,21 +723,57 @@ func (m *memHolds) Credit(_ context.Context, t Reservation) (bool, error) {
 		return false, err
 	}
 	name := BucketName(t.SKU, t.Into)
-	if _, ok := m.holds[holdKey(name, t.ID)]; ok {
-		return false, nil
+	key := holdKey(name, t.ID)
+	mark, marked := m.holds[key]
+	if marked && (!mark.ahead || t.RefundVersion == 0) {
+		return false, nil // credited by its record, or a repeat of the credit ahead
 	}
 	if _, ok := m.stock[name]; !ok {
 		return false, ErrUnknownSKU
 	}
-	if t.RefundVersion == 0 && m.nowMS() >= t.ExpiresAt.UnixMilli() {
-		return false, nil // too late to credit ahead of the record
-	}
-	credited := t.RefundVersion == 0 || m.metaOf(name)["wver"] < t.RefundVersion
-	if credited {
+	meta := m.metaOf(name)
+	if t.RefundVersion == 0 {
+		if m.nowMS() >= t.ExpiresAt.UnixMilli() {
+			return false, nil // too late to credit ahead of the record
+		}
 		m.stock[name] += int64(t.Qty)
+		meta["ahead"] += int64(t.Qty)
+		m.holds[key] = &memHold{sku: t.SKU, qty: int64(t.Qty), credited: true, ahead: true, wn: meta["wn"],
+			bucket: t.Into, into: t.Bucket, token: t.Token, deadline: t.ExpiresAt.UnixMilli()}
+		return true, nil
 	}
-	m.holds[holdKey(name, t.ID)] = &memHold{sku: t.SKU, qty: int64(t.Qty), credited: true, bucket: t.Into}
+	credited := false
+	switch {
+	case marked && mark.wn == meta["wn"]:
+		meta["ahead"] -= int64(t.Qty) // counted since the credit ahead
+	case meta["wver"] < t.RefundVersion:
+		m.stock[name] += int64(t.Qty)
+		credited = true
+	}
+	m.holds[key] = &memHold{sku: t.SKU, qty: int64(t.Qty), credited: true, bucket: t.Into}
 	return credited, nil
+}
+
+// CreditsAhead mirrors redisstore's listing of credit.lua's ahead index
+// (a mark's into field holds its giving bucket here).
+func (m *memHolds) CreditsAhead(_ context.Context, bucket string, grace time.Duration, limit int) ([]Reservation, error) {
+	err := m.enter("CreditsAhead")
+	defer m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	sku, into := ParseBucket(bucket)
+	cutoff := m.nowMS() - grace.Milliseconds()
+	var out []Reservation
+	for key, h := range m.holds {
+		if !h.ahead || h.bucket != into || h.sku != sku || h.deadline > cutoff || len(out) == limit {
+			continue
+		}
+		out = append(out, Reservation{ID: strings.TrimPrefix(key, holdKey(bucket, "")), SKU: sku, Qty: int(h.qty), Bucket: h.into,
+			Transfer: true, Into: into, Token: h.token, Status: StatusHeld, ExpiresAt: time.UnixMilli(h.deadline).UTC()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ExpiresAt.Before(out[j].ExpiresAt) })
+	return out, nil
 }
 
 // Landed mirrors landed.lua.

@@ -94,6 +94,13 @@ type Holds interface {
 	// warm it and credit again.
 	Credit(ctx context.Context, t Reservation) (credited bool, err error)
 
+	// CreditsAhead returns up to limit transfers credited to bucket (a
+	// bucket name) ahead of MySQL's record whose hold's deadline passed more
+	// than grace ago by Redis's clock, with no record's credit yet: the
+	// sweeper records them (their giving bucket may have lost its hold, and
+	// their message may be lost). Each names its giving bucket and token.
+	CreditsAhead(ctx context.Context, bucket string, grace time.Duration, limit int) ([]Reservation, error)
+
 	// Landed tells the giving bucket t.Bucket that the units of its HELD
 	// transfer hold (of t's token) were credited: they are no longer on
 	// their way (moving), once. The hold stays HELD until MySQL's record.
@@ -236,9 +243,13 @@ type RedisStock struct {
 	Held       int64 // units HELD, not yet decided
 	AdminDelta int64 // the admin changes applied (StockLevel.AdminDelta)
 	Version    int64 // the MySQL version of the last level applied
-	// Moving is the units of transfers out of this bucket not decided yet
-	// (part of Held): on their way to another bucket.
+	// Moving is the units of transfers out of this bucket taken out and not
+	// credited yet (part of Held): on their way to another bucket.
 	Moving int64
+	// Ahead is the units of transfers into this bucket credited ahead of
+	// MySQL's record (part of Available): until the record, MySQL's share
+	// lacks them, so the bucket's drift is theirs and is not healed.
+	Ahead int64
 }
 
 // SyncResult is what Sync did.

@@ -2,7 +2,6 @@ package reservation
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -325,26 +324,35 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 			break // all listed, or failing: the next sweep goes on
 		}
 	}
+	decided += s.recordCreditsAhead(ctx, sku, rep)
 	if decided > 0 || !synced {
 		return false // holds are being decided right now, or Redis lacks the level: measure next time
 	}
 	return s.reconcile(ctx, level, b, rep)
 }
 
-// heldElsewhere reports whether a bucket of the SKU other than b holds units
-// (or cannot be read): a transfer into b is credited before MySQL records
-// it, and until then b's drift is its units, held in the giving bucket.
-func (s *Service) heldElsewhere(ctx context.Context, whole StockLevel, b int) bool {
-	for o := range whole.BucketCount() {
-		if o == b {
+// recordCreditsAhead records the transfers credited to bucket (a bucket
+// name) ahead of MySQL's record whose deadline passed: persist has not
+// recorded them (their message was lost, or its send failed with MySQL),
+// and their giving bucket may have lost its hold, so the receiving side
+// completes them. It returns how many it recorded.
+func (s *Service) recordCreditsAhead(ctx context.Context, bucket string, rep *SweepReport) int {
+	ahead, err := s.holds.CreditsAhead(ctx, bucket, s.cfg.SweepGrace, s.cfg.SweepBatch)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: list credits ahead of their record", "sku", bucket, "error", err)
+		return 0
+	}
+	n := 0
+	for _, t := range ahead {
+		if _, err := s.completeTransfer(ctx, t); err != nil {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: record a transfer credited ahead", "transfer_id", t.ID, "error", err)
 			continue
 		}
-		rs, err := s.figures.Stock(ctx, BucketName(whole.SKU, o))
-		if (err != nil && !errors.Is(err, ErrUnknownSKU)) || rs.Held != 0 {
-			return true
-		}
+		n++
 	}
-	return false
+	return n
 }
 
 // decideExpired decides a hold whose deadline passed: a buyer's is fenced
@@ -385,8 +393,8 @@ func (s *Service) reconcile(ctx context.Context, whole StockLevel, b int, rep *S
 		if rs.Held != 0 || rs.AdminDelta != level.AdminDelta {
 			return quiet // live holds may be mid-decision, or an admin change is on its way
 		}
-		if s.heldElsewhere(ctx, whole, b) {
-			return quiet // a transfer credited here may wait for its record
+		if rs.Ahead != 0 {
+			return quiet // a transfer credited here waits for its record
 		}
 		n, err := s.ledger.Unreleased(ctx, whole.SKU)
 		if err != nil || n > 0 {

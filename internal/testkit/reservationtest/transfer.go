@@ -131,4 +131,102 @@ func testTransfer(t *testing.T, newHolds HoldsFactory) {
 			t.Errorf("after landed of another token = %+v, want 4 moving", rs)
 		}
 	})
+
+	t.Run("a credit ahead counts as ahead until the record's credit", func(t *testing.T) {
+		s, held, _ := twoBuckets(t)
+		into := reservation.BucketName(held.SKU, 1)
+		if _, err := s.Credit(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		if rs := figures(t, s, into); rs.Available != 4 || rs.Ahead != 4 {
+			t.Errorf("after the credit ahead = %+v, want 4 available, 4 ahead", rs)
+		}
+		recorded := held
+		recorded.RefundVersion = 5
+		if _, err := s.Credit(ctx, recorded); err != nil {
+			t.Fatal(err)
+		}
+		if rs := figures(t, s, into); rs.Available != 4 || rs.Ahead != 0 {
+			t.Errorf("after the record's credit = %+v, want 4 available, 0 ahead", rs)
+		}
+	})
+
+	t.Run("a bucket warmed between the credit ahead and the record is credited by the record", func(t *testing.T) {
+		s, held, _ := twoBuckets(t)
+		into := reservation.BucketName(held.SKU, 1)
+		if _, err := s.Credit(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ForgetStock(ctx, into); err != nil {
+			t.Fatal(err)
+		}
+		// MySQL's share of bucket 1 lacks the transfer (not recorded yet).
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: into, Version: 2}, nil, nil); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		if rs := figures(t, s, into); rs.Available != 0 || rs.Ahead != 0 {
+			t.Errorf("after the warm-up = %+v, want 0 available, 0 ahead", rs)
+		}
+		recorded := held
+		recorded.RefundVersion = 5
+		if ok, err := s.Credit(ctx, recorded); err != nil || !ok {
+			t.Errorf("the record's credit after a warm-up without it = %v %v, want credited", ok, err)
+		}
+		if ok, err := s.Credit(ctx, recorded); err != nil || ok {
+			t.Errorf("the record's credit again = %v %v, want a no-op", ok, err)
+		}
+		if rs := figures(t, s, into); rs.Available != 4 || rs.Ahead != 0 {
+			t.Errorf("after the record's credit = %+v, want 4 available, 0 ahead", rs)
+		}
+	})
+
+	t.Run("a bucket warmed after the record has the units once", func(t *testing.T) {
+		s, held, _ := twoBuckets(t)
+		into := reservation.BucketName(held.SKU, 1)
+		if _, err := s.Credit(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ForgetStock(ctx, into); err != nil {
+			t.Fatal(err)
+		}
+		// MySQL recorded the transfer at version 5: its share has the units.
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: into, Available: 4, Version: 5}, nil, nil); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		recorded := held
+		recorded.RefundVersion = 5
+		if ok, err := s.Credit(ctx, recorded); err != nil || ok {
+			t.Errorf("the record's credit into a level that has it = %v %v, want a no-op", ok, err)
+		}
+		if rs := figures(t, s, into); rs.Available != 4 {
+			t.Errorf("after the record's credit = %+v, want 4 available", rs)
+		}
+	})
+
+	t.Run("credits ahead past their deadline are listed until their record's credit", func(t *testing.T) {
+		s, held, c := twoBuckets(t)
+		into := reservation.BucketName(held.SKU, 1)
+		if _, err := s.Credit(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.CreditsAhead(ctx, into, 5*time.Second, 10); err != nil || len(got) != 0 {
+			t.Errorf("CreditsAhead before the deadline = %+v %v, want none", got, err)
+		}
+		c.now = held.ExpiresAt.Add(6 * time.Second)
+		got, err := s.CreditsAhead(ctx, into, 5*time.Second, 10)
+		if err != nil || len(got) != 1 {
+			t.Fatalf("CreditsAhead past the deadline = %+v %v, want the transfer", got, err)
+		}
+		if g := got[0]; g.ID != held.ID || !g.Transfer || g.Bucket != 0 || g.Into != 1 || g.Qty != 4 || g.Token != held.Token || !g.ExpiresAt.Equal(held.ExpiresAt) {
+			t.Errorf("CreditsAhead = %+v, want the transfer %+v", g, held)
+		}
+		recorded := held
+		recorded.RefundVersion = 5
+		if _, err := s.Credit(ctx, recorded); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.CreditsAhead(ctx, into, 5*time.Second, 10); err != nil || len(got) != 0 {
+			t.Errorf("CreditsAhead after the record's credit = %+v %v, want none", got, err)
+		}
+	})
 }
