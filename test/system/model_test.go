@@ -632,6 +632,18 @@ func (m *modelMachine) redisFigures(t *rapid.T) (stock, held int64, ok bool) {
 		}
 		stock, held = stock+n, held+h
 	}
+	// A transfer's hold keeps its units in held (and credited to the
+	// receiving bucket's stock) until MySQL records it: the buyers' held
+	// units are the rest.
+	for _, tr := range m.transfersSent() {
+		f, err := m.s.redis().HMGet(ctx, "hf:{"+reservation.BucketName(m.sku, tr.Bucket)+"}:r:"+tr.ID, "state", "token").Result()
+		if err != nil {
+			m.fatalf(t, "redis transfer hold: %v", err)
+		}
+		if f[0] == string(reservation.StatusHeld) && f[1] == tr.Token {
+			held -= int64(tr.Qty)
+		}
+	}
 	return stock, held, true
 }
 
