@@ -387,7 +387,9 @@ func (s *Service) reconcile(ctx context.Context, whole StockLevel, b int, rep *S
 		return false
 	}
 	quiet = rs.Held == 0
-	drift := level.Available - (rs.Available + rs.Held)
+	// Units credited ahead of a transfer's record are not in MySQL's share
+	// yet, and are held in the giving bucket: an in-flight transfer is no drift.
+	drift := level.Available - (rs.Available - rs.Ahead + rs.Held)
 	rep.addDrift(sku, drift)
 	if drift != 0 {
 		if rs.Held != 0 || rs.AdminDelta != level.AdminDelta {

@@ -496,6 +496,19 @@ func (m *modelMachine) actDeliverTransfers(t *rapid.T) {
 	m.deliverTransfers(t, batch)
 }
 
+// deliverAllTransfers hands persist every transfer message it has not had.
+func (m *modelMachine) deliverAllTransfers(t *rapid.T) {
+	var batch []reservation.Reservation
+	for _, r := range m.transfersSent() {
+		if !m.transfersDone[r.ID] {
+			batch = append(batch, r)
+		}
+	}
+	if len(batch) > 0 {
+		m.deliverTransfers(t, batch)
+	}
+}
+
 func (m *modelMachine) deliverTransfers(t *rapid.T, batch []reservation.Reservation) {
 	for i, err := range m.s.app.Service.PersistBatch(context.Background(), batch) {
 		if err != nil {
@@ -1833,17 +1846,10 @@ func (m *modelMachine) quiesce(t *rapid.T) {
 	for len(m.pending) > 0 {
 		m.deliver(t, "deliver", []modelMsg{m.takePending(0)})
 	}
-	var transfers []reservation.Reservation
-	for _, r := range m.transfersSent() {
-		if !m.transfersDone[r.ID] {
-			transfers = append(transfers, r)
-		}
-	}
-	if len(transfers) > 0 {
-		m.deliverTransfers(t, transfers)
-	}
+	m.deliverAllTransfers(t)
 	m.advance(t, 3*time.Minute) // past every hold (60 s) and group (≤ 90 s) deadline
 	m.sweep(t, "sweep")
+	m.deliverAllTransfers(t) // a sweep's cover may have moved units
 	for _, g := range m.groups {
 		g.recordFailed = false // the sweep past the deadline records every formation
 	}
@@ -1864,6 +1870,7 @@ func (m *modelMachine) quiesce(t *rapid.T) {
 	for range 3 {
 		m.advance(t, 2*time.Second) // past HOLDFAST_RECONCILE_AFTER
 		rep := m.sweep(t, "sweep")
+		m.deliverAllTransfers(t)
 		if m.exact && driftOf(rep, m.sku) != 0 {
 			m.fatalf(t, "quiescent: drift %d without a Redis fault", driftOf(rep, m.sku))
 		}

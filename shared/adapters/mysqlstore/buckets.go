@@ -67,6 +67,12 @@ func (s *Store) transfer(ctx context.Context, t reservation.Reservation, now tim
 	if !t.Transfer || t.Bucket == t.Into || t.Qty < 1 || t.Bucket < 0 || t.Into < 0 {
 		return reservation.Reservation{}, false, fmt.Errorf("transfer %s: %w", t.ID, reservation.ErrNotATransfer)
 	}
+	if t.CreatedAt.IsZero() {
+		// Recorded from its receiving bucket's credit (the giving bucket
+		// lost the hold): the mark keeps no creation time, and MySQL
+		// refuses a zero date.
+		t.CreatedAt = now
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return reservation.Reservation{}, false, translate("transfer begin", err)

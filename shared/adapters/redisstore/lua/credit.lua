@@ -9,7 +9,7 @@
 -- KEYS[4] ahead: sorted set, transfer id -> its hold's deadline, of the credits ahead of their record
 -- ARGV[1] qty  ARGV[2] the stock row's version the transfer committed at; 0: MySQL has not recorded
 --         it yet (the credit ahead of the record)
--- ARGV[3] retention seconds for the mark  ARGV[4] sku  ARGV[5] the giving bucket
+-- ARGV[3] retention seconds for the mark once CREDITED (an AHEAD mark stays until its record)  ARGV[4] sku  ARGV[5] the giving bucket
 -- ARGV[6] the transfer hold's deadline (unix ms): from it on the sweeper may record the transfer
 --         and credit it with its version, so a credit ahead of the record is refused
 -- ARGV[7] now (unix ms; "" = Redis's clock)  ARGV[8] the transfer hold's token  ARGV[9] transfer id
@@ -38,8 +38,7 @@ if version == 0 then
   redis.call('HSET', KEYS[3], 'sku', ARGV[4], 'qty', qty, 'state', 'AHEAD', 'from', ARGV[5],
     'token', ARGV[8], 'deadline', ARGV[6], 'wn', wn)
   redis.call('ZADD', KEYS[4], tonumber(ARGV[6]), ARGV[9])
-  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-  return 1
+  return 1 -- no retention until the record's credit: the sweeper records it past its deadline
 end
 local credited = 0
 if mark[1] == 'AHEAD' and mark[2] == wn then
