@@ -1072,4 +1072,53 @@ func TestGroups(t *testing.T) {
 			}
 		}
 	})
+
+	// A keyed join into g1 is lost by a Redis failover before persist decides
+	// it; its retry with the same key goes into g2, and, MySQL having no row
+	// yet, Redis holds it there under the same id: a stray in another group.
+	// MySQL then decides the id for g1 (that message came first). Following
+	// the row returned the stray's unit but reopened the slot of the row's
+	// group (g1) only: g2 kept a slot and a member entry that no reservation
+	// backs, so it could never fill (its last joiner was told group_full)
+	// or formed a member short. Now follow.lua frees the stray's own slot.
+	t.Run("a stray held in another group gives its slot back there", func(t *testing.T) {
+		priv := testservices.StartRedis(t)
+		p := newPromise(t, withRedis(priv.Addr))
+		sku := testservices.Name("gstray")
+		p.createSKU(sku, 10, 0)
+		g1, g2 := p.group(sku, 2, 600), p.group(sku, 2, 600)
+		priv.Snapshot()
+		code, b := p.joinKeyed(sku, g1, "u", "k")
+		if code != http.StatusAccepted {
+			t.Fatalf("u's keyed join into g1 = %d %v, want 202", code, b)
+		}
+		id := b["reservation_id"].(string)
+		priv.RestartFromSnapshot() // the failover loses the join: its hold, slot and member entry
+		if code, b := p.joinKeyed(sku, g2, "u", "k"); code != http.StatusAccepted || b["reservation_id"] != id {
+			t.Fatalf("u's retry with the key into g2 = %d %v, want 202 for %s", code, b, id)
+		}
+		msgs := p.msgsOf(id)
+		if len(msgs) != 2 || msgs[0].GroupID != g1 || msgs[1].GroupID != g2 {
+			t.Fatalf("messages of %s = %+v, want g1's then g2's", id, msgs)
+		}
+		p.deliverBatch(msgs[0]) // MySQL decides the id for g1; Redis's hold is the stray in g2
+		p.deliverBatch(msgs[1]) // the stray's own message takes nothing
+		p.wantStatus(id, reservation.StatusConfirmed, "")
+		if n := p.count(`SELECT COUNT(*) FROM reservations WHERE reservation_id = ? AND group_id = ?`, id, g1); n != 1 {
+			t.Fatalf("%s is not g1's in MySQL", id)
+		}
+		if rg := p.redisGroup(sku, g2); rg["remaining"] != "2" {
+			t.Errorf("g2 in Redis = %v, want both slots free (the stray's came back)", rg)
+		}
+		if m, err := p.rdb.HGetAll(context.Background(), "hf:{"+sku+"}:gm:"+g2).Result(); err != nil || len(m) != 0 {
+			t.Errorf("g2's members in Redis = %v %v, want none", m, err)
+		}
+		ma, mb := p.joined(sku, g2, "a"), p.joined(sku, g2, "b")
+		p.persistMsgs(ma, mb)
+		p.wantFormed("after a and b filled g2", sku, g2)
+		if _, members, _ := p.groupState(g2); members != 2 {
+			t.Errorf("g2 formed with %d members in MySQL, want 2", members)
+		}
+		p.check(invariant.Expect{Sellable: map[string]int64{sku: 10}, Accepted: []string{id, ma, mb}, Quiescent: true})
+	})
 }
