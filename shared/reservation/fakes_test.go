@@ -421,6 +421,14 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		if state == StatusHeld {
 			unhold(old.qty)
 			giveBack(old.qty, old.user, old.group, false)
+			// A stray held in another group than the row's frees its slot
+			// there while that group is OPEN: MySQL never took it.
+			key := groupKey(sku, old.group)
+			if g := m.groups[key]; old.group != "" && old.group != gid && m.members[key][old.user] == id && g != nil && g.status == GroupOpen {
+				delete(m.members[key], old.user)
+				g.remaining++
+				g.fullAt = 0
+			}
 			returned = true
 		}
 		delete(m.holds, key)

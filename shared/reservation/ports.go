@@ -36,7 +36,9 @@ type Holds interface {
 
 	// Follow makes the hold of row.ID follow MySQL's decided row, once:
 	//   - a HELD hold of another token is a stray (Redis took the id again
-	//     after forgetting the hold MySQL decided): its stock is returned;
+	//     after forgetting the hold MySQL decided): its stock is returned,
+	//     and its slot and member entry in its own group when that is
+	//     another than the row's and still OPEN;
 	//   - CONFIRMED: a HELD hold becomes CONFIRMED (its units leave held);
 	//     version is the stock row's version after the commit (0: unknown);
 	//   - CANCELLED: a HELD hold's stock returns; a refunded row's stock

@@ -89,10 +89,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	// charged before any MySQL read: a scalper's thousands of fresh keys cost
 	// Redis, not the arbiter; MySQL is asked only when Redis has no final
 	// answer (judgeKeyed). A keyed join, charged above, asks MySQL first: a
-	// hold the script took again for a decided id would hold a slot in this
-	// request's group, which returning the stray (it follows MySQL's row,
-	// and the row's group) could not give back when the row names another
-	// group.
+	// hold the script took again for a decided id would be told 202 and hold
+	// a slot in this request's group until returning the stray frees it, and
+	// the group might form on it first.
 	checked := false
 	if keyed && r.GroupID != "" {
 		if row, ok, err := s.decidedRow(ctx, r, true); ok || err != nil {
@@ -334,10 +333,11 @@ func refusal(err error) bool {
 // asked it is not ok with no error too, unless must: then ErrUnavailable.
 // A keyed join must know (the caller answers 503 and takes nothing): the id
 // names the buyer, the SKU and the key but not the group, so a join taken
-// again for a decided id in another group would hold a slot there that
-// returning the stray cannot give back (the row names the other group).
+// again for a decided id in another group would hold a slot there until
+// returning the stray frees it, and the group might form on it first.
 // Found by an adversarial review of issue 22: such a phantom member kept
-// the other group one slot short for good.
+// the other group one slot short for good (the stray's follow did not free
+// it then).
 func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Reservation, bool, error) {
 	row, err := s.ledger.Reservation(ctx, r.ID)
 	switch {

@@ -1393,8 +1393,9 @@ func TestKeyedAttemptsOverTheRateDoNotReadMySQL(t *testing.T) {
 
 // A keyed join replayed into another group after Redis forgot the first:
 // MySQL's row (the first group) answers 422, and the second group keeps
-// every slot (a hold the script took there could not be given back by
-// following a row that names the first group). Found by TestModel.
+// every slot (a hold the script took there would be told 202 and hold a
+// slot until following the row, which names the first group, freed it).
+// Found by TestModel.
 func TestKeyedJoinIntoAnotherGroupTakesNoSlot(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)
@@ -1689,10 +1690,10 @@ func TestCancelMetering(t *testing.T) {
 
 // A keyed join retried with its key in another group while MySQL cannot be
 // read is answered 503 and takes nothing: the id names buyer, SKU and key,
-// not the group, so a hold taken again in the other group would keep a
-// member there that returning the stray cannot give back. Found by an
-// adversarial review of issue 22 (before, the join was taken and the group
-// stayed one slot short for good).
+// not the group, so a hold taken again in the other group would be told
+// 202 and keep a member there until returning the stray frees it. Found by
+// an adversarial review of issue 22 (before, the join was taken and the
+// group stayed one slot short for good).
 func TestKeyedJoinInAnotherGroupWaitsForMySQL(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)

@@ -1077,10 +1077,11 @@ func TestGroups(t *testing.T) {
 	// it; its retry with the same key goes into g2, and, MySQL having no row
 	// yet, Redis holds it there under the same id: a stray in another group.
 	// MySQL then decides the id for g1 (that message came first). Following
-	// the row returned the stray's unit but reopened the slot of the row's
-	// group (g1) only: g2 kept a slot and a member entry that no reservation
-	// backs, so it could never fill (its last joiner was told group_full)
-	// or formed a member short. Now follow.lua frees the stray's own slot.
+	// that row returns the stray's unit and frees its slot and member entry
+	// in g2 (follow.lua reads the stray's group from its hold), so g2 fills
+	// with two other joiners and forms. Before, only a slot of the row's
+	// group could reopen: g2 kept a slot and a member entry no reservation
+	// backs, and its last joiner was told group_full.
 	t.Run("a stray held in another group gives its slot back there", func(t *testing.T) {
 		priv := testservices.StartRedis(t)
 		p := newPromise(t, withRedis(priv.Addr))

@@ -99,15 +99,60 @@ func (s *Store) Charge(ctx context.Context, a reservation.Attempt) error {
 
 // Follow implements reservation.Holds.
 func (s *Store) Follow(ctx context.Context, row reservation.Reservation, version int64) (bool, error) {
+	return s.follow(ctx, row, version, "")
+}
+
+// followElsewhere is follow.lua's code in its reply {3, group}: the hold is
+// a HELD stray of another group than the row's, and nothing changed; the
+// call is made again naming that group, so that the script has its keys.
+const followElsewhere = 3
+
+// follow runs follow.lua for row, naming elsewhere as the group of a stray
+// held in another group ("": none known), and again naming the group the
+// script found, if it answers followElsewhere. Each call changes nothing or
+// follows once; a stray whose group changed between the calls is named again.
+func (s *Store) follow(ctx context.Context, row reservation.Reservation, version int64, elsewhere string) (bool, error) {
 	k := keysOfHold(row)
-	n, err := followScript.Run(ctx, s.rdb, k.holdKeys(row), s.followArgs(row, version)...).Int()
-	if err != nil {
-		return false, reservation.Unavailable("redis follow", err)
+	for range 3 {
+		code, group, err := followReply(followScript.Run(ctx, s.rdb, k.followKeys(row, elsewhere), s.followArgs(row, version, elsewhere)...).Result())
+		if err != nil {
+			return false, err
+		}
+		if code != followElsewhere {
+			return followed(row, code)
+		}
+		elsewhere = group
 	}
-	if n == 2 {
+	return false, reservation.Unavailable("redis follow", fmt.Errorf("%s: the stray's group changed at every call", row.ID))
+}
+
+// followReply reads follow.lua's reply: a code, or {followElsewhere, group}.
+func followReply(v any, err error) (code int64, group string, _ error) {
+	if err != nil {
+		return 0, "", reservation.Unavailable("redis follow", err)
+	}
+	switch r := v.(type) {
+	case int64:
+		return r, "", nil
+	case []any:
+		if len(r) == 2 {
+			code, ok1 := r[0].(int64)
+			group, ok2 := r[1].(string)
+			if ok1 && ok2 && code == followElsewhere {
+				return code, group, nil
+			}
+		}
+	}
+	return 0, "", fmt.Errorf("redis follow: unexpected reply %v", v)
+}
+
+// followed is Follow's answer for follow.lua's code 0, 1 or 2 (a refund
+// needs the stock: ErrUnknownSKU, warm it and follow again).
+func followed(row reservation.Reservation, code int64) (bool, error) {
+	if code == 2 {
 		return false, fmt.Errorf("redis follow %s: a refund needs the stock: %w", row.ID, reservation.ErrUnknownSKU)
 	}
-	return n == 1, nil
+	return code == 1, nil
 }
 
 // confirmChunk is how many holds one confirm.lua call confirms: about a
@@ -119,7 +164,8 @@ const confirmChunk = 200
 // decided token — goes to confirm.lua, confirmChunk holds a call; the rest
 // follow.lua, one call a row. All calls go in one pipeline (per shard); a
 // script Redis does not have yet is loaded and the pipeline sent again
-// (both scripts are idempotent).
+// (both scripts are idempotent). A row whose hold is a stray of another
+// group is followed again on its own, naming that group (Follow).
 func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, version int64) ([]bool, []error) {
 	returned, errs := make([]bool, len(rows)), make([]error, len(rows))
 	var plain []int // rows confirm.lua may take, by SKU order of arrival
@@ -170,7 +216,7 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 	follows, err := s.pipeline(ctx, func(p redis.Pipeliner) []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(rest))
 		for j, i := range rest {
-			cmds[j] = followScript.EvalSha(ctx, p, keysOfHold(rows[i]).holdKeys(rows[i]), s.followArgs(rows[i], version)...)
+			cmds[j] = followScript.EvalSha(ctx, p, keysOfHold(rows[i]).followKeys(rows[i], ""), s.followArgs(rows[i], version, "")...)
 		}
 		return cmds
 	}, followScript)
@@ -179,14 +225,14 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 			errs[i] = err
 			continue
 		}
-		n, err := follows[j].Int()
+		code, group, err := followReply(follows[j].Result())
 		switch {
 		case err != nil:
-			errs[i] = reservation.Unavailable("redis follow", err)
-		case n == 2:
-			errs[i] = fmt.Errorf("redis follow %s: a refund needs the stock: %w", rows[i].ID, reservation.ErrUnknownSKU)
+			errs[i] = err
+		case code == followElsewhere:
+			returned[i], errs[i] = s.follow(ctx, rows[i], version, group)
 		default:
-			returned[i] = n == 1
+			returned[i], errs[i] = followed(rows[i], code)
 		}
 	}
 	return returned, errs
@@ -215,10 +261,12 @@ func chunkBySKU(rows []reservation.Reservation, idx []int) [][]int {
 	return out
 }
 
-func (s *Store) followArgs(row reservation.Reservation, version int64) []any {
+// followArgs are follow.lua's ARGV for row; elsewhere names the group of a
+// stray held in another group than the row's ("": none known).
+func (s *Store) followArgs(row reservation.Reservation, version int64, elsewhere string) []any {
 	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
 		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion, s.now(),
-		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup())}
+		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup()), elsewhere}
 }
 
 func flag(b bool) string {
