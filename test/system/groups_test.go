@@ -1122,4 +1122,69 @@ func TestGroups(t *testing.T) {
 		}
 		p.check(invariant.Expect{Sellable: map[string]int64{sku: 10}, Accepted: []string{id, ma, mb}, Quiescent: true})
 	})
+
+	// The same stray, but persist confirms the id for g1 and crashes before
+	// Redis follows: the stray is still HELD in g2's member list when g2
+	// fails. Cancelling that member returns the stray and leaves the row,
+	// g1's, as it is. Before, g2's failure refunded the buyer's g1
+	// membership as group_failed: a group that did not fail lost a member.
+	t.Run("a failing group leaves another group's member alone", func(t *testing.T) {
+		priv := testservices.StartRedis(t)
+		var crash atomic.Bool
+		p := newPromise(t, withRedis(priv.Addr), withHooks(reservation.Hooks{AfterCommit: func(reservation.Reservation) error {
+			if crash.CompareAndSwap(true, false) {
+				return errCrash
+			}
+			return nil
+		}}))
+		sku := testservices.Name("gforeign")
+		p.createSKU(sku, 10, 0)
+		g1, g2 := p.group(sku, 2, 600), p.group(sku, 2, 30)
+		priv.Snapshot()
+		code, b := p.joinKeyed(sku, g1, "u", "k")
+		if code != http.StatusAccepted {
+			t.Fatalf("u's keyed join into g1 = %d %v, want 202", code, b)
+		}
+		id := b["reservation_id"].(string)
+		priv.RestartFromSnapshot() // the failover loses the join
+		if code, b := p.joinKeyed(sku, g2, "u", "k"); code != http.StatusAccepted || b["reservation_id"] != id {
+			t.Fatalf("u's retry with the key into g2 = %d %v, want 202 for %s", code, b, id)
+		}
+		msgs := p.msgsOf(id)
+		if len(msgs) != 2 || msgs[0].GroupID != g1 || msgs[1].GroupID != g2 {
+			t.Fatalf("messages of %s = %+v, want g1's then g2's", id, msgs)
+		}
+		crash.Store(true)
+		body, err := message.Encode(msgs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := p.persist.Handle(context.Background(), events.SQSEvent{Records: []events.SQSMessage{{
+			MessageId: "g1-join", Body: string(body), EventSource: "aws:sqs", EventSourceARN: p.queues.ARN,
+		}}})
+		if err != nil || len(resp.BatchItemFailures) != 1 || crash.Load() {
+			t.Fatalf("persist of g1's message = %+v %v, want it to crash after its commit", resp, err)
+		}
+		if st, _, _ := p.row(id); st != string(reservation.StatusConfirmed) {
+			t.Fatalf("%s is %s in MySQL, want CONFIRMED for g1", id, st)
+		}
+		if rg := p.redisGroup(sku, g2); rg["remaining"] != "1" {
+			t.Fatalf("g2 in Redis = %v, want the stray still holding a slot", rg)
+		}
+		p.clock.Advance(31 * time.Second) // past g2's deadline, within the stray's hold TTL
+		p.sweep()
+		if st, _, _ := p.groupState(g2); st != "FAILED" {
+			t.Fatalf("g2 is %s in MySQL, want FAILED", st)
+		}
+		if st, reason, refunded := p.row(id); st != string(reservation.StatusConfirmed) || refunded {
+			t.Errorf("g2's failure left %s %s %s (refunded %v), want g1's member CONFIRMED", id, st, reason, refunded)
+		}
+		if st, members, _ := p.groupState(g1); st != "OPEN" || members != 1 {
+			t.Errorf("g1 is %s with %d members in MySQL, want OPEN with u's", st, members)
+		}
+		p.deliverBatch(msgs[0]) // the crashed message's redelivery
+		p.deliverBatch(msgs[1]) // the stray's own message takes nothing
+		p.wantStatus(id, reservation.StatusConfirmed, "")
+		p.check(invariant.Expect{Sellable: map[string]int64{sku: 10}, Accepted: []string{id}, Quiescent: true})
+	})
 }
