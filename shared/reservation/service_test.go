@@ -1052,6 +1052,40 @@ func TestGroupJoinRulesAndFailure(t *testing.T) {
 	}
 }
 
+// A failed group cancels only its own holds: a member entry of g2 naming an
+// id held for g1 (stale: built here by hand) is left alone, neither fenced
+// nor released. TestGroups "a failing group leaves another group's member
+// alone" is the same rule for a row of another group.
+func TestFailedGroupLeavesAHoldOfAnotherGroup(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 10)
+	g1, err := f.svc.CreateGroup(bg, "creator", "s", 2, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := f.svc.CreateGroup(bg, "creator", "s", 2, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: "u", GroupID: g1.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.holds.mu.Lock()
+	f.holds.members[groupKey("s", g2.ID)] = map[string]string{"u": r.ID}
+	f.holds.mu.Unlock()
+	f.clock.advance(31 * time.Second) // past g2's deadline, within the hold's
+	if rep := f.sweep(t); rep.GroupsFailed != 1 {
+		t.Fatalf("sweep = %+v, want g2 failed", rep)
+	}
+	if row, ok := f.ledger.row(r.ID); ok {
+		t.Errorf("g2's failure wrote %+v for g1's join, want no row", row)
+	}
+	if h := f.hold(r.ID); h.Status != StatusHeld || h.GroupID != g1.ID || f.held("s") != 1 {
+		t.Errorf("g1's hold = %+v, held %d; want HELD in g1, 1 held", h, f.held("s"))
+	}
+}
+
 // FORMED is final: a member's release does not reopen the group, a refund
 // does not change its status, and late members' messages still join.
 func TestFormedGroupIsFinal(t *testing.T) {
