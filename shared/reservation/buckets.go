@@ -240,7 +240,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 // (retention), not for having been lost, and taking again would take twice;
 // reconciliation repairs the rare loss instead.
 func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version int64) error {
-	if row.Status == StatusConfirmed && !row.Released {
+	if row.Status == StatusConfirmed && row.Release == ReleaseOwed {
 		_, err := s.holds.Credit(ctx, row)
 		if errors.Is(err, ErrUnknownSKU) {
 			if _, err = s.warm(ctx, row.SKU, row.Into); err == nil {
@@ -254,7 +254,7 @@ func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version
 	if _, err := s.holds.Follow(ctx, row, version); err != nil {
 		return fmt.Errorf("follow transfer %s: %w", row.ID, err)
 	}
-	if row.Released {
+	if row.Release != ReleaseOwed {
 		return nil
 	}
 	if err := s.ledger.MarkReleased(ctx, row.ID); err != nil {
@@ -272,7 +272,7 @@ func (s *Service) followStray(ctx context.Context, row Reservation, b int) {
 		return
 	}
 	stray := row
-	stray.Bucket, stray.Released, stray.Notified = b, true, true
+	stray.Bucket, stray.Release, stray.Event = b, ReleaseDone, EventSent // the row's own give-back and event are not this bucket's
 	if _, err := s.holds.Follow(ctx, stray, 0); err != nil {
 		s.log.WarnContext(ctx, "a stray in another bucket did not follow mysql; the sweeper retries",
 			"reservation_id", row.ID, "bucket", b, "error", err)

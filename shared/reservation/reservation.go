@@ -33,6 +33,53 @@ const (
 	StatusCancelled Status = "CANCELLED"
 )
 
+// Cancellation says how a CANCELLED reservation came about; NotCancelled
+// (the zero value) on every other. Two transitions write it, both final:
+//
+//	HELD      → CANCELLED  Fenced    Ledger.Fence: MySQL never took the stock
+//	CONFIRMED → CANCELLED  Refunded  Ledger.Refund: the stock went back to MySQL
+type Cancellation string
+
+// The ways of cancelling, named for the ledger transition that wrote them.
+const (
+	NotCancelled Cancellation = ""         // HELD or CONFIRMED
+	Fenced       Cancellation = "fenced"   // cancelled while HELD: MySQL never took its stock
+	Refunded     Cancellation = "refunded" // cancelled after CONFIRMED: its stock went back to MySQL
+)
+
+// ReleaseState is a decided row's give-back to Redis: MySQL's release
+// outbox, which the sweeper drains. A CANCELLED row gives its hold's units
+// back to its bucket; a transfer's row credits its units to bucket Into (a
+// fenced one's go back to the giving bucket). ReleaseNone (the zero value):
+// nothing to give back, as on a hold MySQL has not decided or a CONFIRMED
+// buy.
+//
+//	ReleaseNone → ReleaseOwed  Ledger.Fence, Ledger.Refund, Ledger.Transfer
+//	ReleaseOwed → ReleaseDone  Ledger.MarkReleased, once Redis followed the row
+type ReleaseState string
+
+// The states of the release outbox.
+const (
+	ReleaseNone ReleaseState = ""     // nothing to give back
+	ReleaseOwed ReleaseState = "owed" // MySQL decided; Redis has not acknowledged following it
+	ReleaseDone ReleaseState = "done" // Redis followed the row (a transfer's: credited it)
+)
+
+// EventState is a CANCELLED reservation's cancellation event: MySQL's
+// event outbox, which the sweeper drains. EventNone (the zero value): no
+// event, as on a row not cancelled or a transfer's (no buyer to tell).
+//
+//	EventNone → EventOwed  Ledger.Fence (not a transfer's), Ledger.Refund
+//	EventOwed → EventSent  Ledger.MarkNotified, once the event went out
+type EventState string
+
+// The states of the event outbox.
+const (
+	EventNone EventState = ""     // no event
+	EventOwed EventState = "owed" // the event has not gone out yet
+	EventSent EventState = "sent" // the event went out
+)
+
 // Reason says why a reservation was cancelled.
 type Reason string
 
@@ -78,18 +125,29 @@ type Reservation struct {
 	// reserve.lua records. MySQL stores the token of the hold it decided, so
 	// a hold Redis took again for the same id after forgetting the first (a
 	// stray) is recognised and returned instead of confirmed.
-	Token    string
-	Status   Status
-	Reason   Reason // set when CANCELLED
-	Refunded bool   // CANCELLED after having been CONFIRMED: stock went back to MySQL
-	// Released is false on a CANCELLED row whose Redis give-back has not been
-	// acknowledged yet (MySQL's release outbox, drained by the sweeper).
-	Released bool
+	Token  string
+	Status Status
+	Reason Reason // set when CANCELLED
+	// Cancellation, Release and Event are the row's sub-states: how it was
+	// cancelled, its give-back to Redis, its event. Only these combinations
+	// occur (→: the outbox drained):
+	//
+	//	row                        Cancellation  Release      Event
+	//	HELD (not in MySQL yet)    NotCancelled  None         None
+	//	CONFIRMED buy or join      NotCancelled  None         None
+	//	CANCELLED, fenced          Fenced        Owed → Done  Owed → Sent
+	//	CANCELLED, refunded        Refunded      Owed → Done  Owed → Sent
+	//	transfer, CONFIRMED        NotCancelled  Owed → Done  None
+	//	transfer, fenced           Fenced        Owed → Done  None
+	//
+	// A hold read from Redis has its Status and Cancellation, no outbox.
+	Cancellation Cancellation
+	Release      ReleaseState
+	Event        EventState
 	// RefundVersion is the stock row's version right after a refund (0
 	// otherwise): Redis warmed from a level at or past it already has the
 	// refunded units, so the release gives nothing back a second time.
 	RefundVersion int64
-	Notified      bool      // the cancellation event went out (MySQL's outbox flag)
 	ExpiresAt     time.Time // the hold's deadline
 	CreatedAt     time.Time
 	// Bucket is the bucket of the SKU the hold is in (0 with one bucket).
@@ -97,7 +155,7 @@ type Reservation struct {
 	// Transfer marks a transfer of Qty units from bucket Bucket to bucket
 	// Into (Service.refill): a hold in the giving bucket, confirmed by the
 	// MySQL transaction that moves the buckets' shares (RefundVersion is its
-	// version), and credited to Into once (its row unreleased until then). It
+	// version), and credited to Into once (its Release owed until then). It
 	// has no user and no event.
 	Transfer bool
 	Into     int

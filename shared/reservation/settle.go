@@ -114,7 +114,7 @@ func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int6
 	if row.Transfer {
 		return s.carryOutTransfer(ctx, row, 0)
 	}
-	if row.GroupID != "" && row.Status == StatusCancelled && !row.Released {
+	if row.GroupID != "" && row.Status == StatusCancelled && row.Release == ReleaseOwed {
 		if err := s.groupFollowsMySQL(ctx, row); err != nil {
 			return fmt.Errorf("follow %s: %w", row.ID, err) // nothing released: the outbox keeps it
 		}
@@ -131,7 +131,7 @@ func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int6
 	switch {
 	case err != nil:
 		errs = append(errs, fmt.Errorf("follow %s: %w", row.ID, err))
-	case row.Status == StatusCancelled && !row.Released:
+	case row.Release == ReleaseOwed:
 		if err := s.ledger.MarkReleased(ctx, row.ID); err != nil {
 			errs = append(errs, fmt.Errorf("mark released %s: %w", row.ID, err))
 		}
@@ -143,7 +143,7 @@ func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int6
 	}
 	// The event does not wait for Redis: the order service hears of MySQL's
 	// decision even while Redis is down.
-	if row.Status == StatusCancelled && !row.Notified {
+	if row.Event == EventOwed {
 		if err := s.notify(ctx, row); err != nil {
 			errs = append(errs, err)
 		}

@@ -115,10 +115,10 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 			s.log.ErrorContext(ctx, "sweep: drain outbox", "reservation_id", row.ID, "error", err)
 			continue
 		}
-		if !row.Released {
+		if row.Release == ReleaseOwed {
 			rep.Released++
 		}
-		if !row.Notified {
+		if row.Event == EventOwed {
 			rep.Notified++
 		}
 	}

@@ -281,7 +281,7 @@ func TestBuckets(t *testing.T) {
 		}
 		for _, id := range []string{"aaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbb", "cccccccccccccccccccccccccc"} {
 			r, err := ledger.Reservation(ctx, sku+"."+id)
-			if err != nil || !r.Released || !r.Transfer {
+			if err != nil || r.Release != reservation.ReleaseDone || !r.Transfer {
 				t.Errorf("transfer %s: %+v %v; want a released transfer row", id, r, err)
 			}
 		}

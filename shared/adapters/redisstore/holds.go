@@ -215,8 +215,12 @@ func chunkBySKU(rows []reservation.Reservation, idx []int) [][]int {
 	return out
 }
 
+// followArgs passes follow.lua the row's facts; its sub-states as the flags
+// the script reads: refunded, and released ("0" only while the release is
+// owed).
 func (s *Store) followArgs(row reservation.Reservation, version int64) []any {
-	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
+	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status),
+		flag(row.Cancellation == reservation.Refunded), flag(row.Release != reservation.ReleaseOwed),
 		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion, s.now(),
 		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup())}
 }
@@ -321,7 +325,13 @@ func holdFromMap(id string, bucket int, m map[string]string) (reservation.Reserv
 	r := reservation.Reservation{
 		ID: id, SKU: m["sku"], Qty: qty, UserID: m["user"], GroupID: m["group"],
 		Token: m["token"], Status: reservation.Status(m["state"]), Reason: reservation.Reason(m["reason"]),
-		Refunded: m["refunded"] == "1", Bucket: bucket, Sent: m["sent"] == "1",
+		Bucket: bucket, Sent: m["sent"] == "1",
+	}
+	if r.Status == reservation.StatusCancelled { // a tombstone's field refunded (follow.lua)
+		r.Cancellation = reservation.Fenced
+		if m["refunded"] == "1" {
+			r.Cancellation = reservation.Refunded
+		}
 	}
 	if into, ok := m["into"]; ok {
 		r.Transfer = true
