@@ -289,7 +289,7 @@ func (s *Service) cancelMember(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	row, err := s.settle(ctx, h, ReasonGroupFailed)
+	row, err := s.fence(ctx, h, ReasonGroupFailed)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,7 @@
 //
 // Redis pre-deducts stock and keeps holds; MySQL is the arbiter: a
 // reservation's row decides its fate. Every path that could cancel a
-// reservation goes through one fenced decision (Service.settle): write the
+// reservation goes through one fenced decision (Service.fence): write the
 // CANCELLED row if no row exists, and only then return the hold's stock. A
 // late persist finds the fence and takes nothing, so no reservation is ever
 // both confirmed and released. docs/design.md tells the whole story.

@@ -305,10 +305,10 @@ func (s *Service) sendFailed(ctx context.Context, held Reservation, out ReserveO
 		s.log.WarnContext(ctx, "reserve: send failed; the hold waits for a retry with the same key", "reservation_id", held.ID, "error", err)
 		return Reservation{}, false, Unavailable("reserve enqueue", err)
 	}
-	final, serr := s.settle(ctx, held, ReasonPublishFailed)
-	if serr != nil {
+	final, ferr := s.fence(ctx, held, ReasonPublishFailed)
+	if ferr != nil {
 		s.log.ErrorContext(ctx, "reserve: enqueue failed and the hold is left to the sweeper",
-			"reservation_id", held.ID, "enqueue_error", err, "settle_error", serr)
+			"reservation_id", held.ID, "enqueue_error", err, "fence_error", ferr)
 		return Reservation{}, false, Unavailable("reserve enqueue", err)
 	}
 	if final.Status == StatusConfirmed {
@@ -355,7 +355,7 @@ func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Res
 	return Reservation{}, false, nil
 }
 
-// abandon settles a reservation without an idempotency key whose Redis call
+// abandon fences a reservation without an idempotency key whose Redis call
 // failed with an unknown outcome (a timeout, a reset): the script may have
 // run and left a hold that no message will ever settle. Its id is random, so
 // no earlier attempt can have been accepted under it: fence and release it
@@ -366,7 +366,7 @@ func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Res
 func (s *Service) abandon(ctx context.Context, r Reservation) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if _, err := s.settle(ctx, r, ReasonHoldFailed); err != nil {
+	if _, err := s.fence(ctx, r, ReasonHoldFailed); err != nil {
 		s.log.WarnContext(ctx, "reserve: abandoned hold left to the sweeper", "reservation_id", r.ID, "error", err)
 	}
 }

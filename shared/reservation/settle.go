@@ -12,7 +12,7 @@ import (
 // its hold released once, and the cancellation published. Idempotent, also
 // days later: a decided row moves nothing a second time.
 func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, error) {
-	return s.settle(ctx, r, ReasonDeadLetter)
+	return s.fence(ctx, r, ReasonDeadLetter)
 }
 
 // Cancel is user's cancel of one of their reservations (another user's is
@@ -44,7 +44,7 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		if _, err := owned(h, user); err != nil {
 			return Reservation{}, err
 		}
-		if row, err = s.settle(ctx, h, ReasonBuyer); err != nil {
+		if row, err = s.fence(ctx, h, ReasonBuyer); err != nil {
 			return Reservation{}, err
 		}
 		if row.Status != StatusConfirmed {
@@ -62,10 +62,11 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 	return s.carryOut(ctx, row, 0), nil
 }
 
-// settle is the fenced decision every cancelling path shares: write the
-// CANCELLED fence unless MySQL already decided, then make Redis follow the
-// row. An error means MySQL could not decide; nothing was released.
-func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
+// fence is the fenced decision every cancelling path shares: write the
+// CANCELLED fence unless MySQL already decided (Ledger.Fence), then carry
+// out the row as it stands, CANCELLED or CONFIRMED. An error means MySQL
+// could not decide; nothing was released.
+func (s *Service) fence(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
 	if reason.CountsInGroup() && (reason != ReasonExpired || r.Sent) { // the group filled with this join in it: it forms first
 		s.formBeforeLeaving(ctx, r)
 	}

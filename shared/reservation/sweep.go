@@ -305,7 +305,7 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 		}
 		failed := 0
 		for _, h := range expired {
-			row, err := s.settle(ctx, h, ReasonExpired)
+			row, err := s.fence(ctx, h, ReasonExpired)
 			if err != nil {
 				failed++
 				rep.Errors++
