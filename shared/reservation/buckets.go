@@ -1,8 +1,8 @@
 package reservation
 
 // The moves between buckets: refill (with its per-bucket lock, refilling,
-// and the reads bucketStock and bucketFigures), cover and returned, transfer
-// and its constants, followTransfer and followStray.
+// and the reads bucketStock and bucketFigures), cover and coverAfterReturn,
+// transfer and its constants, carryOutTransfer and followStray.
 //
 // Buckets: one SKU's sellable stock split over K Redis buckets, each with
 // its own hash tag, so that a cluster spreads one hot SKU over K shards.
@@ -146,9 +146,9 @@ func (s *Service) cover(ctx context.Context, sku string, k int) {
 	}
 }
 
-// returned is told that units came back to a bucket of sku: with several
-// buckets, they first pay what a bucket owes (cover).
-func (s *Service) returned(ctx context.Context, sku string) {
+// coverAfterReturn is told that units came back to a bucket of sku: with
+// several buckets, they first pay what a bucket owes (cover).
+func (s *Service) coverAfterReturn(ctx context.Context, sku string) {
 	if l, err := s.layoutOf(ctx, sku); err == nil && l.k > 1 {
 		s.cover(ctx, sku, l.k)
 	}

@@ -134,7 +134,7 @@ func (s *Service) followAll(ctx context.Context, rows []Reservation, version int
 		if returned[i] {
 			s.soldOut.Delete(row.SKU)
 			s.metrics.Count("released", 1)
-			s.returned(ctx, row.SKU)
+			s.coverAfterReturn(ctx, row.SKU)
 		}
 	}
 }

@@ -140,7 +140,7 @@ func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int6
 	if returned {
 		s.soldOut.Delete(row.SKU) // stock came back: ask Redis again
 		s.metrics.Count("released", 1)
-		s.returned(ctx, row.SKU)
+		s.coverAfterReturn(ctx, row.SKU)
 	}
 	// The event does not wait for Redis: the order service hears of MySQL's
 	// decision even while Redis is down.
