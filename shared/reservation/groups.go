@@ -63,7 +63,7 @@ func (s *Service) CreateGroup(ctx context.Context, user, sku string, capacity in
 		// its deadline with no members.
 		return Group{}, err
 	}
-	s.counts.drop(sku) // the SKU has groups now: keyed buys check bucket 0 (crossBucketMismatch)
+	s.layouts.drop(sku) // the SKU has groups now: keyed buys check bucket 0 (crossBucketMismatch)
 	return g, nil
 }
 
