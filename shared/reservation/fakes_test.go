@@ -295,14 +295,14 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
 			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
-		if h.token != r.Token && !r.Charged {
+		if h.token != r.Token && !r.AlreadyCharged {
 			if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}
 		}
 		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
 	}
-	if r.Charged {
+	if r.AlreadyCharged {
 		// the retry of an attempt already charged: no charge (reserve.lua's ARGV[11])
 	} else if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 		return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}

@@ -163,10 +163,11 @@ type Reservation struct {
 	// accepted (Holds.AcceptJoin). A join's hold that expires unsent never
 	// counted among its group's slots.
 	Sent bool
-	// Charged marks a reserve call that repeats an attempt the script has
-	// charged to the buyer's attempt rate already (the retry after a
-	// refill): it is not charged again. Never stored.
-	Charged bool
+	// AlreadyCharged marks a reserve call whose attempt is charged to the
+	// buyer's attempt rate already (by Holds.Charge, or by the script on an
+	// earlier call: the retry after a warm-up or a refill): it is not
+	// charged again. Never stored.
+	AlreadyCharged bool
 }
 
 // GroupStatus is the state of a group-buy.

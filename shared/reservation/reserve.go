@@ -165,7 +165,7 @@ func (s *Service) chargeAway(ctx context.Context, r *Reservation, keyed bool, k 
 		}
 		return err
 	}
-	r.Charged = true
+	r.AlreadyCharged = true
 	return nil
 }
 
@@ -187,7 +187,7 @@ func (s *Service) hold(ctx context.Context, r Reservation, k int) (held Reservat
 			}
 			return Reservation{}, ReserveOutcome{}, nil, werr
 		}
-		r.Charged = true // the script charged this attempt before it found no stock
+		r.AlreadyCharged = true // the script charged this attempt before it found no stock
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	for round := 0; k > 1 && errors.Is(err, ErrSoldOut) && round < maxRefills; round++ {
@@ -201,7 +201,7 @@ func (s *Service) hold(ctx context.Context, r Reservation, k int) (held Reservat
 		if !ok {
 			break
 		}
-		r.Charged = true // one attempt of the buyer's, charged once
+		r.AlreadyCharged = true // one attempt of the buyer's, charged once
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	return held, out, err, nil

@@ -18,7 +18,7 @@ import (
 // Reserve implements reservation.Holds.
 func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time.Duration) (reservation.Reservation, reservation.ReserveOutcome, error) {
 	var none reservation.ReserveOutcome
-	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.Charged)}
+	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.AlreadyCharged)}
 	res := reserveScript.Run(ctx, s.rdb, ReserveKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
 	if err := res.Err(); err != nil {
 		return reservation.Reservation{}, none, reservation.Unavailable("redis reserve", err)
