@@ -215,7 +215,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 		s.transfersPaused.Store(s.clock.Now().Add(transferPause))
 		return false, fmt.Errorf("transfer %s: record: %w", t.ID, err)
 	}
-	if err := s.carryOutTransfer(ctx, row, row.RefundVersion); err != nil {
+	if err := s.carryOutTransfer(ctx, row, row.TransferVersion); err != nil {
 		// MySQL moved the units; the outbox completes the move in Redis.
 		s.metrics.Count("follow_failed", 1)
 		return false, fmt.Errorf("transfer %s: follow: %w", t.ID, err)

@@ -730,7 +730,7 @@ func (m *memHolds) Credit(_ context.Context, t Reservation) (bool, error) {
 	if _, ok := m.stock[name]; !ok {
 		return false, ErrUnknownSKU
 	}
-	credited := m.metaOf(name)["wver"] < t.RefundVersion
+	credited := m.metaOf(name)["wver"] < t.TransferVersion
 	if credited {
 		m.stock[name] += int64(t.Qty)
 	}
@@ -1533,8 +1533,8 @@ func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (R
 	moveShare(st, t.Bucket, -int64(t.Qty))
 	moveShare(st, t.Into, int64(t.Qty))
 	r := &l.rows[t.ID].r
-	r.Release, r.RefundVersion = ReleaseOwed, st.Version
-	row.Release, row.RefundVersion = ReleaseOwed, st.Version
+	r.Release, r.TransferVersion = ReleaseOwed, st.Version
+	row.Release, row.TransferVersion = ReleaseOwed, st.Version
 	return row, nil
 }
 

@@ -84,7 +84,7 @@ type Holds interface {
 	TakeOut(ctx context.Context, t Reservation, ttl time.Duration) (Reservation, error)
 
 	// Credit adds the units of the transfer t, which MySQL recorded at
-	// version t.RefundVersion, to bucket t.Into once: not again for a
+	// version t.TransferVersion, to bucket t.Into once: not again for a
 	// repeat, nor when the bucket was warmed from a level at or past that
 	// version. credited reports whether stock moved. ErrUnknownSKU if the
 	// bucket has no stock figure: nothing changed; warm it and credit again.
@@ -326,7 +326,7 @@ type Ledger interface {
 	// Transfer records the transfer t, whose units bucket t.Bucket holds
 	// (TakeOut), in one transaction: its row CONFIRMED with its release owed
 	// (the credit to bucket t.Into), the two buckets' shares moved, the stock
-	// row's version moved on (the returned row's RefundVersion). If a row
+	// row's version moved on (the returned row's TransferVersion). If a row
 	// with t.ID exists (the sweeper fenced the hold), it is returned as it
 	// stands and nothing moves.
 	Transfer(ctx context.Context, t Reservation, now time.Time) (Reservation, error)

@@ -146,7 +146,8 @@ type Reservation struct {
 	Event        EventState
 	// RefundVersion is the stock row's version right after a refund (0
 	// otherwise): Redis warmed from a level at or past it already has the
-	// refunded units, so the release gives nothing back a second time.
+	// refunded units, so the release gives nothing back a second time. A
+	// transfer's version is TransferVersion.
 	RefundVersion int64
 	ExpiresAt     time.Time // the hold's deadline
 	CreatedAt     time.Time
@@ -154,11 +155,16 @@ type Reservation struct {
 	Bucket int
 	// Transfer marks a transfer of Qty units from bucket Bucket to bucket
 	// Into (Service.refill): a hold in the giving bucket, confirmed by the
-	// MySQL transaction that moves the buckets' shares (RefundVersion is its
-	// version), and credited to Into once (its Release owed until then). It
-	// has no user and no event.
+	// MySQL transaction that moves the buckets' shares, and credited to Into
+	// once (its Release owed until then). It has no user and no event.
 	Transfer bool
 	Into     int
+	// TransferVersion is the stock row's version right after a transfer's
+	// transaction (0 until it committed): Redis's receiving bucket warmed
+	// from a level at or past it already has the units, so the credit adds
+	// nothing. MySQL keeps it in the column a refund's version uses
+	// (refund_version): a row is a refund or a transfer, never both.
+	TransferVersion int64
 	// Sent (Redis, a join's hold) says its message was sent: the join was
 	// accepted (Holds.AcceptJoin). A join's hold that expires unsent never
 	// counted among its group's slots.

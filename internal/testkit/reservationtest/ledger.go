@@ -548,8 +548,12 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 
 		move := reservation.Reservation{ID: "t", SKU: "s", Qty: 1, Bucket: 0, Into: 1, Transfer: true, Token: "t-t",
 			Status: reservation.StatusHeld, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
-		if row, err := s.Transfer(ctx, move, now); err != nil || row.Release != reservation.ReleaseOwed || row.Event != reservation.EventNone {
-			t.Fatalf("Transfer = %+v %v, want its credit owed and no event", row, err)
+		moved, err := s.Transfer(ctx, move, now)
+		if err != nil || moved.Release != reservation.ReleaseOwed || moved.Event != reservation.EventNone || moved.TransferVersion == 0 || moved.RefundVersion != 0 {
+			t.Fatalf("Transfer = %+v %v, want its credit owed, no event, its version a transfer's", moved, err)
+		}
+		if again, err := s.Reservation(ctx, "t"); err != nil || again.TransferVersion != moved.TransferVersion || again.RefundVersion != 0 {
+			t.Errorf("transfer read back = %+v %v, want TransferVersion %d", again, err, moved.TransferVersion)
 		}
 		check("transfer", "t", states{reservation.NotCancelled, reservation.ReleaseOwed, reservation.EventNone})
 		mark("t")

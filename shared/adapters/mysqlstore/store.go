@@ -101,7 +101,11 @@ func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservati
 		return r, err
 	}
 	r.Transfer, r.Into = into.Valid, int(into.Int64)
-	r.RefundVersion = refundVersion.Int64
+	if r.Transfer { // one column, two versions: a row is a refund or a transfer
+		r.TransferVersion = refundVersion.Int64
+	} else {
+		r.RefundVersion = refundVersion.Int64
+	}
 	r.GroupID, r.Token, r.Reason, r.Status = group.String, token.String, reservation.Reason(reason.String), reservation.Status(status)
 	r.Cancellation, r.Release, r.Event = subStates(r.Status, r.Transfer, refunded, released, notified)
 	if expires.Valid {
