@@ -715,15 +715,15 @@ func TestCompensateEventFailureIsResentBySweeper(t *testing.T) {
 		t.Errorf("redis %d row %+v, want the stock back, released, event pending", f.redis("s"), row)
 	}
 	f.notes.err = nil
-	if rep := f.sweep(t); rep.Notified != 0 {
+	if rep := f.sweep(t); rep.EventsResent != 0 {
 		t.Errorf("the outbox sent within the grace: %+v", rep)
 	}
 	f.afterGrace()
 	rep := f.sweep(t)
-	if rep.Notified != 1 || rep.Released != 0 || f.events() != 1 || f.row(r.ID).Event != EventSent {
+	if rep.EventsResent != 1 || rep.Released != 0 || f.events() != 1 || f.row(r.ID).Event != EventSent {
 		t.Errorf("sweep = %+v, events %d; want 1 resent, nothing released", rep, f.events())
 	}
-	if rep := f.sweep(t); rep.Notified != 0 || f.events() != 1 || f.redis("s") != 5 {
+	if rep := f.sweep(t); rep.EventsResent != 0 || f.events() != 1 || f.redis("s") != 5 {
 		t.Errorf("second sweep = %+v events %d redis %d; want nothing more", rep, f.events(), f.redis("s"))
 	}
 }
@@ -892,7 +892,7 @@ func TestSweeperDrainsTheReleaseOutboxOnce(t *testing.T) {
 	}
 	delete(f.holds.fail, "Follow")
 	rep := f.sweep(t)
-	if rep.Released != 2 || rep.Notified != 0 || f.redis("s") != 10 || f.held("s") != 0 || f.events() != 2 {
+	if rep.Released != 2 || rep.EventsResent != 0 || f.redis("s") != 10 || f.held("s") != 0 || f.events() != 2 {
 		t.Fatalf("drain = %+v, redis %d held %d events %d; want 2 released, none re-notified, 10 0 2", rep, f.redis("s"), f.held("s"), f.events())
 	}
 	for _, id := range []string{held.ID, confirmed.ID} {
@@ -901,7 +901,7 @@ func TestSweeperDrainsTheReleaseOutboxOnce(t *testing.T) {
 		}
 	}
 	f.clock.advance(time.Hour)
-	if rep := f.sweep(t); rep.Released != 0 || rep.Notified != 0 || f.redis("s") != 10 || f.events() != 2 {
+	if rep := f.sweep(t); rep.Released != 0 || rep.EventsResent != 0 || f.redis("s") != 10 || f.events() != 2 {
 		t.Errorf("second drain = %+v, redis %d events %d; want nothing moved", rep, f.redis("s"), f.events())
 	}
 }

@@ -19,7 +19,7 @@ type SweepReport struct {
 	Released        int  `json:"released"`      // holds cancelled with their stock returned, and outbox releases
 	Confirmed       int  `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
 	GroupsFailed    int  `json:"groups_failed"` // groups past their deadline, now FAILED and settled
-	Notified        int  `json:"events_resent"` // cancellation events sent from the outbox
+	EventsResent    int  `json:"events_resent"` // cancellation events sent from the outbox
 	Healed          int  `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
 	// Drift (MySQL available − (Redis available + held)) over the SKUs the
 	// sweep visited: the total of its sizes, how many SKUs drift, and the
@@ -119,7 +119,7 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 			rep.Released++
 		}
 		if row.Event == EventOwed {
-			rep.Notified++
+			rep.EventsResent++
 		}
 	}
 
