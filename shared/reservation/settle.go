@@ -62,9 +62,9 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 	return s.carryOut(ctx, row, 0), nil
 }
 
-// fence is the fenced decision every cancelling path shares: write the
-// CANCELLED fence unless MySQL already decided (Ledger.Fence), then carry
-// out the row as it stands, CANCELLED or CONFIRMED. An error means MySQL
+// fence is the one decision every cancelling path shares: write the
+// CANCELLED row unless MySQL already decided (Ledger.Fence), then carry out
+// the row as it stands, CANCELLED or CONFIRMED. An error means MySQL
 // could not decide; nothing was released.
 func (s *Service) fence(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
 	if reason.CountsInGroup() && (reason != ReasonExpired || r.Sent) { // the group filled with this join in it: it forms first
