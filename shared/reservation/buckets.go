@@ -1,8 +1,8 @@
 package reservation
 
 // The moves between buckets: refill (with its per-bucket lock, refilling,
-// and the reads bucketStock and bucketFigures), cover and returned, transfer
-// and its constants, followTransfer and followStray.
+// and the reads bucketStock and bucketFigures), cover and coverAfterReturn,
+// transfer and its constants, carryOutTransfer and followStray.
 //
 // Buckets: one SKU's sellable stock split over K Redis buckets, each with
 // its own hash tag, so that a cluster spreads one hot SKU over K shards.
@@ -146,9 +146,9 @@ func (s *Service) cover(ctx context.Context, sku string, k int) {
 	}
 }
 
-// returned is told that units came back to a bucket of sku: with several
-// buckets, they first pay what a bucket owes (cover).
-func (s *Service) returned(ctx context.Context, sku string) {
+// coverAfterReturn is told that units came back to a bucket of sku: with
+// several buckets, they first pay what a bucket owes (cover).
+func (s *Service) coverAfterReturn(ctx context.Context, sku string) {
 	if l, err := s.layoutOf(ctx, sku); err == nil && l.k > 1 {
 		s.cover(ctx, sku, l.k)
 	}
@@ -215,7 +215,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 		s.transfersPaused.Store(s.clock.Now().Add(transferPause))
 		return false, fmt.Errorf("transfer %s: record: %w", t.ID, err)
 	}
-	if err := s.carryOutTransfer(ctx, row, row.RefundVersion); err != nil {
+	if err := s.carryOutTransfer(ctx, row, row.TransferVersion); err != nil {
 		// MySQL moved the units; the outbox completes the move in Redis.
 		s.metrics.Count("follow_failed", 1)
 		return false, fmt.Errorf("transfer %s: follow: %w", t.ID, err)
@@ -240,7 +240,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 // (retention), not for having been lost, and taking again would take twice;
 // reconciliation repairs the rare loss instead.
 func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version int64) error {
-	if row.Status == StatusConfirmed && !row.Released {
+	if row.Status == StatusConfirmed && row.Release == ReleaseOwed {
 		_, err := s.holds.Credit(ctx, row)
 		if errors.Is(err, ErrUnknownSKU) {
 			if _, err = s.warm(ctx, row.SKU, row.Into); err == nil {
@@ -254,7 +254,7 @@ func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version
 	if _, err := s.holds.Follow(ctx, row, version); err != nil {
 		return fmt.Errorf("follow transfer %s: %w", row.ID, err)
 	}
-	if row.Released {
+	if row.Release != ReleaseOwed {
 		return nil
 	}
 	if err := s.ledger.MarkReleased(ctx, row.ID); err != nil {
@@ -272,7 +272,7 @@ func (s *Service) followStray(ctx context.Context, row Reservation, b int) {
 		return
 	}
 	stray := row
-	stray.Bucket, stray.Released, stray.Notified = b, true, true
+	stray.Bucket, stray.Release, stray.Event = b, ReleaseDone, EventSent // the row's own give-back and event are not this bucket's
 	if _, err := s.holds.Follow(ctx, stray, 0); err != nil {
 		s.log.WarnContext(ctx, "a stray in another bucket did not follow mysql; the sweeper retries",
 			"reservation_id", row.ID, "bucket", b, "error", err)

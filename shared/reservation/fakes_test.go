@@ -46,12 +46,19 @@ type memHold struct {
 	sent                    bool // a join's message is sent (group_accept.lua's field sent)
 }
 
-// reservation mirrors redisstore's holdFromMap: Released is not a Redis field.
+// reservation mirrors redisstore's holdFromMap: the outboxes are not Redis
+// fields.
 func (h *memHold) reservation(id string) Reservation {
 	r := Reservation{
 		ID: id, SKU: h.sku, Qty: int(h.qty), UserID: h.user, GroupID: h.group,
-		Token: h.token, Status: h.state, Reason: h.reason, Refunded: h.refunded,
+		Token: h.token, Status: h.state, Reason: h.reason,
 		Bucket: h.bucket, Transfer: h.transfer, Into: h.into, Sent: h.sent,
+	}
+	if h.state == StatusCancelled {
+		r.Cancellation = Fenced
+		if h.refunded {
+			r.Cancellation = Refunded
+		}
 	}
 	if h.deadline > 0 {
 		r.ExpiresAt = time.UnixMilli(h.deadline).UTC()
@@ -288,14 +295,14 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
 			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
-		if h.token != r.Token && !r.Charged {
+		if h.token != r.Token && !r.AlreadyCharged {
 			if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}
 		}
 		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
 	}
-	if r.Charged {
+	if r.AlreadyCharged {
 		// the retry of an attempt already charged: no charge (reserve.lua's ARGV[11])
 	} else if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 		return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
@@ -434,7 +441,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		delete(m.holds, key)
 		state = ""
 	}
-	if _, stocked := m.stock[sku]; row.Status == StatusCancelled && row.Refunded && !row.Released &&
+	if _, stocked := m.stock[sku]; row.Cancellation == Refunded && row.Release == ReleaseOwed &&
 		(state == StatusConfirmed || state == "") && (state == "" || !old.hasRel || old.rel != token) && !stocked {
 		return returned, true
 	}
@@ -472,13 +479,13 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		unhold(old.qty)
 		giveBack(old.qty, old.user, old.group, false)
 		returned = true
-	case row.Refunded && !row.Released && (state == StatusConfirmed || state == ""):
+	case row.Cancellation == Refunded && row.Release == ReleaseOwed && (state == StatusConfirmed || state == ""):
 		// A warm-up from a level at or past the refund counted its units already.
 		counted := row.RefundVersion > 0 && m.meta[sku]["wver"] >= row.RefundVersion
 		giveBack(qty, user, gid, counted)
 		returned = returned || !counted // a stray returned above still counts
 	}
-	h.state, h.reason, h.refunded, h.rel, h.hasRel = StatusCancelled, row.Reason, row.Refunded, token, true
+	h.state, h.reason, h.refunded, h.rel, h.hasRel = StatusCancelled, row.Reason, row.Cancellation == Refunded, token, true
 	return returned, false
 }
 
@@ -731,7 +738,7 @@ func (m *memHolds) Credit(_ context.Context, t Reservation) (bool, error) {
 	if _, ok := m.stock[name]; !ok {
 		return false, ErrUnknownSKU
 	}
-	credited := m.metaOf(name)["wver"] < t.RefundVersion
+	credited := m.metaOf(name)["wver"] < t.TransferVersion
 	if credited {
 		m.stock[name] += int64(t.Qty)
 	}
@@ -1060,12 +1067,15 @@ func (l *memLedger) available(sku string) int64 {
 func (l *memLedger) insert(r Reservation, status Status, reason Reason, now time.Time) Reservation {
 	row := Reservation{
 		ID: r.ID, SKU: r.SKU, Qty: r.Qty, UserID: r.UserID, GroupID: r.GroupID, Token: r.Token,
-		Status: status, Reason: reason, Released: true, Notified: true,
+		Status: status, Reason: reason,
 		ExpiresAt: msNullTime(r.ExpiresAt), CreatedAt: msUTC(r.CreatedAt),
 		Bucket: r.Bucket, Transfer: r.Transfer, Into: r.Into,
 	}
-	if status == StatusCancelled { // a fence: unreleased, event pending (none for a transfer)
-		row.Released, row.Notified = false, r.Transfer
+	if status == StatusCancelled { // a fence: release owed, event owed (none for a transfer)
+		row.Cancellation, row.Release = Fenced, ReleaseOwed
+		if !r.Transfer {
+			row.Event = EventOwed
+		}
 	}
 	l.rows[r.ID] = &memRow{r: row, updated: msUTC(now)}
 	return row
@@ -1271,7 +1281,7 @@ func (l *memLedger) Refund(_ context.Context, id string, reason Reason, now time
 		return row.r, false, nil
 	}
 	r := &row.r
-	r.Status, r.Reason, r.Refunded, r.Released, r.Notified = StatusCancelled, reason, true, false, false
+	r.Status, r.Reason, r.Cancellation, r.Release, r.Event = StatusCancelled, reason, Refunded, ReleaseOwed, EventOwed
 	row.updated = msUTC(now)
 	r.RefundVersion = 0 // SELECT version after the UPDATE: NULL (0) if the stock row is gone
 	if st, ok := l.stock[r.SKU]; ok {
@@ -1318,8 +1328,8 @@ func (l *memLedger) MarkReleased(_ context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if row, ok := l.rows[id]; ok {
-		row.r.Released = true
+	if row, ok := l.rows[id]; ok && row.r.Release == ReleaseOwed {
+		row.r.Release = ReleaseDone
 	}
 	return nil
 }
@@ -1331,8 +1341,8 @@ func (l *memLedger) MarkNotified(_ context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if row, ok := l.rows[id]; ok {
-		row.r.Notified = true
+	if row, ok := l.rows[id]; ok && row.r.Event == EventOwed {
+		row.r.Event = EventSent
 	}
 	return nil
 }
@@ -1357,12 +1367,12 @@ func (l *memLedger) Outbox(_ context.Context, t time.Time, limit int) ([]Reserva
 		}
 		return out
 	}
-	unreleased := pick(func(r Reservation) bool { return !r.Released })
+	unreleased := pick(func(r Reservation) bool { return r.Release == ReleaseOwed })
 	seen := map[string]bool{}
 	for _, r := range unreleased {
 		seen[r.ID] = true
 	}
-	for _, r := range pick(func(r Reservation) bool { return !r.Notified }) {
+	for _, r := range pick(func(r Reservation) bool { return r.Event == EventOwed }) {
 		if !seen[r.ID] {
 			unreleased = append(unreleased, r)
 		}
@@ -1379,7 +1389,7 @@ func (l *memLedger) Unreleased(_ context.Context, sku string) (int, error) {
 	}
 	n := 0
 	for _, row := range l.rows {
-		if !row.r.Released && row.r.SKU == sku {
+		if row.r.Release == ReleaseOwed && row.r.SKU == sku {
 			n++
 		}
 	}
@@ -1531,8 +1541,8 @@ func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (R
 	moveShare(st, t.Bucket, -int64(t.Qty))
 	moveShare(st, t.Into, int64(t.Qty))
 	r := &l.rows[t.ID].r
-	r.Released, r.RefundVersion = false, st.Version
-	row.Released, row.RefundVersion = false, st.Version
+	r.Release, r.TransferVersion = ReleaseOwed, st.Version
+	row.Release, row.TransferVersion = ReleaseOwed, st.Version
 	return row, nil
 }
 
@@ -1702,7 +1712,7 @@ func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) 
 	}
 	pending := false
 	for _, row := range l.rows {
-		if row.r.GroupID == id && row.r.Status == StatusCancelled && !row.r.Released {
+		if row.r.GroupID == id && row.r.Status == StatusCancelled && row.r.Release == ReleaseOwed {
 			pending = true
 		}
 	}
@@ -1773,7 +1783,7 @@ func (l *memLedger) GroupLeaving(_ context.Context, id string) ([]Reservation, e
 	}
 	var out []Reservation
 	for _, row := range l.rows {
-		if row.r.GroupID == id && row.r.Status == StatusCancelled && !row.r.Released {
+		if row.r.GroupID == id && row.r.Status == StatusCancelled && row.r.Release == ReleaseOwed {
 			out = append(out, row.r)
 		}
 	}

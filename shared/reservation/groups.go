@@ -63,7 +63,7 @@ func (s *Service) CreateGroup(ctx context.Context, user, sku string, capacity in
 		// its deadline with no members.
 		return Group{}, err
 	}
-	s.counts.drop(sku) // the SKU has groups now: keyed buys check bucket 0 (crossBucketMismatch)
+	s.layouts.drop(sku) // the SKU has groups now: keyed buys check bucket 0 (crossBucketMismatch)
 	return g, nil
 }
 
@@ -295,7 +295,7 @@ func (s *Service) cancelMember(ctx context.Context, gid, id string) error {
 	if h.GroupID != gid {
 		return nil // a stale member entry: the id is held for another group
 	}
-	row, err := s.settle(ctx, h, ReasonGroupFailed)
+	row, err := s.fence(ctx, h, ReasonGroupFailed)
 	if err != nil {
 		return err
 	}

@@ -42,8 +42,8 @@ type Holds interface {
 	//   - CONFIRMED: a HELD hold becomes CONFIRMED (its units leave held);
 	//     version is the stock row's version after the commit (0: unknown);
 	//   - CANCELLED: a HELD hold's stock returns; a refunded row's stock
-	//     returns from a CONFIRMED or missing hold only while row.Released
-	//     is false (the release outbox), and at most once per token.
+	//     returns from a CONFIRMED or missing hold only while row.Release
+	//     is ReleaseOwed (the release outbox), and at most once per token.
 	// A missing hold becomes a tombstone of the row, so a replay takes
 	// nothing. returned reports whether stock came back. ErrUnknownSKU: a
 	// refund's stock must come back but Redis has no stock for the SKU;
@@ -86,7 +86,7 @@ type Holds interface {
 	TakeOut(ctx context.Context, t Reservation, ttl time.Duration) (Reservation, error)
 
 	// Credit adds the units of the transfer t, which MySQL recorded at
-	// version t.RefundVersion, to bucket t.Into once: not again for a
+	// version t.TransferVersion, to bucket t.Into once: not again for a
 	// repeat, nor when the bucket was warmed from a level at or past that
 	// version. credited reports whether stock moved. ErrUnknownSKU if the
 	// bucket has no stock figure: nothing changed; warm it and credit again.
@@ -295,8 +295,9 @@ type BatchResult struct {
 // Ledger is the MySQL side, the arbiter. A reservation's row decides its
 // fate, and every unit that moves in either store is the effect of one of its
 // transitions: none → CONFIRMED (Apply), none → CANCELLED (Fence),
-// CONFIRMED → CANCELLED (Refund). A CANCELLED transition leaves the row
-// unreleased until Redis has followed it (MarkReleased).
+// CONFIRMED → CANCELLED (Refund). A CANCELLED transition leaves the row's
+// release owed until Redis has followed it (MarkReleased), and its event owed
+// until it went out (MarkNotified): Reservation's sub-states.
 type Ledger interface {
 	// Apply makes one attempt, in one transaction, to insert r's row
 	// CONFIRMED and take its stock with a version-checked update (and its
@@ -314,30 +315,34 @@ type Ledger interface {
 	// written for them. ErrVersionConflict (a fence raced the insert, or a
 	// deadlock): nothing written, try again.
 	ApplyBatch(ctx context.Context, sku string, rs []Reservation, now time.Time) ([]BatchResult, error)
-	// Fence inserts r's row CANCELLED (unreleased) with reason unless a row
-	// exists, and returns the row as it stands; inserted reports whether this
-	// call wrote it.
+	// Fence inserts r's row CANCELLED with reason unless a row exists
+	// (Fenced, its release owed, its event owed unless a transfer's), and
+	// returns the row as it stands; inserted reports whether this call
+	// wrote it.
 	Fence(ctx context.Context, r Reservation, reason Reason, now time.Time) (row Reservation, inserted bool, err error)
-	// Refund turns a CONFIRMED row CANCELLED (refunded, unreleased) and
-	// returns its stock, per-user units and — unless the group formed — its
-	// group slot in one transaction; refunded reports whether this call did it.
+	// Refund turns a CONFIRMED row CANCELLED (Refunded, release and event
+	// owed) and returns its stock, per-user units and — unless the group
+	// formed — its group slot in one transaction; refunded reports whether
+	// this call did it.
 	Refund(ctx context.Context, id string, reason Reason, now time.Time) (row Reservation, refunded bool, err error)
 	// Transfer records the transfer t, whose units bucket t.Bucket holds
-	// (TakeOut), in one transaction: its row CONFIRMED and unreleased (its
-	// credit owed to bucket t.Into), the two buckets' shares moved, the stock
-	// row's version moved on (the returned row's RefundVersion). If a row
+	// (TakeOut), in one transaction: its row CONFIRMED with its release owed
+	// (the credit to bucket t.Into), the two buckets' shares moved, the stock
+	// row's version moved on (the returned row's TransferVersion). If a row
 	// with t.ID exists (the sweeper fenced the hold), it is returned as it
 	// stands and nothing moves.
 	Transfer(ctx context.Context, t Reservation, now time.Time) (Reservation, error)
 	// Reservation returns the row for id, or ErrNotFound.
 	Reservation(ctx context.Context, id string) (Reservation, error)
-	// MarkReleased records that Redis followed the CANCELLED row of id.
+	// MarkReleased records that Redis followed the row of id: an owed
+	// release becomes ReleaseDone.
 	MarkReleased(ctx context.Context, id string) error
-	// MarkNotified records that the cancellation event of id went out.
+	// MarkNotified records that the cancellation event of id went out: an
+	// owed event becomes EventSent.
 	MarkNotified(ctx context.Context, id string) error
-	// Outbox returns rows last changed before t that Redis has not followed
-	// yet (CANCELLED rows, and transfers not credited yet) or whose event
-	// has not gone out (the sweeper drains them).
+	// Outbox returns rows last changed before t whose release or event is
+	// owed (ReleaseOwed: CANCELLED rows Redis has not followed yet, and
+	// transfers not credited yet; EventOwed), for the sweeper to drain.
 	Outbox(ctx context.Context, t time.Time, limit int) ([]Reservation, error)
 	// Unreleased counts the SKU's rows Redis has not followed yet
 	// (cancellations and transfers).

@@ -134,7 +134,7 @@ func React(h HoldFacts, row Reservation, version int64) Reaction {
 		}
 		out.Stray, state = true, ""
 	}
-	refund := row.Status == StatusCancelled && row.Refunded && !row.Released &&
+	refund := row.Cancellation == Refunded && row.Release == ReleaseOwed &&
 		(state == StatusConfirmed || state == "") && (state == "" || !h.applied(row))
 	if refund && !h.Stocked { // 2
 		out.Code, out.After = FollowPending, state

@@ -12,15 +12,15 @@ func TestReact(t *testing.T) {
 	join.GroupID = "g"
 	confirmed := func(r Reservation) Reservation { r.Status = StatusConfirmed; return r }
 	cancelled := func(r Reservation, why Reason) Reservation {
-		r.Status, r.Reason = StatusCancelled, why
+		r.Status, r.Reason, r.Cancellation, r.Release, r.Event = StatusCancelled, why, Fenced, ReleaseOwed, EventOwed
 		return r
 	}
 	refunded := func(r Reservation, at int64) Reservation {
 		r = cancelled(r, ReasonBuyer)
-		r.Refunded, r.RefundVersion = true, at
+		r.Cancellation, r.RefundVersion = Refunded, at
 		return r
 	}
-	released := func(r Reservation) Reservation { r.Released = true; return r }
+	released := func(r Reservation) Reservation { r.Release = ReleaseDone; return r }
 
 	stocked := HoldFacts{Stocked: true, WarmedFrom: 5}
 	held := HoldFacts{State: StatusHeld, Token: tok, Qty: 2, Stocked: true, WarmedFrom: 5}

@@ -164,7 +164,7 @@ func (s *Service) chargeAway(ctx context.Context, r *Reservation, keyed bool, k 
 		}
 		return err
 	}
-	r.Charged = true
+	r.AlreadyCharged = true
 	return nil
 }
 
@@ -186,7 +186,7 @@ func (s *Service) hold(ctx context.Context, r Reservation, k int) (held Reservat
 			}
 			return Reservation{}, ReserveOutcome{}, nil, werr
 		}
-		r.Charged = true // the script charged this attempt before it found no stock
+		r.AlreadyCharged = true // the script charged this attempt before it found no stock
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	for round := 0; k > 1 && errors.Is(err, ErrSoldOut) && round < maxRefills; round++ {
@@ -200,7 +200,7 @@ func (s *Service) hold(ctx context.Context, r Reservation, k int) (held Reservat
 		if !ok {
 			break
 		}
-		r.Charged = true // one attempt of the buyer's, charged once
+		r.AlreadyCharged = true // one attempt of the buyer's, charged once
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	return held, out, err, nil
@@ -304,10 +304,10 @@ func (s *Service) sendFailed(ctx context.Context, held Reservation, out ReserveO
 		s.log.WarnContext(ctx, "reserve: send failed; the hold waits for a retry with the same key", "reservation_id", held.ID, "error", err)
 		return Reservation{}, false, Unavailable("reserve enqueue", err)
 	}
-	final, serr := s.settle(ctx, held, ReasonPublishFailed)
-	if serr != nil {
+	final, ferr := s.fence(ctx, held, ReasonPublishFailed)
+	if ferr != nil {
 		s.log.ErrorContext(ctx, "reserve: enqueue failed and the hold is left to the sweeper",
-			"reservation_id", held.ID, "enqueue_error", err, "settle_error", serr)
+			"reservation_id", held.ID, "enqueue_error", err, "fence_error", ferr)
 		return Reservation{}, false, Unavailable("reserve enqueue", err)
 	}
 	if final.Status == StatusConfirmed {
@@ -355,7 +355,7 @@ func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Res
 	return Reservation{}, false, nil
 }
 
-// abandon settles a reservation without an idempotency key whose Redis call
+// abandon fences a reservation without an idempotency key whose Redis call
 // failed with an unknown outcome (a timeout, a reset): the script may have
 // run and left a hold that no message will ever settle. Its id is random, so
 // no earlier attempt can have been accepted under it: fence and release it
@@ -366,7 +366,7 @@ func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Res
 func (s *Service) abandon(ctx context.Context, r Reservation) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if _, err := s.settle(ctx, r, ReasonHoldFailed); err != nil {
+	if _, err := s.fence(ctx, r, ReasonHoldFailed); err != nil {
 		s.log.WarnContext(ctx, "reserve: abandoned hold left to the sweeper", "reservation_id", r.ID, "error", err)
 	}
 }

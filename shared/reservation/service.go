@@ -66,7 +66,7 @@ type Service struct {
 	sleep    func(context.Context, time.Duration)
 	soldOut  sync.Map // sku -> time.Time until which this instance answers sold_out
 	touched  touches  // SKUs this instance marked live, and until when it need not again
-	counts   counts   // K per SKU as Redis had it lately
+	layouts  layouts  // each SKU's layout (K, group-buys) as Redis had it lately
 	unknown  unknowns // SKUs MySQL said it does not have, lately
 	refills  sync.Map // bucket name -> *sync.Mutex: one refill of a bucket at a time here
 	// transfersPaused holds the time.Time until which this instance makes

@@ -42,7 +42,7 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 		return StockLevel{}, err
 	}
 	s.soldOut.Delete(c.SKU)
-	s.counts.drop(c.SKU)
+	s.layouts.drop(c.SKU)
 	s.unknown.drop(c.SKU) // buyable at once through this instance
 	for b := range level.BucketCount() {
 		res, err := s.figures.Sync(ctx, level.Bucket(b))

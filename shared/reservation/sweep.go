@@ -19,7 +19,7 @@ type SweepReport struct {
 	Released        int  `json:"released"`      // holds cancelled with their stock returned, and outbox releases
 	Confirmed       int  `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
 	GroupsFailed    int  `json:"groups_failed"` // groups past their deadline, now FAILED and settled
-	Notified        int  `json:"events_resent"` // cancellation events sent from the outbox
+	EventsResent    int  `json:"events_resent"` // cancellation events sent from the outbox
 	Healed          int  `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
 	// Drift (MySQL available − (Redis available + held)) over the SKUs the
 	// sweep visited: the total of its sizes, how many SKUs drift, and the
@@ -115,11 +115,11 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 			s.log.ErrorContext(ctx, "sweep: drain outbox", "reservation_id", row.ID, "error", err)
 			continue
 		}
-		if !row.Released {
+		if row.Release == ReleaseOwed {
 			rep.Released++
 		}
-		if !row.Notified {
-			rep.Notified++
+		if row.Event == EventOwed {
+			rep.EventsResent++
 		}
 	}
 
@@ -305,7 +305,7 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 		}
 		failed := 0
 		for _, h := range expired {
-			row, err := s.settle(ctx, h, ReasonExpired)
+			row, err := s.fence(ctx, h, ReasonExpired)
 			if err != nil {
 				failed++
 				rep.Errors++

@@ -203,7 +203,7 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Errorf("refunded %d times, available %d; want once and 5", refunded.Load(), available(t, s, "s"))
 		}
 		row, _ := s.Reservation(ctx, "a")
-		if row.Status != reservation.StatusCancelled || !row.Refunded || row.Notified {
+		if row.Status != reservation.StatusCancelled || row.Cancellation != reservation.Refunded || row.Event != reservation.EventOwed {
 			t.Errorf("row = %+v, want CANCELLED, refunded, event pending", row)
 		}
 	})
@@ -437,8 +437,8 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Fatal(err)
 		}
 		row, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now)
-		if err != nil || row.Released || row.Notified {
-			t.Fatalf("fence = %+v %v, want unreleased and unnotified", row, err)
+		if err != nil || row.Release != reservation.ReleaseOwed || row.Event != reservation.EventOwed {
+			t.Fatalf("fence = %+v %v, want its release and event owed", row, err)
 		}
 		if n, err := s.Unreleased(ctx, "s"); err != nil || n != 1 {
 			t.Errorf("Unreleased = %d %v, want 1", n, err)
@@ -483,8 +483,8 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Fatalf("late member of a formed group = %v, want Applied", got)
 		}
 		row, refunded, err := s.Refund(ctx, "m1", reservation.ReasonBuyer, now)
-		if err != nil || !refunded || row.Released {
-			t.Fatalf("refund = %+v %v %v, want refunded and unreleased", row, refunded, err)
+		if err != nil || !refunded || row.Release != reservation.ReleaseOwed {
+			t.Fatalf("refund = %+v %v %v, want refunded, its release owed", row, refunded, err)
 		}
 		gr, _ := s.Group(ctx, "g")
 		if gr.Status != reservation.GroupFormed || gr.Members != 1 {
@@ -493,6 +493,80 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		if got := join("m3", "u3"); got != reservation.Applied {
 			t.Errorf("no slot is given twice, but a late holder of a formed group still joins: %v", got)
 		}
+	})
+
+	t.Run("each transition moves the row's sub-states, and the marks move them once", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr(int64(10)), Buckets: ptr(2)}); err != nil {
+			t.Fatal(err)
+		}
+		type states struct {
+			c reservation.Cancellation
+			r reservation.ReleaseState
+			e reservation.EventState
+		}
+		check := func(what, id string, want states) {
+			t.Helper()
+			row, err := s.Reservation(ctx, id)
+			if got := (states{row.Cancellation, row.Release, row.Event}); err != nil || got != want {
+				t.Errorf("%s: %s's sub-states = %+v %v, want %+v", what, id, got, err, want)
+			}
+		}
+		mark := func(id string) {
+			t.Helper()
+			for range 2 { // a repeat moves nothing
+				if err := s.MarkReleased(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.MarkNotified(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if _, err := apply(ctx, s, res("c", "s", 1)); err != nil {
+			t.Fatal(err)
+		}
+		check("confirmed", "c", states{})
+		mark("c")
+		check("confirmed, marked", "c", states{})
+
+		if _, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now); err != nil {
+			t.Fatal(err)
+		}
+		check("fenced", "f", states{reservation.Fenced, reservation.ReleaseOwed, reservation.EventOwed})
+		mark("f")
+		check("fenced, marked", "f", states{reservation.Fenced, reservation.ReleaseDone, reservation.EventSent})
+
+		if row, _, err := s.Refund(ctx, "c", reservation.ReasonBuyer, now); err != nil ||
+			(states{row.Cancellation, row.Release, row.Event}) != (states{reservation.Refunded, reservation.ReleaseOwed, reservation.EventOwed}) {
+			t.Fatalf("Refund = %+v %v, want Refunded, release and event owed", row, err)
+		}
+		check("refunded", "c", states{reservation.Refunded, reservation.ReleaseOwed, reservation.EventOwed})
+		mark("c")
+		check("refunded, marked", "c", states{reservation.Refunded, reservation.ReleaseDone, reservation.EventSent})
+
+		move := reservation.Reservation{ID: "t", SKU: "s", Qty: 1, Bucket: 0, Into: 1, Transfer: true, Token: "t-t",
+			Status: reservation.StatusHeld, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
+		moved, err := s.Transfer(ctx, move, now)
+		if err != nil || moved.Release != reservation.ReleaseOwed || moved.Event != reservation.EventNone || moved.TransferVersion == 0 || moved.RefundVersion != 0 {
+			t.Fatalf("Transfer = %+v %v, want its credit owed, no event, its version a transfer's", moved, err)
+		}
+		if again, err := s.Reservation(ctx, "t"); err != nil || again.TransferVersion != moved.TransferVersion || again.RefundVersion != 0 {
+			t.Errorf("transfer read back = %+v %v, want TransferVersion %d", again, err, moved.TransferVersion)
+		}
+		check("transfer", "t", states{reservation.NotCancelled, reservation.ReleaseOwed, reservation.EventNone})
+		mark("t")
+		check("transfer, credited", "t", states{reservation.NotCancelled, reservation.ReleaseDone, reservation.EventNone})
+
+		fenced := move
+		fenced.ID, fenced.Token = "u", "t-u"
+		if _, _, err := s.Fence(ctx, fenced, reservation.ReasonExpired, now); err != nil {
+			t.Fatal(err)
+		}
+		check("fenced transfer", "u", states{reservation.Fenced, reservation.ReleaseOwed, reservation.EventNone})
+		mark("u")
+		check("fenced transfer, returned", "u", states{reservation.Fenced, reservation.ReleaseDone, reservation.EventNone})
 	})
 
 	t.Run("form group waits for unreleased members", func(t *testing.T) {

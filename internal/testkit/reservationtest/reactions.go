@@ -50,8 +50,8 @@ type rowSetup struct {
 	name     string
 	status   reservation.Status
 	reason   reservation.Reason
-	refunded bool
-	released bool
+	how      reservation.Cancellation
+	release  reservation.ReleaseState
 	version  int64 // Follow's version (CONFIRMED)
 	refundAt int64 // the row's RefundVersion
 }
@@ -90,15 +90,15 @@ var (
 		{name: "CONFIRMED after the warm-up", status: reservation.StatusConfirmed, version: warmedAt + 4},
 		{name: "CONFIRMED at the warm-up", status: reservation.StatusConfirmed, version: warmedAt},
 		{name: "CONFIRMED before the warm-up", status: reservation.StatusConfirmed, version: warmedAt - 2},
-		{name: "CANCELLED by the buyer", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer},
-		{name: "CANCELLED, released", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, released: true},
-		{name: "CANCELLED expired", status: reservation.StatusCancelled, reason: reservation.ReasonExpired},
-		{name: "CANCELLED not joining", status: reservation.StatusCancelled, reason: reservation.ReasonGroupFull},
-		{name: "refunded", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true},
-		{name: "refunded after the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true, refundAt: warmedAt + 4},
-		{name: "refunded at the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true, refundAt: warmedAt},
-		{name: "refunded before the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true, refundAt: warmedAt - 2},
-		{name: "refunded, released", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true, released: true},
+		{name: "CANCELLED by the buyer", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Fenced, release: reservation.ReleaseOwed},
+		{name: "CANCELLED, released", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Fenced, release: reservation.ReleaseDone},
+		{name: "CANCELLED expired", status: reservation.StatusCancelled, reason: reservation.ReasonExpired, how: reservation.Fenced, release: reservation.ReleaseOwed},
+		{name: "CANCELLED not joining", status: reservation.StatusCancelled, reason: reservation.ReasonGroupFull, how: reservation.Fenced, release: reservation.ReleaseOwed},
+		{name: "refunded", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseOwed},
+		{name: "refunded after the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseOwed, refundAt: warmedAt + 4},
+		{name: "refunded at the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseOwed, refundAt: warmedAt},
+		{name: "refunded before the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseOwed, refundAt: warmedAt - 2},
+		{name: "refunded, released", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseDone},
 	}
 )
 
@@ -255,7 +255,10 @@ func react(t *testing.T, newHolds HoldsFactory, tc reactionCase, batch bool) {
 	}
 
 	decided := r
-	decided.Status, decided.Reason, decided.Refunded, decided.Released = tc.row.status, tc.row.reason, tc.row.refunded, tc.row.released
+	decided.Status, decided.Reason, decided.Cancellation, decided.Release = tc.row.status, tc.row.reason, tc.row.how, tc.row.release
+	if tc.row.status == reservation.StatusCancelled {
+		decided.Event = reservation.EventOwed
+	}
 	decided.RefundVersion = tc.row.refundAt
 	want := reservation.React(facts, decided, tc.row.version)
 

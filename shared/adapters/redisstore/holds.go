@@ -18,7 +18,7 @@ import (
 // Reserve implements reservation.Holds.
 func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time.Duration) (reservation.Reservation, reservation.ReserveOutcome, error) {
 	var none reservation.ReserveOutcome
-	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.Charged)}
+	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.AlreadyCharged)}
 	res := reserveScript.Run(ctx, s.rdb, ReserveKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
 	if err := res.Err(); err != nil {
 		return reservation.Reservation{}, none, reservation.Unavailable("redis reserve", err)
@@ -261,10 +261,13 @@ func chunkBySKU(rows []reservation.Reservation, idx []int) [][]int {
 	return out
 }
 
-// followArgs are follow.lua's ARGV for row; elsewhere names the group of a
-// stray held in another group than the row's ("": none known).
+// followArgs are follow.lua's ARGV for row: its sub-states as the flags the
+// script reads (refunded, and released: "0" only while the release is
+// owed); elsewhere names the group of a stray held in another group than the
+// row's ("": none known).
 func (s *Store) followArgs(row reservation.Reservation, version int64, elsewhere string) []any {
-	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
+	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status),
+		flag(row.Cancellation == reservation.Refunded), flag(row.Release != reservation.ReleaseOwed),
 		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion, s.now(),
 		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup()), elsewhere}
 }
@@ -369,7 +372,13 @@ func holdFromMap(id string, bucket int, m map[string]string) (reservation.Reserv
 	r := reservation.Reservation{
 		ID: id, SKU: m["sku"], Qty: qty, UserID: m["user"], GroupID: m["group"],
 		Token: m["token"], Status: reservation.Status(m["state"]), Reason: reservation.Reason(m["reason"]),
-		Refunded: m["refunded"] == "1", Bucket: bucket, Sent: m["sent"] == "1",
+		Bucket: bucket, Sent: m["sent"] == "1",
+	}
+	if r.Status == reservation.StatusCancelled { // a tombstone's field refunded (follow.lua)
+		r.Cancellation = reservation.Fenced
+		if m["refunded"] == "1" {
+			r.Cancellation = reservation.Refunded
+		}
 	}
 	if into, ok := m["into"]; ok {
 		r.Transfer = true
