@@ -1428,6 +1428,9 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	if level.Available+delta > 1_000_000_000 {
 		return StockLevel{}, &InvalidError{Field: "add", Msg: "passes the most a sku can hold"}
 	}
+	if level, err = c.ApplyWindow(level); err != nil {
+		return StockLevel{}, err
+	}
 	if c.Key != "" {
 		l.keys[key] = changeFingerprint(c)
 	}
@@ -1482,7 +1485,17 @@ func changeFingerprint(c StockChange) string {
 		}
 		return "-"
 	}
-	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets))
+	ms := func(p *time.Time) string {
+		switch {
+		case p == nil:
+			return "-"
+		case p.IsZero():
+			return "0"
+		}
+		return fmt.Sprint(p.UnixMilli())
+	}
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s|%s|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets),
+		ms(c.OpensAt), ms(c.ClosesAt))
 }
 
 // levelCopy is a level read from product_stock and stock_buckets: its own
@@ -1595,6 +1608,26 @@ func (l *memLedger) Levels(_ context.Context, skus []string) ([]StockLevel, erro
 		}
 	}
 	return out, nil
+}
+
+// Opening mirrors `SELECT … FROM product_stock WHERE opens_at > ? AND opens_at <= ? ORDER BY opens_at, sku LIMIT ?`.
+func (l *memLedger) Opening(_ context.Context, after, until time.Time, limit int) ([]StockLevel, error) {
+	err := l.enter("Opening")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []StockLevel
+	for _, st := range l.stock {
+		if !st.OpensAt.IsZero() && st.OpensAt.After(msUTC(after)) && !st.OpensAt.After(msUTC(until)) {
+			out = append(out, levelCopy(st))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return a.OpensAt.Before(b.OpensAt) || a.OpensAt.Equal(b.OpensAt) && a.SKU < b.SKU
+	})
+	return out[:min(len(out), limit)], nil
 }
 
 // CreateGroup mirrors `INSERT INTO group_buys … SELECT … FROM product_stock WHERE sku = ?`.

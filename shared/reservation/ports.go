@@ -355,6 +355,10 @@ type Ledger interface {
 	StocksAfter(ctx context.Context, after string, limit int) ([]StockLevel, error)
 	// Levels returns the levels of the SKUs named that exist, in any order.
 	Levels(ctx context.Context, skus []string) ([]StockLevel, error)
+	// Opening returns the levels of up to limit SKUs whose sale window
+	// opens after after and at or before until, the earliest first (the
+	// sweeper warms them before they open).
+	Opening(ctx context.Context, after, until time.Time, limit int) ([]StockLevel, error)
 	// CreateGroup inserts an OPEN group; ErrUnknownSKU if the SKU is unknown.
 	CreateGroup(ctx context.Context, g Group) error
 	// Group returns the group, or ErrUnknownGroup.
