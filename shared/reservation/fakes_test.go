@@ -304,6 +304,12 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 	if !ok {
 		return Reservation{}, ReserveOutcome{}, ErrUnknownSKU
 	}
+	if opens, now := m.meta[name]["opens"], m.nowMS(); opens > 0 && now < opens {
+		return Reservation{}, ReserveOutcome{}, &NotOpenError{OpensAt: time.UnixMilli(opens).UTC(), RetryAfter: time.Duration(opens-now) * time.Millisecond}
+	}
+	if closes := m.meta[name]["closes"]; closes > 0 && m.nowMS() >= closes {
+		return Reservation{}, ReserveOutcome{}, ErrSaleClosed
+	}
 	if avail < qty {
 		return Reservation{}, ReserveOutcome{}, ErrSoldOut
 	}
@@ -539,7 +545,8 @@ func (m *memHolds) Stock(_ context.Context, sku string) (RedisStock, error) {
 		return RedisStock{}, ErrUnknownSKU
 	}
 	meta := m.meta[sku]
-	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"]}, nil
+	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"],
+		OpensAt: fromMS(meta["opens"]), ClosesAt: fromMS(meta["closes"])}, nil
 }
 
 // Sync mirrors stock.lua (admin changes of a SKU Redis knows).
@@ -563,12 +570,28 @@ func (m *memHolds) Sync(_ context.Context, level StockLevel) (SyncResult, error)
 	added := meta["added"] // a SKU written before meta.added existed counts as 0 applied
 	meta["ver"], meta["added"], meta["limit"] = level.Version, level.AdminDelta, int64(level.PerUserLimit)
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
+	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
 	d := level.AdminDelta - added
 	if d == 0 {
 		return SyncNone, nil
 	}
 	m.stock[level.SKU] += d
 	return SyncAdjusted, nil
+}
+
+// windowMS and fromMS mirror redisstore's: a window bound in meta is unix ms, 0 for none.
+func windowMS(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(ms int64) time.Time {
+	if ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
 }
 
 // HeldIDs mirrors redisstore's HeldIDs (ZRANGE exp 0 limit-1).
@@ -629,6 +652,7 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	m.stock[level.SKU] = level.Available - held
 	meta["ver"], meta["added"], meta["limit"], meta["wver"] = level.Version, level.AdminDelta, int64(level.PerUserLimit), level.Version
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
+	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
 	return SyncWarmed, nil
 }
 

@@ -31,7 +31,10 @@ type Holds interface {
 	// r.ID exists it is returned with Replayed and nothing is taken.
 	// Errors: ErrSoldOut, ErrUnknownSKU, ErrLimitExceeded, ErrUnknownGroup,
 	// ErrGroupClosed, ErrGroupFull, ErrAlreadyJoined, ErrIdempotencyMismatch,
-	// ErrUnavailable.
+	// ErrUnavailable. Outside the SKU's sale window (the level Sync or Warm
+	// last applied to the bucket), by Redis's clock: *NotOpenError before it
+	// opens, ErrSaleClosed from its close; a replay of an existing hold is
+	// answered all the same, and every refusal but a mismatch is charged.
 	Reserve(ctx context.Context, r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error)
 
 	// Follow makes the hold of row.ID follow MySQL's decided row, once:
@@ -107,7 +110,8 @@ type StockFigures interface {
 
 	// Sync makes a SKU Redis knows follow MySQL's admin changes: it moves
 	// by the difference between level.AdminDelta and the figure it has
-	// applied (newer versions only) and takes the per-user limit.
+	// applied (newer versions only) and takes the per-user limits and the
+	// sale window.
 	// SyncMissing if Redis has no stock for the SKU (see Warm).
 	Sync(ctx context.Context, level StockLevel) (SyncResult, error)
 
@@ -230,6 +234,9 @@ type RedisStock struct {
 	// Moving is the units of transfers out of this bucket not decided yet
 	// (part of Held): on their way to another bucket.
 	Moving int64
+	// OpensAt and ClosesAt are the sale window the bucket's figures carry
+	// (zero: no such bound), the one its reserves are judged by.
+	OpensAt, ClosesAt time.Time
 }
 
 // SyncResult is what Sync did.
