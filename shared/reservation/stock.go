@@ -128,6 +128,8 @@ type StockReport struct {
 	Version        int64
 	PerUserLimit   int
 	Buckets        int // K: the Redis figures are summed over the buckets
+	// OpensAt and ClosesAt are MySQL's sale window (zero: no such bound).
+	OpensAt, ClosesAt time.Time
 }
 
 // Drift is MySQL's figure minus what Redis accounts for; 0 at quiescence.
@@ -144,7 +146,7 @@ func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, er
 		return StockReport{}, err
 	}
 	rep := StockReport{SKU: sku, MySQLAvailable: level.Available, Version: level.Version, PerUserLimit: level.PerUserLimit,
-		Buckets: level.BucketCount()}
+		Buckets: level.BucketCount(), OpensAt: level.OpensAt, ClosesAt: level.ClosesAt}
 	for b := range level.BucketCount() {
 		name := BucketName(sku, b)
 		rs, err := s.figures.Stock(ctx, name)
