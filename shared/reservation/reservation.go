@@ -166,11 +166,6 @@ type StockLevel struct {
 	OpensAt, ClosesAt time.Time
 }
 
-// Open reports whether the window admits a buy at t.
-func (l StockLevel) Open(t time.Time) bool {
-	return (l.OpensAt.IsZero() || !t.Before(l.OpensAt)) && (l.ClosesAt.IsZero() || t.Before(l.ClosesAt))
-}
-
 // StockChange is an admin's change of a SKU's sellable stock: an absolute
 // figure (Set, guarded by IfVersion) or a relative one (Add).
 type StockChange struct {
