@@ -311,6 +311,12 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 	if !ok {
 		return Reservation{}, ReserveOutcome{}, ErrUnknownSKU
 	}
+	if opens, now := m.meta[name]["opens"], m.nowMS(); opens > 0 && now < opens {
+		return Reservation{}, ReserveOutcome{}, &NotOpenError{OpensAt: time.UnixMilli(opens).UTC(), RetryAfter: time.Duration(opens-now) * time.Millisecond}
+	}
+	if closes := m.meta[name]["closes"]; closes > 0 && m.nowMS() >= closes {
+		return Reservation{}, ReserveOutcome{}, ErrSaleClosed
+	}
 	if avail < qty {
 		return Reservation{}, ReserveOutcome{}, ErrSoldOut
 	}
@@ -554,7 +560,8 @@ func (m *memHolds) Stock(_ context.Context, sku string) (RedisStock, error) {
 		return RedisStock{}, ErrUnknownSKU
 	}
 	meta := m.meta[sku]
-	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"]}, nil
+	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"],
+		OpensAt: fromMS(meta["opens"]), ClosesAt: fromMS(meta["closes"])}, nil
 }
 
 // Sync mirrors stock.lua (admin changes of a SKU Redis knows).
@@ -578,12 +585,28 @@ func (m *memHolds) Sync(_ context.Context, level StockLevel) (SyncResult, error)
 	added := meta["added"] // a SKU written before meta.added existed counts as 0 applied
 	meta["ver"], meta["added"], meta["limit"] = level.Version, level.AdminDelta, int64(level.PerUserLimit)
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
+	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
 	d := level.AdminDelta - added
 	if d == 0 {
 		return SyncNone, nil
 	}
 	m.stock[level.SKU] += d
 	return SyncAdjusted, nil
+}
+
+// windowMS and fromMS mirror redisstore's: a window bound in meta is unix ms, 0 for none.
+func windowMS(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(ms int64) time.Time {
+	if ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
 }
 
 // HeldIDs mirrors redisstore's HeldIDs (ZRANGE exp 0 limit-1).
@@ -644,6 +667,7 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	m.stock[level.SKU] = level.Available - held
 	meta["ver"], meta["added"], meta["limit"], meta["wver"] = level.Version, level.AdminDelta, int64(level.PerUserLimit), level.Version
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
+	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
 	return SyncWarmed, nil
 }
 
@@ -1446,6 +1470,9 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	if level.Available+delta > 1_000_000_000 {
 		return StockLevel{}, &InvalidError{Field: "add", Msg: "passes the most a sku can hold"}
 	}
+	if level, err = c.ApplyWindow(level); err != nil {
+		return StockLevel{}, err
+	}
 	if c.Key != "" {
 		l.keys[key] = changeFingerprint(c)
 	}
@@ -1500,7 +1527,17 @@ func changeFingerprint(c StockChange) string {
 		}
 		return "-"
 	}
-	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets))
+	ms := func(p *time.Time) string {
+		switch {
+		case p == nil:
+			return "-"
+		case p.IsZero():
+			return "0"
+		}
+		return fmt.Sprint(p.UnixMilli())
+	}
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s|%s|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets),
+		ms(c.OpensAt), ms(c.ClosesAt))
 }
 
 // levelCopy is a level read from product_stock and stock_buckets: its own
@@ -1613,6 +1650,26 @@ func (l *memLedger) Levels(_ context.Context, skus []string) ([]StockLevel, erro
 		}
 	}
 	return out, nil
+}
+
+// Opening mirrors `SELECT … FROM product_stock WHERE opens_at > ? AND opens_at <= ? ORDER BY opens_at, sku LIMIT ?`.
+func (l *memLedger) Opening(_ context.Context, after, until time.Time, limit int) ([]StockLevel, error) {
+	err := l.enter("Opening")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []StockLevel
+	for _, st := range l.stock {
+		if !st.OpensAt.IsZero() && st.OpensAt.After(msUTC(after)) && !st.OpensAt.After(msUTC(until)) {
+			out = append(out, levelCopy(st))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return a.OpensAt.Before(b.OpensAt) || a.OpensAt.Equal(b.OpensAt) && a.SKU < b.SKU
+	})
+	return out[:min(len(out), limit)], nil
 }
 
 // CreateGroup mirrors `INSERT INTO group_buys … SELECT … FROM product_stock WHERE sku = ?`.

@@ -31,7 +31,10 @@ type Holds interface {
 	// r.ID exists it is returned with Replayed and nothing is taken.
 	// Errors: ErrSoldOut, ErrUnknownSKU, ErrLimitExceeded, ErrUnknownGroup,
 	// ErrGroupClosed, ErrGroupFull, ErrAlreadyJoined, ErrIdempotencyMismatch,
-	// ErrUnavailable.
+	// ErrUnavailable. Outside the SKU's sale window (the level Sync or Warm
+	// last applied to the bucket), by Redis's clock: *NotOpenError before it
+	// opens, ErrSaleClosed from its close; a replay of an existing hold is
+	// answered all the same, and every refusal but a mismatch is charged.
 	Reserve(ctx context.Context, r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error)
 
 	// Follow makes the hold of row.ID follow MySQL's decided row, once:
@@ -109,7 +112,8 @@ type StockFigures interface {
 
 	// Sync makes a SKU Redis knows follow MySQL's admin changes: it moves
 	// by the difference between level.AdminDelta and the figure it has
-	// applied (newer versions only) and takes the per-user limit.
+	// applied (newer versions only) and takes the per-user limits and the
+	// sale window.
 	// SyncMissing if Redis has no stock for the SKU (see Warm).
 	Sync(ctx context.Context, level StockLevel) (SyncResult, error)
 
@@ -232,6 +236,9 @@ type RedisStock struct {
 	// Moving is the units of transfers out of this bucket not decided yet
 	// (part of Held): on their way to another bucket.
 	Moving int64
+	// OpensAt and ClosesAt are the sale window the bucket's figures carry
+	// (zero: no such bound), the one its reserves are judged by.
+	OpensAt, ClosesAt time.Time
 }
 
 // SyncResult is what Sync did.
@@ -362,6 +369,10 @@ type Ledger interface {
 	StocksAfter(ctx context.Context, after string, limit int) ([]StockLevel, error)
 	// Levels returns the levels of the SKUs named that exist, in any order.
 	Levels(ctx context.Context, skus []string) ([]StockLevel, error)
+	// Opening returns the levels of up to limit SKUs whose sale window
+	// opens after after and at or before until, the earliest first (the
+	// sweeper warms them before they open).
+	Opening(ctx context.Context, after, until time.Time, limit int) ([]StockLevel, error)
 	// CreateGroup inserts an OPEN group; ErrUnknownSKU if the SKU is unknown.
 	CreateGroup(ctx context.Context, g Group) error
 	// Group returns the group, or ErrUnknownGroup.

@@ -224,6 +224,11 @@ type StockLevel struct {
 	// b ≥ 1; bucket 0 has the rest (see Bucket).
 	Buckets         int
 	BucketAvailable []int64
+	// OpensAt and ClosesAt are the SKU's sale window (zero: no such bound;
+	// no window by default). By Redis's clock, a buy or join is refused
+	// before OpensAt (ErrNotOpen) and from ClosesAt on (ErrSaleClosed); a
+	// hold taken before ClosesAt settles as usual.
+	OpensAt, ClosesAt time.Time
 }
 
 // StockChange is an admin's change of a SKU's sellable stock: an absolute
@@ -233,13 +238,17 @@ type StockChange struct {
 	// Set is the new available figure. On an existing SKU it needs
 	// IfVersion: the version the admin read (ErrPreconditionRequired
 	// without it, ErrPreconditionFailed when the row moved since).
-	Set       *int64
-	Add       *int64 // units to add (negative: remove); commutes with sales
-	Limit     *int   // new per-user limit, when not nil
-	Rate      *int   // new per-user attempts per second, when not nil (0: the default)
-	Burst     *int   // new per-user burst, when not nil (0: the default)
-	Buckets   *int   // new K, when not nil: 1..MaxBuckets, never fewer than the SKU has
-	IfVersion *int64
+	Set     *int64
+	Add     *int64 // units to add (negative: remove); commutes with sales
+	Limit   *int   // new per-user limit, when not nil
+	Rate    *int   // new per-user attempts per second, when not nil (0: the default)
+	Burst   *int   // new per-user burst, when not nil (0: the default)
+	Buckets *int   // new K, when not nil: 1..MaxBuckets, never fewer than the SKU has
+	// OpensAt and ClosesAt, when not nil, set a bound of the sale window
+	// (in milliseconds); a zero time clears it. The window must close after
+	// it opens, the bound the change leaves alone included.
+	OpensAt, ClosesAt *time.Time
+	IfVersion         *int64
 	// IfExists is If-Match: *: Set applies to the SKU as it stands, without
 	// a version, and fails (ErrPreconditionFailed) if there is none.
 	IfExists bool
@@ -258,6 +267,10 @@ var (
 	ErrNotFound      = errors.New("reservation not found")
 	ErrLimitExceeded = errors.New("per-user limit exceeded")
 	ErrRateLimited   = errors.New("too many attempts")
+	// ErrNotOpen: the SKU's sale window has not opened (see NotOpenError).
+	ErrNotOpen = errors.New("sale not open yet")
+	// ErrSaleClosed: the SKU's sale window has closed.
+	ErrSaleClosed = errors.New("sale closed")
 	// ErrTooManyGroups: the buyer already holds Config.MaxOpenGroups open
 	// groups on the SKU (see TooManyGroupsError).
 	ErrTooManyGroups       = errors.New("too many open groups")
@@ -289,6 +302,20 @@ func (e *RateLimitedError) Error() string {
 
 // Is makes errors.Is(err, ErrRateLimited) hold.
 func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
+
+// NotOpenError is ErrNotOpen with when the sale opens and how long that
+// is from Redis's now.
+type NotOpenError struct {
+	OpensAt    time.Time
+	RetryAfter time.Duration
+}
+
+func (e *NotOpenError) Error() string {
+	return fmt.Sprintf("%v: opens at %s", ErrNotOpen, e.OpensAt.UTC().Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrNotOpen) hold.
+func (e *NotOpenError) Is(target error) bool { return target == ErrNotOpen }
 
 // TooManyGroupsError is ErrTooManyGroups with how long until one of the
 // buyer's open groups stops counting.

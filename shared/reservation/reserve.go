@@ -237,8 +237,13 @@ func (s *Service) judgeKeyed(ctx context.Context, r, held Reservation, err error
 // smaller ones can still be served); a request without a key whose Redis
 // call failed is abandoned (it may have left a hold).
 func (s *Service) refused(ctx context.Context, r Reservation, keyed bool, now time.Time, err error) error {
-	if errors.Is(err, ErrRateLimited) {
+	switch {
+	case errors.Is(err, ErrRateLimited):
 		s.metrics.Count("rate_limited", 1)
+	case errors.Is(err, ErrNotOpen):
+		s.metrics.Count("not_open", 1)
+	case errors.Is(err, ErrSaleClosed):
+		s.metrics.Count("sale_closed", 1)
 	}
 	if errors.Is(err, ErrSoldOut) {
 		s.metrics.Count("sold_out", 1)
@@ -317,9 +322,14 @@ func (s *Service) sendFailed(ctx context.Context, held Reservation, out ReserveO
 }
 
 // refusal reports the script's answers that refuse a request for the state
-// of the SKU or group today (not a fault, not the buyer's rate).
+// of the SKU or group today (not a fault, not the buyer's rate). A closed
+// sale is one: a keyed replay of a reservation MySQL decided, whose hold
+// Redis has forgotten, answers its row after the close too. A sale not open
+// yet is not: before it opens nothing has been decided (unless an admin
+// moved the window back after selling, and the hold is gone too), and a
+// crowd waiting with keys must cost MySQL nothing.
 func refusal(err error) bool {
-	for _, e := range []error{ErrSoldOut, ErrGroupFull, ErrGroupClosed, ErrAlreadyJoined, ErrLimitExceeded, ErrUnknownGroup} {
+	for _, e := range []error{ErrSoldOut, ErrGroupFull, ErrGroupClosed, ErrAlreadyJoined, ErrLimitExceeded, ErrUnknownGroup, ErrSaleClosed} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -468,6 +478,44 @@ func (s *Service) holdOf(ctx context.Context, id, user string) (Reservation, err
 		}
 	}
 	return Reservation{}, ErrNotFound
+}
+
+// SKUState is what a buyer's page shows of a SKU: the units it can still
+// reserve, its sale window (zero: no such bound) and Redis's clock, the one
+// the window is judged by, so a page counts down without trusting the
+// buyer's clock.
+type SKUState struct {
+	SKU               string
+	Available         int64
+	OpensAt, ClosesAt time.Time
+	Now               time.Time
+}
+
+// SKU returns the SKU's state as Redis has it (warmed from MySQL when Redis
+// lost it): Available summed over its buckets, the window bucket 0 carries.
+func (s *Service) SKU(ctx context.Context, sku string) (SKUState, error) {
+	if !ValidID(sku) {
+		return SKUState{}, ErrUnknownSKU
+	}
+	k, err := s.bucketsOf(ctx, sku)
+	if err != nil {
+		return SKUState{}, err
+	}
+	st := SKUState{SKU: sku}
+	for b := range k {
+		rs, err := s.bucketFigures(ctx, sku, b)
+		if err != nil {
+			return SKUState{}, err
+		}
+		st.Available += rs.Available
+		if b == 0 {
+			st.OpensAt, st.ClosesAt = rs.OpensAt, rs.ClosesAt
+		}
+	}
+	if st.Now, err = s.slots.Now(ctx); err != nil {
+		return SKUState{}, err
+	}
+	return st, nil
 }
 
 // Available returns the units buyers can still reserve (the Redis figure,

@@ -25,6 +25,10 @@ type Config struct {
 	// through the same instance clears it at once; elsewhere it is at most
 	// this stale.
 	SoldOutTTL time.Duration
+	// WarmLead is how long before a SKU's sale window opens the sweeper
+	// warms it (every bucket), so the first buyers never wait on MySQL; at
+	// least the sweep period, so one sweep lands within it (0: never).
+	WarmLead time.Duration
 	// MaxOpenGroups bounds the groups one buyer may have open on one SKU
 	// (0: no cap): a group counts from its creation until its deadline plus
 	// the time the sweeper may take to end it (groupCountsAfter).
@@ -46,6 +50,7 @@ func DefaultConfig() Config {
 		ReconcileAfter:  50 * time.Second,
 		SoldOutTTL:      500 * time.Millisecond,
 		MaxOpenGroups:   3,
+		WarmLead:        2 * time.Minute,
 	}
 }
 

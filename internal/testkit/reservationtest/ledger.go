@@ -343,6 +343,96 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		}
 	})
 
+	t.Run("the sale window is kept with the level, covered by a change's key, listed before it opens", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		opens, closes := now.Add(time.Hour), now.Add(2*time.Hour)
+		l, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Set: ptr[int64](10), OpensAt: &opens, ClosesAt: &closes})
+		if err != nil || !l.OpensAt.Equal(opens) || !l.ClosesAt.Equal(closes) || l.Version != 1 {
+			t.Fatalf("create with a window = %+v %v", l, err)
+		}
+		read := func(what string) reservation.StockLevel {
+			t.Helper()
+			l, err := s.Stock(ctx, "w")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls, err := s.Levels(ctx, []string{"w"})
+			if err != nil || len(ls) != 1 || !ls[0].OpensAt.Equal(l.OpensAt) || !ls[0].ClosesAt.Equal(l.ClosesAt) {
+				t.Fatalf("%s: Levels = %+v %v, want the window Stock reads (%v, %v)", what, ls, err, l.OpensAt, l.ClosesAt)
+			}
+			return l
+		}
+		if l := read("created"); !l.OpensAt.Equal(opens) || !l.ClosesAt.Equal(closes) {
+			t.Fatalf("read back = %v .. %v, want %v .. %v", l.OpensAt, l.ClosesAt, opens, closes)
+		}
+		// A bound that would close the window before it opens is refused,
+		// naming the bound the change sets, and changes nothing.
+		early := now.Add(30 * time.Minute)
+		var inv *reservation.InvalidError
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](1), ClosesAt: &early}); !errors.As(err, &inv) || inv.Field != "closes_at" {
+			t.Errorf("closes_at before the kept opens_at = %v, want an InvalidError naming closes_at", err)
+		}
+		late := now.Add(3 * time.Hour)
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](1), OpensAt: &late}); !errors.As(err, &inv) || inv.Field != "opens_at" {
+			t.Errorf("opens_at after the kept closes_at = %v, want an InvalidError naming opens_at", err)
+		}
+		if l := read("after the refused changes"); l.Version != 1 || l.Available != 10 || !l.ClosesAt.Equal(closes) {
+			t.Errorf("a refused window change moved the level: %+v", l)
+		}
+		// A window change is versioned like a stock change; a keyed one is
+		// applied once, and the same key with another window is refused.
+		for range 2 {
+			if l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](0), OpensAt: &early, Key: "win"}); err != nil || l.Version != 2 || !l.OpensAt.Equal(early) {
+				t.Fatalf("keyed window change = %+v %v, want version 2 opening at %v", l, err, early)
+			}
+		}
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](0), OpensAt: &opens, Key: "win"}); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+			t.Errorf("key win with another opens_at = %v, want ErrIdempotencyMismatch", err)
+		}
+		var none time.Time
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](0), OpensAt: &none, Key: "win"}); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+			t.Errorf("key win clearing opens_at = %v, want ErrIdempotencyMismatch", err)
+		}
+		// Listed while it opens within the range, earliest first.
+		for i, sku := range []string{"x", "y"} {
+			at := now.Add(time.Duration(50-i*10) * time.Minute) // y opens first
+			if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: sku, Set: ptr[int64](1), OpensAt: &at}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("z", 1)); err != nil { // no window
+			t.Fatal(err)
+		}
+		names := func(ls []reservation.StockLevel, err error) string {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, l := range ls {
+				out = append(out, l.SKU)
+			}
+			return fmt.Sprint(out)
+		}
+		if got := names(s.Opening(ctx, now, now.Add(time.Hour), 10)); got != "[w y x]" {
+			t.Errorf("Opening within the hour = %s, want [w y x] (the earliest first; z has no window)", got)
+		}
+		if got := names(s.Opening(ctx, early, now.Add(time.Hour), 1)); got != "[y]" {
+			t.Errorf("Opening after w opened, limit 1 = %s, want [y]", got)
+		}
+		// Cleared: no window, and not listed.
+		if l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](0), OpensAt: &none, ClosesAt: &none}); err != nil || !l.OpensAt.IsZero() || !l.ClosesAt.IsZero() {
+			t.Fatalf("clear the window = %+v %v", l, err)
+		}
+		if l := read("cleared"); !l.OpensAt.IsZero() || !l.ClosesAt.IsZero() || l.Version != 3 {
+			t.Errorf("cleared window read back as %v .. %v version %d", l.OpensAt, l.ClosesAt, l.Version)
+		}
+		if got := names(s.Opening(ctx, now, now.Add(time.Hour), 10)); got != "[y x]" {
+			t.Errorf("Opening once w's window is cleared = %s, want [y x]", got)
+		}
+	})
+
 	t.Run("a batch larger than one statement settles each id once: new, redelivered, fenced, twins", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)

@@ -47,6 +47,15 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 			ms, _ = strconv.ParseInt(out[1], 10, 64)
 		}
 		return reservation.Reservation{}, none, &reservation.RateLimitedError{RetryAfter: time.Duration(ms) * time.Millisecond}
+	case "NOT_OPEN":
+		if len(out) != 3 {
+			return reservation.Reservation{}, none, fmt.Errorf("redis reserve: unexpected reply %v", out)
+		}
+		opens, _ := strconv.ParseInt(out[1], 10, 64)
+		wait, _ := strconv.ParseInt(out[2], 10, 64)
+		return reservation.Reservation{}, none, &reservation.NotOpenError{OpensAt: fromMS(opens), RetryAfter: time.Duration(wait) * time.Millisecond}
+	case "SALE_CLOSED":
+		return reservation.Reservation{}, none, reservation.ErrSaleClosed
 	case "UNKNOWN_SKU":
 		return reservation.Reservation{}, none, reservation.ErrUnknownSKU
 	case "SOLD_OUT":
