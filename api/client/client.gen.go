@@ -134,6 +134,21 @@ func (e NotFoundError) Valid() bool {
 	}
 }
 
+// Defines values for NotOpenError.
+const (
+	NotOpenErrorNotOpen NotOpenError = "not_open"
+)
+
+// Valid indicates whether the value is a known member of the NotOpenError enum.
+func (e NotOpenError) Valid() bool {
+	switch e {
+	case NotOpenErrorNotOpen:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PreconditionRequiredError.
 const (
 	PreconditionRequiredErrorPreconditionRequired PreconditionRequiredError = "precondition_required"
@@ -239,6 +254,7 @@ const (
 	ReserveConflictErrorGroupClosed   ReserveConflictError = "group_closed"
 	ReserveConflictErrorGroupFull     ReserveConflictError = "group_full"
 	ReserveConflictErrorLimitExceeded ReserveConflictError = "limit_exceeded"
+	ReserveConflictErrorSaleClosed    ReserveConflictError = "sale_closed"
 	ReserveConflictErrorSoldOut       ReserveConflictError = "sold_out"
 )
 
@@ -252,6 +268,8 @@ func (e ReserveConflictError) Valid() bool {
 	case ReserveConflictErrorGroupFull:
 		return true
 	case ReserveConflictErrorLimitExceeded:
+		return true
+	case ReserveConflictErrorSaleClosed:
 		return true
 	case ReserveConflictErrorSoldOut:
 		return true
@@ -459,6 +477,18 @@ type NotFound struct {
 // NotFoundError defines model for NotFound.Error.
 type NotFoundError string
 
+// NotOpen defines model for NotOpen.
+type NotOpen struct {
+	Error   NotOpenError `json:"error"`
+	Message string       `json:"message"`
+
+	// OpensAt When the sale opens.
+	OpensAt time.Time `json:"opens_at"`
+}
+
+// NotOpenError defines model for NotOpen.Error.
+type NotOpenError string
+
 // PreconditionRequired defines model for PreconditionRequired.
 type PreconditionRequired struct {
 	Error   PreconditionRequiredError `json:"error"`
@@ -538,8 +568,17 @@ type ReserveRequest struct {
 
 // SkuAvailability defines model for SkuAvailability.
 type SkuAvailability struct {
-	Available int64  `json:"available"`
-	Sku       string `json:"sku"`
+	Available int64 `json:"available"`
+
+	// ClosesAt The sale closes (absent: no such bound).
+	ClosesAt *time.Time `json:"closes_at,omitempty"`
+
+	// OpensAt The sale opens (absent: no such bound).
+	OpensAt *time.Time `json:"opens_at,omitempty"`
+
+	// ServerTime The server's clock, which judges the window (Redis's).
+	ServerTime time.Time `json:"server_time"`
+	Sku        string    `json:"sku"`
 }
 
 // SkuId Letters, digits and `._:-`, up to 64 characters; case matters.
@@ -557,6 +596,16 @@ type StockChange struct {
 
 	// Burst Attempts at once per buyer (0 for the default).
 	Burst *int `json:"burst,omitempty"`
+
+	// ClosesAt An RFC 3339 time, or "" to clear the bound.
+	//
+	// Example: 2026-12-01T09:00:00Z
+	ClosesAt *WindowBound `json:"closes_at,omitempty"`
+
+	// OpensAt An RFC 3339 time, or "" to clear the bound.
+	//
+	// Example: 2026-12-01T09:00:00Z
+	OpensAt *WindowBound `json:"opens_at,omitempty"`
 
 	// PerUserLimit Units one buyer may hold and buy (0 for none).
 	PerUserLimit *int `json:"per_user_limit,omitempty"`
@@ -580,13 +629,19 @@ type StockChange1 = interface{}
 
 // StockLevel defines model for StockLevel.
 type StockLevel struct {
-	Buckets       int    `json:"buckets"`
-	Burst         int    `json:"burst"`
-	PerUserLimit  int    `json:"per_user_limit"`
-	RatePerSecond int    `json:"rate_per_second"`
-	Sku           string `json:"sku"`
-	Stock         int64  `json:"stock"`
-	Version       int64  `json:"version"`
+	Buckets int `json:"buckets"`
+	Burst   int `json:"burst"`
+
+	// ClosesAt The sale window's close (absent: none).
+	ClosesAt *time.Time `json:"closes_at,omitempty"`
+
+	// OpensAt The sale window's opening (absent: none).
+	OpensAt       *time.Time `json:"opens_at,omitempty"`
+	PerUserLimit  int        `json:"per_user_limit"`
+	RatePerSecond int        `json:"rate_per_second"`
+	Sku           string     `json:"sku"`
+	Stock         int64      `json:"stock"`
+	Version       int64      `json:"version"`
 }
 
 // StockReport defines model for StockReport.
@@ -594,16 +649,22 @@ type StockReport struct {
 	// Buckets K; the Redis figures are the sums over the buckets.
 	Buckets int `json:"buckets"`
 
+	// ClosesAt MySQL's sale window: its close (absent: none).
+	ClosesAt *time.Time `json:"closes_at,omitempty"`
+
 	// Drift mysql_available - (redis_available + held): 0 at quiescence
 	Drift int64 `json:"drift"`
 
 	// Held Units in live holds.
-	Held           int64  `json:"held"`
-	MysqlAvailable int64  `json:"mysql_available"`
-	PerUserLimit   int    `json:"per_user_limit"`
-	RedisAvailable int64  `json:"redis_available"`
-	Sku            string `json:"sku"`
-	Version        int64  `json:"version"`
+	Held           int64 `json:"held"`
+	MysqlAvailable int64 `json:"mysql_available"`
+
+	// OpensAt MySQL's sale window: its opening (absent: none).
+	OpensAt        *time.Time `json:"opens_at,omitempty"`
+	PerUserLimit   int        `json:"per_user_limit"`
+	RedisAvailable int64      `json:"redis_available"`
+	Sku            string     `json:"sku"`
+	Version        int64      `json:"version"`
 }
 
 // TooManyGroups defines model for TooManyGroups.
@@ -659,6 +720,11 @@ type VersionMismatch struct {
 
 // VersionMismatchError defines model for VersionMismatch.Error.
 type VersionMismatchError string
+
+// WindowBound An RFC 3339 time, or "" to clear the bound.
+//
+// Example: 2026-12-01T09:00:00Z
+type WindowBound = string
 
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
@@ -733,6 +799,11 @@ type ReserveParams struct {
 	// IdempotencyKey Makes the request safe to retry, for ever: the same key and request are answered
 	// with the same result and applied at most once. Up to 128 characters.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// Reserve409JSONResponseBody defines parameters for Reserve.
+type Reserve409JSONResponseBody struct {
+	union json.RawMessage
 }
 
 // ChangeStockJSONRequestBody defines body for ChangeStock for application/json ContentType.
@@ -830,6 +901,20 @@ func (t StockChange) MarshalJSON() ([]byte, error) {
 		}
 	}
 
+	if t.ClosesAt != nil {
+		object["closes_at"], err = json.Marshal(t.ClosesAt)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'closes_at': %w", err)
+		}
+	}
+
+	if t.OpensAt != nil {
+		object["opens_at"], err = json.Marshal(t.OpensAt)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'opens_at': %w", err)
+		}
+	}
+
 	if t.PerUserLimit != nil {
 		object["per_user_limit"], err = json.Marshal(t.PerUserLimit)
 		if err != nil {
@@ -890,6 +975,20 @@ func (t *StockChange) UnmarshalJSON(b []byte) error {
 		err = json.Unmarshal(raw, &t.Burst)
 		if err != nil {
 			return fmt.Errorf("error reading 'burst': %w", err)
+		}
+	}
+
+	if raw, found := object["closes_at"]; found {
+		err = json.Unmarshal(raw, &t.ClosesAt)
+		if err != nil {
+			return fmt.Errorf("error reading 'closes_at': %w", err)
+		}
+	}
+
+	if raw, found := object["opens_at"]; found {
+		err = json.Unmarshal(raw, &t.OpensAt)
+		if err != nil {
+			return fmt.Errorf("error reading 'opens_at': %w", err)
 		}
 	}
 
@@ -1384,6 +1483,68 @@ func (t *Unauthorized) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// AsReserveConflict returns the union data inside the Reserve409JSONResponseBody as a ReserveConflict
+func (t Reserve409JSONResponseBody) AsReserveConflict() (ReserveConflict, error) {
+	var body ReserveConflict
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromReserveConflict overwrites any union data inside the Reserve409JSONResponseBody as the provided ReserveConflict
+func (t *Reserve409JSONResponseBody) FromReserveConflict(v ReserveConflict) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeReserveConflict performs a merge with any union data inside the Reserve409JSONResponseBody, using the provided ReserveConflict
+func (t *Reserve409JSONResponseBody) MergeReserveConflict(v ReserveConflict) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsNotOpen returns the union data inside the Reserve409JSONResponseBody as a NotOpen
+func (t Reserve409JSONResponseBody) AsNotOpen() (NotOpen, error) {
+	var body NotOpen
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromNotOpen overwrites any union data inside the Reserve409JSONResponseBody as the provided NotOpen
+func (t *Reserve409JSONResponseBody) FromNotOpen(v NotOpen) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeNotOpen performs a merge with any union data inside the Reserve409JSONResponseBody, using the provided NotOpen
+func (t *Reserve409JSONResponseBody) MergeNotOpen(v NotOpen) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t Reserve409JSONResponseBody) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *Reserve409JSONResponseBody) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
 
@@ -1470,7 +1631,13 @@ type ClientInterface interface {
 	// 428 without, 412 when sales moved it since. `{"add": n}` adds or removes units
 	// and commutes with sales; with an `Idempotency-Key` a retry is applied once, and
 	// the same key with another change is 422. `per_user_limit`, `rate_per_second` and
-	// `burst` set the SKU's per-buyer limits (0: the stage's defaults).
+	// `burst` set the SKU's per-buyer limits (0: the stage's defaults). `opens_at` and
+	// `closes_at` set the sale window (RFC 3339; `""` clears a bound; no window by
+	// default): buys and joins are `409 not_open` before it opens and `409 sale_closed`
+	// from its close, a hold taken before the close settles as usual. The window must
+	// close after it opens, the bound left alone included (else 400, nothing changed).
+	// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
+	// moves the version and applies at once.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1484,7 +1651,13 @@ type ClientInterface interface {
 	// 428 without, 412 when sales moved it since. `{"add": n}` adds or removes units
 	// and commutes with sales; with an `Idempotency-Key` a retry is applied once, and
 	// the same key with another change is 422. `per_user_limit`, `rate_per_second` and
-	// `burst` set the SKU's per-buyer limits (0: the stage's defaults).
+	// `burst` set the SKU's per-buyer limits (0: the stage's defaults). `opens_at` and
+	// `closes_at` set the sale window (RFC 3339; `""` clears a bound; no window by
+	// default): buys and joins are `409 not_open` before it opens and `409 sale_closed`
+	// from its close, a hold taken before the close settles as usual. The window must
+	// close after it opens, the bound left alone included (else 400, nothing changed).
+	// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
+	// moves the version and applies at once.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1571,7 +1744,11 @@ type ClientInterface interface {
 	// Corresponds with GET /reservations/{id} (the `GetReservation` operationId).
 	GetReservation(ctx context.Context, id ReservationId, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetSku Units a buyer can still reserve
+	// GetSku Units a buyer can still reserve, and the sale window
+	//
+	// The figure buyers see, the SKU's sale window (`opens_at`, `closes_at`; each only
+	// when set) and `server_time`, the clock the window is judged by: a page counts down
+	// to `opens_at` from `server_time`, not from the buyer's clock.
 	//
 	// Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 	GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1599,7 +1776,13 @@ func (c *Client) InspectStock(ctx context.Context, sku Sku, reqEditors ...Reques
 // 428 without, 412 when sales moved it since. `{"add": n}` adds or removes units
 // and commutes with sales; with an `Idempotency-Key` a retry is applied once, and
 // the same key with another change is 422. `per_user_limit`, `rate_per_second` and
-// `burst` set the SKU's per-buyer limits (0: the stage's defaults).
+// `burst` set the SKU's per-buyer limits (0: the stage's defaults). `opens_at` and
+// `closes_at` set the sale window (RFC 3339; `""` clears a bound; no window by
+// default): buys and joins are `409 not_open` before it opens and `409 sale_closed`
+// from its close, a hold taken before the close settles as usual. The window must
+// close after it opens, the bound left alone included (else 400, nothing changed).
+// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
+// moves the version and applies at once.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1623,7 +1806,13 @@ func (c *Client) ChangeStockWithBody(ctx context.Context, sku Sku, params *Chang
 // 428 without, 412 when sales moved it since. `{"add": n}` adds or removes units
 // and commutes with sales; with an `Idempotency-Key` a retry is applied once, and
 // the same key with another change is 422. `per_user_limit`, `rate_per_second` and
-// `burst` set the SKU's per-buyer limits (0: the stage's defaults).
+// `burst` set the SKU's per-buyer limits (0: the stage's defaults). `opens_at` and
+// `closes_at` set the sale window (RFC 3339; `""` clears a bound; no window by
+// default): buys and joins are `409 not_open` before it opens and `409 sale_closed`
+// from its close, a hold taken before the close settles as usual. The window must
+// close after it opens, the bound left alone included (else 400, nothing changed).
+// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
+// moves the version and applies at once.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1790,7 +1979,11 @@ func (c *Client) GetReservation(ctx context.Context, id ReservationId, reqEditor
 	return c.Client.Do(req)
 }
 
-// GetSku Units a buyer can still reserve
+// GetSku Units a buyer can still reserve, and the sale window
+//
+// The figure buyers see, the SKU's sale window (`opens_at`, `closes_at`; each only
+// when set) and `server_time`, the clock the window is judged by: a page counts down
+// to `opens_at` from `server_time`, not from the buyer's clock.
 //
 // Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 func (c *Client) GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2201,7 +2394,13 @@ type ClientWithResponsesInterface interface {
 	// 428 without, 412 when sales moved it since. `{"add": n}` adds or removes units
 	// and commutes with sales; with an `Idempotency-Key` a retry is applied once, and
 	// the same key with another change is 422. `per_user_limit`, `rate_per_second` and
-	// `burst` set the SKU's per-buyer limits (0: the stage's defaults).
+	// `burst` set the SKU's per-buyer limits (0: the stage's defaults). `opens_at` and
+	// `closes_at` set the sale window (RFC 3339; `""` clears a bound; no window by
+	// default): buys and joins are `409 not_open` before it opens and `409 sale_closed`
+	// from its close, a hold taken before the close settles as usual. The window must
+	// close after it opens, the bound left alone included (else 400, nothing changed).
+	// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
+	// moves the version and applies at once.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2215,7 +2414,13 @@ type ClientWithResponsesInterface interface {
 	// 428 without, 412 when sales moved it since. `{"add": n}` adds or removes units
 	// and commutes with sales; with an `Idempotency-Key` a retry is applied once, and
 	// the same key with another change is 422. `per_user_limit`, `rate_per_second` and
-	// `burst` set the SKU's per-buyer limits (0: the stage's defaults).
+	// `burst` set the SKU's per-buyer limits (0: the stage's defaults). `opens_at` and
+	// `closes_at` set the sale window (RFC 3339; `""` clears a bound; no window by
+	// default): buys and joins are `409 not_open` before it opens and `409 sale_closed`
+	// from its close, a hold taken before the close settles as usual. The window must
+	// close after it opens, the bound left alone included (else 400, nothing changed).
+	// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
+	// moves the version and applies at once.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2308,7 +2513,11 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /reservations/{id} (the `GetReservation` operationId).
 	GetReservationWithResponse(ctx context.Context, id ReservationId, reqEditors ...RequestEditorFn) (*GetReservationResponse, error)
 
-	// GetSkuWithResponse Units a buyer can still reserve
+	// GetSkuWithResponse Units a buyer can still reserve, and the sale window
+	//
+	// The figure buyers see, the SKU's sale window (`opens_at`, `closes_at`; each only
+	// when set) and `server_time`, the clock the window is judged by: a page counts down
+	// to `opens_at` from `server_time`, not from the buyer's clock.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -2751,6 +2960,11 @@ type ReserveResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// ReserveResponse409Headers the declared response headers of an HTTP 409 response for Reserve
+type ReserveResponse409Headers struct {
+	RetryAfter *int
+}
+
 // ReserveResponse429Headers the declared response headers of an HTTP 429 response for Reserve
 type ReserveResponse429Headers struct {
 	RetryAfter *int
@@ -2775,7 +2989,7 @@ type ReserveResponse struct {
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ReserveNotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
-	JSON409 *ReserveConflict
+	JSON409 *Reserve409JSONResponseBody
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *TooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
@@ -2790,6 +3004,8 @@ type ReserveResponse struct {
 	JSON503 *Outage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ReserveResponse401Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *ReserveResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ReserveResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -2822,7 +3038,7 @@ func (r ReserveResponse) GetJSON404() *ReserveNotFound {
 }
 
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
-func (r ReserveResponse) GetJSON409() *ReserveConflict {
+func (r ReserveResponse) GetJSON409() *Reserve409JSONResponseBody {
 	return r.JSON409
 }
 
@@ -3189,7 +3405,13 @@ func (c *ClientWithResponses) InspectStockWithResponse(ctx context.Context, sku 
 // 428 without, 412 when sales moved it since. `{"add": n}` adds or removes units
 // and commutes with sales; with an `Idempotency-Key` a retry is applied once, and
 // the same key with another change is 422. `per_user_limit`, `rate_per_second` and
-// `burst` set the SKU's per-buyer limits (0: the stage's defaults).
+// `burst` set the SKU's per-buyer limits (0: the stage's defaults). `opens_at` and
+// `closes_at` set the sale window (RFC 3339; `""` clears a bound; no window by
+// default): buys and joins are `409 not_open` before it opens and `409 sale_closed`
+// from its close, a hold taken before the close settles as usual. The window must
+// close after it opens, the bound left alone included (else 400, nothing changed).
+// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
+// moves the version and applies at once.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -3209,7 +3431,13 @@ func (c *ClientWithResponses) ChangeStockWithBodyWithResponse(ctx context.Contex
 // 428 without, 412 when sales moved it since. `{"add": n}` adds or removes units
 // and commutes with sales; with an `Idempotency-Key` a retry is applied once, and
 // the same key with another change is 422. `per_user_limit`, `rate_per_second` and
-// `burst` set the SKU's per-buyer limits (0: the stage's defaults).
+// `burst` set the SKU's per-buyer limits (0: the stage's defaults). `opens_at` and
+// `closes_at` set the sale window (RFC 3339; `""` clears a bound; no window by
+// default): buys and joins are `409 not_open` before it opens and `409 sale_closed`
+// from its close, a hold taken before the close settles as usual. The window must
+// close after it opens, the bound left alone included (else 400, nothing changed).
+// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
+// moves the version and applies at once.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -3350,7 +3578,11 @@ func (c *ClientWithResponses) GetReservationWithResponse(ctx context.Context, id
 	return ParseGetReservationResponse(rsp)
 }
 
-// GetSkuWithResponse Units a buyer can still reserve
+// GetSkuWithResponse Units a buyer can still reserve, and the sale window
+//
+// The figure buyers see, the SKU's sale window (`opens_at`, `closes_at`; each only
+// when set) and `server_time`, the clock the window is judged by: a page counts down
+// to `opens_at` from `server_time`, not from the buyer's clock.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -3822,7 +4054,7 @@ func ParseReserveResponse(rsp *http.Response) (*ReserveResponse, error) {
 		response.JSON404 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest ReserveConflict
+		var dest Reserve409JSONResponseBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -3883,6 +4115,16 @@ func ParseReserveResponse(rsp *http.Response) (*ReserveResponse, error) {
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 409:
+		var headers ReserveResponse409Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
 		var headers ReserveResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {

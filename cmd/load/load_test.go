@@ -65,7 +65,7 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 	sku := testservices.Name("flash")
 	rep, err := loadgen.Run(ctx, loadgen.Config{
 		BaseURL: stack.URL, N: 2000, Concurrency: 64, SKU: sku, Stock: 150,
-		Groups: 2, GroupCapacity: 3, Settle: 2 * time.Minute, TokenFor: tokenFor,
+		Groups: 2, GroupCapacity: 3, Settle: 2 * time.Minute, TokenFor: tokenFor, OpenAfter: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -73,13 +73,19 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 	var out bytes.Buffer
 	rep.Print(&out)
 	t.Log(out.String())
-	for _, want := range []string{"PASS  no oversell", "PASS  conservation", "PASS  every accepted reservation final", "PASS  group capacity respected"} {
+	for _, want := range []string{"PASS  no oversell", "PASS  conservation", "PASS  every accepted reservation final", "PASS  group capacity respected",
+		"PASS  nothing sold before the sale opened", "accepted/s in its first second"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
 	if rep.Accepted != 150 || rep.SoldOut != 1850 {
 		t.Errorf("accepted %d sold out %d, want 150 and 1850", rep.Accepted, rep.SoldOut)
+	}
+	// The sale opened 2 s in: the first buyers heard not_open, and the
+	// first second after it sold (150 units go in far less).
+	if rep.NotOpen == 0 || rep.FirstSecond == 0 || rep.Opened < time.Second {
+		t.Errorf("not_open %d, accepted in the first second %d, opened after %v; want some, some, about 2 s", rep.NotOpen, rep.FirstSecond, rep.Opened)
 	}
 
 	db, err := sql.Open("mysql", dsn)

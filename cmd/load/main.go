@@ -6,6 +6,11 @@
 //
 //	go run ./cmd/load -n 2000 -c 64 -stock 150 -groups 2 -chart load.png
 //
+// The hot SKU's sale opens -open-after (3 s) after the buyers start: the
+// first ones hear not_open, wait for the opening and try again, and the
+// report counts those answers and the accepted reservations of the first
+// second.
+//
 // Against a deployed stage, tokens come from your identity provider through
 // a command run once per buyer — with the user id as its last argument, or in
 // place of {user} — whose trimmed stdout is the token; admin routes are
@@ -65,6 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (bool, er
 	fs.IntVar(&cfg.Groups, "groups", 0, "group-buy rounds (2 × capacity joiners each, some users twice)")
 	fs.IntVar(&cfg.GroupCapacity, "group-capacity", 3, "slots per group")
 	fs.DurationVar(&cfg.Settle, "settle", 3*time.Minute, "longest wait for every reservation to be decided")
+	fs.DurationVar(&cfg.OpenAfter, "open-after", 3*time.Second, "open the hot SKU's sale window this long after the buyers start (0: open at once)")
 	fs.StringVar(&cfg.Token, "token", "", "one bearer token for every buyer (instead of one per buyer)")
 	tokenCmd := fs.String("token-cmd", "", "command printing a buyer's token; the user id is its last argument, or replaces {user}")
 	jwtDir := fs.String("jwt-dir", devauth.DefaultDir, "dev issuer key directory to mint buyer tokens from (make dev's)")

@@ -27,6 +27,10 @@ type Config struct {
 	Groups        int // group-buy rounds (0: none)
 	GroupCapacity int
 	Settle        time.Duration // how long to wait for every reservation to be decided
+	// OpenAfter opens the hot SKU's sale this long after the buyers start
+	// (its sale window's opens_at, by the server's clock); 0 opens it at
+	// once. A buyer told not_open waits for the opening and tries again.
+	OpenAfter time.Duration
 	// TokenFor returns the bearer token of one buyer (its JWT's sub is the
 	// user); each buyer's requests carry their own. It is called once per
 	// user, before the timed phase for the simulated buyers, and the token is
@@ -56,6 +60,10 @@ type outcome struct {
 type runner struct {
 	cfg    Config
 	client *http.Client
+	// opens is when the sale opens by this machine's clock (zero: open),
+	// skew the uncertainty of that reading (the server-time probe's round trip).
+	opens time.Time
+	skew  time.Duration
 
 	mu     sync.Mutex
 	tokens map[string]*userToken
@@ -98,6 +106,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := r.mintTokens(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.OpenAfter > 0 {
+		if err := r.openLater(ctx, cfg.SKU, cfg.OpenAfter); err != nil {
+			return nil, err
+		}
+		rep.OpensAt = r.opens
+	}
 	start := time.Now()
 	outs := r.fire(ctx, start)
 	var joins []outcome
@@ -119,6 +133,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			rep.Accepted++
 		case o.code == "sold_out":
 			rep.SoldOut++
+		case o.code == "not_open":
+			rep.NotOpen++
 		case o.status >= 400 && o.status < 500:
 			rep.Rejected++
 		default:
@@ -127,6 +143,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep.Latency = percentiles(lat)
 	rep.Timeline = timeline(outs, start)
+	if !r.opens.IsZero() {
+		rep.Opened = r.opens.Sub(start)
+		for _, o := range outs {
+			done := o.start.Add(o.latency)
+			if o.status != http.StatusAccepted {
+				continue
+			}
+			if done.Before(r.opens.Add(-r.skew)) {
+				rep.EarlyAccepted++
+			}
+			if !done.Before(r.opens) && done.Before(r.opens.Add(time.Second)) {
+				rep.FirstSecond++
+			}
+		}
+	}
 
 	lags, pending, err := r.settle(ctx, append(append([]outcome{}, outs...), joins...), rep)
 	if err != nil {
@@ -160,9 +191,52 @@ func buyer(i int) string { return fmt.Sprintf("buyer-%d", i) }
 
 func groupUser(g, j int) string { return fmt.Sprintf("g%d-user-%d", g, j) }
 
+// openLater sets sku's sale window to open after d by the server's clock,
+// read from GET /skus/{sku}'s server_time (as a page counting down does),
+// and notes when that is by this machine's clock.
+func (r *runner) openLater(ctx context.Context, sku string, d time.Duration) error {
+	sent := time.Now()
+	code, body, err := r.do(ctx, http.MethodGet, "/skus/"+sku, nil, buyer(0))
+	back := time.Now()
+	st, _ := body["server_time"].(string)
+	server, perr := time.Parse(time.RFC3339Nano, st)
+	if err != nil || code != http.StatusOK || perr != nil {
+		return fmt.Errorf("loadgen: the server's time from GET /skus/%s: %d %v %v", sku, code, body, err)
+	}
+	offset := server.Sub(sent.Add(back.Sub(sent) / 2)) // server minus local, at the probe's midpoint
+	opens := server.Add(d).UTC().Truncate(time.Millisecond)
+	code, body, err = r.do(ctx, http.MethodPut, "/admin/skus/"+sku+"/stock", map[string]any{"add": 0, "opens_at": opens.Format(time.RFC3339Nano)}, "")
+	if err != nil || code != http.StatusOK {
+		return fmt.Errorf("loadgen: open %s at %s: %d %v %v", sku, opens.Format(time.RFC3339Nano), code, body, err)
+	}
+	r.opens, r.skew = opens.Add(-offset), back.Sub(sent)
+	return nil
+}
+
+// buy is buyer i's purchase: until an answer that is not not_open, each
+// not_open followed by a wait for the opening (a short pause once it is
+// due: this machine's clock may run a little ahead of the server's). Every
+// attempt is one outcome.
+func (r *runner) buy(ctx context.Context, i int) []outcome {
+	var outs []outcome
+	for attempt := 0; ; attempt++ {
+		o := r.reserve(ctx, r.cfg.SKU, buyer(i), "")
+		outs = append(outs, o)
+		if o.code != "not_open" || attempt >= 50 || ctx.Err() != nil {
+			return outs
+		}
+		wait := max(time.Until(r.opens), 20*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return outs
+		case <-time.After(wait):
+		}
+	}
+}
+
 // fire sends N reservations for distinct users at the configured concurrency.
 func (r *runner) fire(ctx context.Context, start time.Time) []outcome {
-	outs := make([]outcome, r.cfg.N)
+	per := make([][]outcome, r.cfg.N)
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -178,7 +252,7 @@ func (r *runner) fire(ctx context.Context, start time.Time) []outcome {
 				if i >= r.cfg.N || ctx.Err() != nil {
 					return
 				}
-				outs[i] = r.reserve(ctx, r.cfg.SKU, buyer(i), "")
+				per[i] = r.buy(ctx, i)
 				done.Add(1)
 			}
 		}()
@@ -188,6 +262,10 @@ func (r *runner) fire(ctx context.Context, start time.Time) []outcome {
 	if r.cfg.Progress != nil {
 		progressLine(r.cfg.Progress, "reserve", int(done.Load()), r.cfg.N, start)
 		fmt.Fprintln(r.cfg.Progress)
+	}
+	var outs []outcome
+	for _, o := range per {
+		outs = append(outs, o...)
 	}
 	return outs
 }

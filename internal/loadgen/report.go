@@ -43,6 +43,7 @@ type Bucket struct {
 	Requests int // requests started in the bucket; 0 leaves P99 undefined (a gap)
 	Accepted int
 	SoldOut  int
+	NotOpen  int
 	P99      time.Duration
 }
 
@@ -62,6 +63,7 @@ type Report struct {
 	Requests       int
 	Accepted       int
 	SoldOut        int
+	NotOpen        int // not_open answers (before the sale opened)
 	Rejected       int // other 4xx
 	Failed         int // 5xx and transport errors
 	Confirmed      int // reservations of the hot SKU
@@ -80,6 +82,13 @@ type Report struct {
 	Lag            Percentiles // accept → seen CONFIRMED (polling resolution)
 	Timeline       []Bucket
 	Checks         []Check
+	// With Config.OpenAfter: when the sale opened (this machine's clock),
+	// and after the run's start; accepted answers in its first second, and
+	// any that came back before it opened (beyond the clock's uncertainty).
+	OpensAt       time.Time
+	Opened        time.Duration
+	FirstSecond   int
+	EarlyAccepted int
 
 	lags []time.Duration // every accept → CONFIRMED lag, for the chart
 }
@@ -106,6 +115,10 @@ func checks(rep *Report) []Check {
 		"stock %d = MySQL available %d + confirmed %d; Redis %d, held %d, drift %d",
 		rep.Stock, rep.Final.MySQLAvailable, rep.ConfirmedUnits, rep.Final.RedisAvailable, rep.Final.Held, rep.Final.Drift)
 	add("every accepted reservation final", rep.Pending == 0, "%d still HELD", rep.Pending)
+	if !rep.OpensAt.IsZero() {
+		add("nothing sold before the sale opened", rep.EarlyAccepted == 0 && rep.NotOpen > 0,
+			"%d not_open answers before it opened, %d accepted before", rep.NotOpen, rep.EarlyAccepted)
+	}
 	if len(rep.Groups) > 0 {
 		ok := int64(rep.GroupStock) == rep.GroupFinal.MySQLAvailable+int64(rep.GroupUnits) && rep.GroupFinal.Held == 0
 		detail := []string{fmt.Sprintf("group stock %d = MySQL %d + confirmed %d", rep.GroupStock, rep.GroupFinal.MySQLAvailable, rep.GroupUnits)}
@@ -155,8 +168,11 @@ func timeline(outs []outcome, start time.Time) []Bucket {
 			if o.status == http.StatusAccepted {
 				b.Accepted++
 			}
-			if o.code == "sold_out" {
+			switch o.code {
+			case "sold_out":
 				b.SoldOut++
+			case "not_open":
+				b.NotOpen++
 			}
 		}
 		b.P99 = percentiles(lat).P99
@@ -210,6 +226,10 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "  requests %d in %v (%.0f req/s): accepted %d, sold out %d, rejected %d, failed %d\n",
 		r.Requests, r.Duration.Round(time.Millisecond), r.Throughput, r.Accepted, r.SoldOut, r.Rejected, r.Failed)
 	fmt.Fprintf(w, "  latency  p50 %v  p90 %v  p99 %v  max %v\n", Round(r.Latency.P50), Round(r.Latency.P90), Round(r.Latency.P99), Round(r.Latency.Max))
+	if !r.OpensAt.IsZero() {
+		fmt.Fprintf(w, "  window   opened %v after the start: %d not_open answers before it; %d accepted/s in its first second\n",
+			Round(r.Opened), r.NotOpen, r.FirstSecond)
+	}
 	fmt.Fprintf(w, "  decided  confirmed %d (%d units)", r.Confirmed, r.ConfirmedUnits)
 	reasons := make([]string, 0, len(r.Cancelled))
 	for k := range r.Cancelled {

@@ -81,3 +81,21 @@ func TestWriteChart(t *testing.T) {
 		t.Fatalf("WriteChart: %v", err)
 	}
 }
+
+// TestReportShowsTheWindow: with a sale that opened late, the report names
+// the not_open answers before it and the accepted ones of its first second,
+// and an answer accepted before it opened fails a check.
+func TestReportShowsTheWindow(t *testing.T) {
+	r := &Report{OpensAt: time.Now(), Opened: 3 * time.Second, NotOpen: 64, FirstSecond: 912}
+	r.Checks = checks(r)
+	var b bytes.Buffer
+	r.Print(&b)
+	if !strings.Contains(b.String(), "opened 3s after the start: 64 not_open answers before it; 912 accepted/s in its first second") ||
+		!strings.Contains(b.String(), "PASS  nothing sold before the sale opened") {
+		t.Errorf("report prints %q, want the window line and a passing window check", b.String())
+	}
+	r.EarlyAccepted = 1
+	if r.Checks = checks(r); r.Passed() {
+		t.Error("a reservation accepted before the sale opened passed the checks")
+	}
+}

@@ -50,6 +50,7 @@ func emittedMetrics(t *testing.T) map[string]bool {
 // name): a widget reading "confirmed" by reserve would show nothing.
 var emittedBy = map[string][]string{
 	"reserved": {"reserve"}, "sold_out": {"reserve"}, "rate_limited": {"reserve"}, "publish_failed": {"reserve"},
+	"not_open": {"reserve"}, "sale_closed": {"reserve"},
 	"confirmed": {"persist"}, "persist_retries": {"persist"}, "strays": {"persist"},
 	"records": {"persist", "compensate"}, "batches": {"persist", "compensate"},
 	"item_failures": {"persist", "compensate"}, "poison_messages": {"persist", "compensate"},

@@ -146,6 +146,7 @@ func parse(getenv func(string) string) (Config, error) {
 		ReconcileAfter:  p.duration("HOLDFAST_RECONCILE_AFTER", d.ReconcileAfter),
 		SoldOutTTL:      p.duration("HOLDFAST_SOLD_OUT_TTL", d.SoldOutTTL),
 		MaxOpenGroups:   p.integer("HOLDFAST_MAX_OPEN_GROUPS", d.MaxOpenGroups),
+		WarmLead:        p.duration("HOLDFAST_WARM_LEAD", d.WarmLead),
 	}
 	if p.err != nil {
 		return Config{}, p.err
@@ -158,6 +159,9 @@ func parse(getenv func(string) string) (Config, error) {
 	}
 	if c.Protocol.HoldTTL <= 0 || c.Protocol.MaxQty < 1 || c.Protocol.PersistAttempts < 1 {
 		return Config{}, errors.New("config: HOLDFAST_HOLD_TTL, HOLDFAST_MAX_QTY and HOLDFAST_PERSIST_ATTEMPTS must be positive")
+	}
+	if c.Protocol.WarmLead < 0 {
+		return Config{}, errors.New("config: HOLDFAST_WARM_LEAD must be 0 (never) or more")
 	}
 	if c.Protocol.MaxOpenGroups < 0 {
 		return Config{}, errors.New("config: HOLDFAST_MAX_OPEN_GROUPS must be 0 (no cap) or more")

@@ -1,8 +1,8 @@
 package reservation
 
 // The moves between buckets: refill (with its per-bucket lock, refilling,
-// and the reads bucketStock and bucketFigures), cover and returned, transfer
-// and its constants, followTransfer and followStray.
+// and the reads bucketStock and bucketFigures), cover and coverAfterReturn,
+// transfer and its constants, carryOutTransfer and followStray.
 //
 // Buckets: one SKU's sellable stock split over K Redis buckets, each with
 // its own hash tag, so that a cluster spreads one hot SKU over K shards.
@@ -141,9 +141,9 @@ func (s *Service) cover(ctx context.Context, sku string, k int) {
 	}
 }
 
-// returned is told that units came back to a bucket of sku: with several
-// buckets, they first pay what a bucket owes (cover).
-func (s *Service) returned(ctx context.Context, sku string) {
+// coverAfterReturn is told that units came back to a bucket of sku: with
+// several buckets, they first pay what a bucket owes (cover).
+func (s *Service) coverAfterReturn(ctx context.Context, sku string) {
 	if l, err := s.layoutOf(ctx, sku); err == nil && l.k > 1 {
 		s.cover(ctx, sku, l.k)
 	}
@@ -228,7 +228,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 // late (the hold's deadline passed: its record credits it).
 func (s *Service) creditAhead(ctx context.Context, held Reservation) (credited bool, err error) {
 	ahead := held
-	ahead.RefundVersion = 0
+	ahead.TransferVersion = 0
 	credited, err = s.holds.Credit(ctx, ahead)
 	if errors.Is(err, ErrUnknownSKU) {
 		if _, err = s.warm(ctx, held.SKU, held.Into); err == nil {
@@ -261,7 +261,7 @@ func (s *Service) completeTransfer(ctx context.Context, t Reservation) (Reservat
 		// Right after the commit the giving bucket's hold is HELD, or lost
 		// with its bucket (then its units are taken from stock, as persist's
 		// confirm does); later, from a repeat, it may be gone with retention.
-		version = row.RefundVersion
+		version = row.TransferVersion
 	}
 	if err := s.carryOutTransfer(ctx, row, version); err != nil {
 		s.metrics.Count("follow_failed", 1)
@@ -282,7 +282,7 @@ func (s *Service) completeTransfer(ctx context.Context, t Reservation) (Reservat
 // having finished (retention), not for having been lost, and taking again
 // would take twice; reconciliation repairs the rare loss instead.
 func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version int64) error {
-	if row.Status == StatusConfirmed && !row.Released {
+	if row.Status == StatusConfirmed && row.Release == ReleaseOwed {
 		_, err := s.holds.Credit(ctx, row)
 		if errors.Is(err, ErrUnknownSKU) {
 			if _, err = s.warm(ctx, row.SKU, row.Into); err == nil {
@@ -296,7 +296,7 @@ func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version
 	if _, err := s.holds.Follow(ctx, row, version); err != nil {
 		return fmt.Errorf("follow transfer %s: %w", row.ID, err)
 	}
-	if row.Released {
+	if row.Release != ReleaseOwed {
 		return nil
 	}
 	if err := s.ledger.MarkReleased(ctx, row.ID); err != nil {
@@ -314,7 +314,7 @@ func (s *Service) followStray(ctx context.Context, row Reservation, b int) {
 		return
 	}
 	stray := row
-	stray.Bucket, stray.Released, stray.Notified = b, true, true
+	stray.Bucket, stray.Release, stray.Event = b, ReleaseDone, EventSent // the row's own give-back and event are not this bucket's
 	if _, err := s.holds.Follow(ctx, stray, 0); err != nil {
 		s.log.WarnContext(ctx, "a stray in another bucket did not follow mysql; the sweeper retries",
 			"reservation_id", row.ID, "bucket", b, "error", err)

@@ -50,12 +50,19 @@ type memHold struct {
 	sent                    bool // a join's message is sent (group_accept.lua's field sent)
 }
 
-// reservation mirrors redisstore's holdFromMap: Released is not a Redis field.
+// reservation mirrors redisstore's holdFromMap: the outboxes are not Redis
+// fields.
 func (h *memHold) reservation(id string) Reservation {
 	r := Reservation{
 		ID: id, SKU: h.sku, Qty: int(h.qty), UserID: h.user, GroupID: h.group,
-		Token: h.token, Status: h.state, Reason: h.reason, Refunded: h.refunded,
+		Token: h.token, Status: h.state, Reason: h.reason,
 		Bucket: h.bucket, Transfer: h.transfer, Into: h.into, Sent: h.sent,
+	}
+	if h.state == StatusCancelled {
+		r.Cancellation = Fenced
+		if h.refunded {
+			r.Cancellation = Refunded
+		}
 	}
 	if h.deadline > 0 {
 		r.ExpiresAt = time.UnixMilli(h.deadline).UTC()
@@ -292,14 +299,14 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
 			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
-		if h.token != r.Token && !r.Charged {
+		if h.token != r.Token && !r.AlreadyCharged {
 			if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}
 		}
 		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
 	}
-	if r.Charged {
+	if r.AlreadyCharged {
 		// the retry of an attempt already charged: no charge (reserve.lua's ARGV[11])
 	} else if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 		return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
@@ -307,6 +314,12 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 	avail, ok := m.stock[name]
 	if !ok {
 		return Reservation{}, ReserveOutcome{}, ErrUnknownSKU
+	}
+	if opens, now := m.meta[name]["opens"], m.nowMS(); opens > 0 && now < opens {
+		return Reservation{}, ReserveOutcome{}, &NotOpenError{OpensAt: time.UnixMilli(opens).UTC(), RetryAfter: time.Duration(opens-now) * time.Millisecond}
+	}
+	if closes := m.meta[name]["closes"]; closes > 0 && m.nowMS() >= closes {
+		return Reservation{}, ReserveOutcome{}, ErrSaleClosed
 	}
 	if avail < qty {
 		return Reservation{}, ReserveOutcome{}, ErrSoldOut
@@ -425,12 +438,20 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		if state == StatusHeld {
 			unhold(old.qty)
 			giveBack(old.qty, old.user, old.group, false)
+			// A stray held in another group than the row's frees its slot
+			// there while that group is OPEN: MySQL never took it.
+			key := groupKey(sku, old.group)
+			if g := m.groups[key]; old.group != "" && old.group != gid && m.members[key][old.user] == id && g != nil && g.status == GroupOpen {
+				delete(m.members[key], old.user)
+				g.remaining++
+				g.fullAt = 0
+			}
 			returned = true
 		}
 		delete(m.holds, key)
 		state = ""
 	}
-	if _, stocked := m.stock[sku]; row.Status == StatusCancelled && row.Refunded && !row.Released &&
+	if _, stocked := m.stock[sku]; row.Cancellation == Refunded && row.Release == ReleaseOwed &&
 		(state == StatusConfirmed || state == "") && (state == "" || !old.hasRel || old.rel != token) && !stocked {
 		return returned, true
 	}
@@ -468,13 +489,13 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		unhold(old.qty)
 		giveBack(old.qty, old.user, old.group, false)
 		returned = true
-	case row.Refunded && !row.Released && (state == StatusConfirmed || state == ""):
+	case row.Cancellation == Refunded && row.Release == ReleaseOwed && (state == StatusConfirmed || state == ""):
 		// A warm-up from a level at or past the refund counted its units already.
 		counted := row.RefundVersion > 0 && m.meta[sku]["wver"] >= row.RefundVersion
 		giveBack(qty, user, gid, counted)
 		returned = returned || !counted // a stray returned above still counts
 	}
-	h.state, h.reason, h.refunded, h.rel, h.hasRel = StatusCancelled, row.Reason, row.Refunded, token, true
+	h.state, h.reason, h.refunded, h.rel, h.hasRel = StatusCancelled, row.Reason, row.Cancellation == Refunded, token, true
 	return returned, false
 }
 
@@ -543,7 +564,8 @@ func (m *memHolds) Stock(_ context.Context, sku string) (RedisStock, error) {
 		return RedisStock{}, ErrUnknownSKU
 	}
 	meta := m.meta[sku]
-	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"], Ahead: meta["ahead"]}, nil
+	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"],
+		OpensAt: fromMS(meta["opens"]), ClosesAt: fromMS(meta["closes"]), Ahead: meta["ahead"]}, nil
 }
 
 // Sync mirrors stock.lua (admin changes of a SKU Redis knows).
@@ -567,12 +589,28 @@ func (m *memHolds) Sync(_ context.Context, level StockLevel) (SyncResult, error)
 	added := meta["added"] // a SKU written before meta.added existed counts as 0 applied
 	meta["ver"], meta["added"], meta["limit"] = level.Version, level.AdminDelta, int64(level.PerUserLimit)
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
+	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
 	d := level.AdminDelta - added
 	if d == 0 {
 		return SyncNone, nil
 	}
 	m.stock[level.SKU] += d
 	return SyncAdjusted, nil
+}
+
+// windowMS and fromMS mirror redisstore's: a window bound in meta is unix ms, 0 for none.
+func windowMS(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(ms int64) time.Time {
+	if ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
 }
 
 // HeldIDs mirrors redisstore's HeldIDs (ZRANGE exp 0 limit-1).
@@ -635,6 +673,7 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
 	meta["ahead"] = 0
 	meta["wn"]++
+	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
 	return SyncWarmed, nil
 }
 
@@ -725,14 +764,14 @@ func (m *memHolds) Credit(_ context.Context, t Reservation) (bool, error) {
 	name := BucketName(t.SKU, t.Into)
 	key := holdKey(name, t.ID)
 	mark, marked := m.holds[key]
-	if marked && (!mark.ahead || t.RefundVersion == 0) {
+	if marked && (!mark.ahead || t.TransferVersion == 0) {
 		return false, nil // credited by its record, or a repeat of the credit ahead
 	}
 	if _, ok := m.stock[name]; !ok {
 		return false, ErrUnknownSKU
 	}
 	meta := m.metaOf(name)
-	if t.RefundVersion == 0 {
+	if t.TransferVersion == 0 {
 		if m.nowMS() >= t.ExpiresAt.UnixMilli() {
 			return false, nil // too late to credit ahead of the record
 		}
@@ -746,7 +785,7 @@ func (m *memHolds) Credit(_ context.Context, t Reservation) (bool, error) {
 	switch {
 	case marked && mark.wn == meta["wn"]:
 		meta["ahead"] -= int64(t.Qty) // counted since the credit ahead
-	case meta["wver"] < t.RefundVersion:
+	case meta["wver"] < t.TransferVersion:
 		m.stock[name] += int64(t.Qty)
 		credited = true
 	}
@@ -1114,12 +1153,15 @@ func (l *memLedger) available(sku string) int64 {
 func (l *memLedger) insert(r Reservation, status Status, reason Reason, now time.Time) Reservation {
 	row := Reservation{
 		ID: r.ID, SKU: r.SKU, Qty: r.Qty, UserID: r.UserID, GroupID: r.GroupID, Token: r.Token,
-		Status: status, Reason: reason, Released: true, Notified: true,
+		Status: status, Reason: reason,
 		ExpiresAt: msNullTime(r.ExpiresAt), CreatedAt: msUTC(r.CreatedAt),
 		Bucket: r.Bucket, Transfer: r.Transfer, Into: r.Into,
 	}
-	if status == StatusCancelled { // a fence: unreleased, event pending (none for a transfer)
-		row.Released, row.Notified = false, r.Transfer
+	if status == StatusCancelled { // a fence: release owed, event owed (none for a transfer)
+		row.Cancellation, row.Release = Fenced, ReleaseOwed
+		if !r.Transfer {
+			row.Event = EventOwed
+		}
 	}
 	l.rows[r.ID] = &memRow{r: row, updated: msUTC(now)}
 	return row
@@ -1325,7 +1367,7 @@ func (l *memLedger) Refund(_ context.Context, id string, reason Reason, now time
 		return row.r, false, nil
 	}
 	r := &row.r
-	r.Status, r.Reason, r.Refunded, r.Released, r.Notified = StatusCancelled, reason, true, false, false
+	r.Status, r.Reason, r.Cancellation, r.Release, r.Event = StatusCancelled, reason, Refunded, ReleaseOwed, EventOwed
 	row.updated = msUTC(now)
 	r.RefundVersion = 0 // SELECT version after the UPDATE: NULL (0) if the stock row is gone
 	if st, ok := l.stock[r.SKU]; ok {
@@ -1372,8 +1414,8 @@ func (l *memLedger) MarkReleased(_ context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if row, ok := l.rows[id]; ok {
-		row.r.Released = true
+	if row, ok := l.rows[id]; ok && row.r.Release == ReleaseOwed {
+		row.r.Release = ReleaseDone
 	}
 	return nil
 }
@@ -1385,8 +1427,8 @@ func (l *memLedger) MarkNotified(_ context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if row, ok := l.rows[id]; ok {
-		row.r.Notified = true
+	if row, ok := l.rows[id]; ok && row.r.Event == EventOwed {
+		row.r.Event = EventSent
 	}
 	return nil
 }
@@ -1411,12 +1453,12 @@ func (l *memLedger) Outbox(_ context.Context, t time.Time, limit int) ([]Reserva
 		}
 		return out
 	}
-	unreleased := pick(func(r Reservation) bool { return !r.Released })
+	unreleased := pick(func(r Reservation) bool { return r.Release == ReleaseOwed })
 	seen := map[string]bool{}
 	for _, r := range unreleased {
 		seen[r.ID] = true
 	}
-	for _, r := range pick(func(r Reservation) bool { return !r.Notified }) {
+	for _, r := range pick(func(r Reservation) bool { return r.Event == EventOwed }) {
 		if !seen[r.ID] {
 			unreleased = append(unreleased, r)
 		}
@@ -1433,7 +1475,7 @@ func (l *memLedger) Unreleased(_ context.Context, sku string) (int, error) {
 	}
 	n := 0
 	for _, row := range l.rows {
-		if !row.r.Released && row.r.SKU == sku {
+		if row.r.Release == ReleaseOwed && row.r.SKU == sku {
 			n++
 		}
 	}
@@ -1490,6 +1532,9 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	if level.Available+delta > 1_000_000_000 {
 		return StockLevel{}, &InvalidError{Field: "add", Msg: "passes the most a sku can hold"}
 	}
+	if level, err = c.ApplyWindow(level); err != nil {
+		return StockLevel{}, err
+	}
 	if c.Key != "" {
 		l.keys[key] = changeFingerprint(c)
 	}
@@ -1544,7 +1589,17 @@ func changeFingerprint(c StockChange) string {
 		}
 		return "-"
 	}
-	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets))
+	ms := func(p *time.Time) string {
+		switch {
+		case p == nil:
+			return "-"
+		case p.IsZero():
+			return "0"
+		}
+		return fmt.Sprint(p.UnixMilli())
+	}
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s|%s|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets),
+		ms(c.OpensAt), ms(c.ClosesAt))
 }
 
 // levelCopy is a level read from product_stock and stock_buckets: its own
@@ -1591,8 +1646,8 @@ func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (R
 	moveShare(st, t.Bucket, -int64(t.Qty))
 	moveShare(st, t.Into, int64(t.Qty))
 	r := &l.rows[t.ID].r
-	r.Released, r.RefundVersion = false, st.Version
-	row.Released, row.RefundVersion = false, st.Version
+	r.Release, r.TransferVersion = ReleaseOwed, st.Version
+	row.Release, row.TransferVersion = ReleaseOwed, st.Version
 	return row, true, nil
 }
 
@@ -1663,6 +1718,26 @@ func (l *memLedger) Levels(_ context.Context, skus []string) ([]StockLevel, erro
 		}
 	}
 	return out, nil
+}
+
+// Opening mirrors `SELECT … FROM product_stock WHERE opens_at > ? AND opens_at <= ? ORDER BY opens_at, sku LIMIT ?`.
+func (l *memLedger) Opening(_ context.Context, after, until time.Time, limit int) ([]StockLevel, error) {
+	err := l.enter("Opening")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []StockLevel
+	for _, st := range l.stock {
+		if !st.OpensAt.IsZero() && st.OpensAt.After(msUTC(after)) && !st.OpensAt.After(msUTC(until)) {
+			out = append(out, levelCopy(st))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return a.OpensAt.Before(b.OpensAt) || a.OpensAt.Equal(b.OpensAt) && a.SKU < b.SKU
+	})
+	return out[:min(len(out), limit)], nil
 }
 
 // CreateGroup mirrors `INSERT INTO group_buys … SELECT … FROM product_stock WHERE sku = ?`.
@@ -1762,7 +1837,7 @@ func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) 
 	}
 	pending := false
 	for _, row := range l.rows {
-		if row.r.GroupID == id && row.r.Status == StatusCancelled && !row.r.Released {
+		if row.r.GroupID == id && row.r.Status == StatusCancelled && row.r.Release == ReleaseOwed {
 			pending = true
 		}
 	}
@@ -1833,7 +1908,7 @@ func (l *memLedger) GroupLeaving(_ context.Context, id string) ([]Reservation, e
 	}
 	var out []Reservation
 	for _, row := range l.rows {
-		if row.r.GroupID == id && row.r.Status == StatusCancelled && !row.r.Released {
+		if row.r.GroupID == id && row.r.Status == StatusCancelled && row.r.Release == ReleaseOwed {
 			out = append(out, row.r)
 		}
 	}

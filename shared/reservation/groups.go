@@ -63,7 +63,7 @@ func (s *Service) CreateGroup(ctx context.Context, user, sku string, capacity in
 		// its deadline with no members.
 		return Group{}, err
 	}
-	s.counts.drop(sku) // the SKU has groups now: keyed buys check bucket 0 (crossBucketMismatch)
+	s.layouts.drop(sku) // the SKU has groups now: keyed buys check bucket 0 (crossBucketMismatch)
 	return g, nil
 }
 
@@ -269,7 +269,7 @@ func (s *Service) endGroup(ctx context.Context, g Group, c GroupClosing) (bool, 
 		if seen[id] {
 			continue
 		}
-		if err := s.cancelMember(ctx, id); err != nil {
+		if err := s.cancelMember(ctx, g.ID, id); err != nil {
 			return true, err
 		}
 	}
@@ -280,8 +280,11 @@ func (s *Service) endGroup(ctx context.Context, g Group, c GroupClosing) (bool, 
 	return true, nil
 }
 
-// cancelMember cancels a member of a failed group known to Redis.
-func (s *Service) cancelMember(ctx context.Context, id string) error {
+// cancelMember cancels a member of the failed group gid known to Redis.
+// Only what is gid's: a hold of another group is left as it is, and so is
+// a row of another group that the fence finds (a stray held in gid under
+// the id of another group's member; settle has returned the stray).
+func (s *Service) cancelMember(ctx context.Context, gid, id string) error {
 	h, err := s.holds.Hold(ctx, id, 0) // a join is held in bucket 0
 	if errors.Is(err, ErrNotFound) {
 		return nil // nothing held in Redis; MySQL has no row either
@@ -289,11 +292,14 @@ func (s *Service) cancelMember(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	row, err := s.settle(ctx, h, ReasonGroupFailed)
+	if h.GroupID != gid {
+		return nil // a stale member entry: the id is held for another group
+	}
+	row, err := s.fence(ctx, h, ReasonGroupFailed)
 	if err != nil {
 		return err
 	}
-	if row.Status == StatusConfirmed {
+	if row.Status == StatusConfirmed && row.GroupID == gid {
 		_, err = s.refund(ctx, id, ReasonGroupFailed)
 	}
 	return err

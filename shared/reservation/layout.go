@@ -1,6 +1,6 @@
 package reservation
 
-// The per-instance layout cache: counts remembers, per SKU, how its stock
+// The per-instance layout cache: layouts remembers, per SKU, how its stock
 // sits in Redis (K buckets, group-buys or not), unknowns the SKUs MySQL said
 // it does not have; layoutOf and bucketsOf read through them, and
 // crossBucketMismatch checks a keyed request against the other bucket it
@@ -13,14 +13,14 @@ import (
 	"time"
 )
 
-// counts caches, per SKU, K as Redis has it, for touchEvery: one read per
-// SKU per instance per period, not per request.
-type counts struct {
+// layouts caches, per SKU, its layout as Redis has it, for touchEvery: one
+// read per SKU per instance per period, not per request.
+type layouts struct {
 	mu sync.Mutex
-	m  map[string]count
+	m  map[string]cachedLayout
 }
 
-type count struct {
+type cachedLayout struct {
 	layout
 	until time.Time
 }
@@ -31,24 +31,24 @@ type layout struct {
 	groups bool // the SKU has group-buys (in bucket 0)
 }
 
-func (c *counts) get(sku string, now time.Time) (layout, bool) {
+func (c *layouts) get(sku string, now time.Time) (layout, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[sku]
 	return e.layout, ok && now.Before(e.until)
 }
 
-func (c *counts) put(sku string, l layout, until time.Time) {
+func (c *layouts) put(sku string, l layout, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil || len(c.m) >= maxTouched {
-		c.m = make(map[string]count)
+		c.m = make(map[string]cachedLayout)
 	}
-	c.m[sku] = count{layout: l, until: until}
+	c.m[sku] = cachedLayout{layout: l, until: until}
 }
 
 // drop forgets sku: the next request reads its layout again.
-func (c *counts) drop(sku string) {
+func (c *layouts) drop(sku string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.m, sku)
@@ -118,7 +118,7 @@ func (s *Service) bucketsOf(ctx context.Context, sku string) (int, error) {
 // unknownTTL).
 func (s *Service) layoutOf(ctx context.Context, sku string) (layout, error) {
 	now := s.clock.Now()
-	if l, ok := s.counts.get(sku, now); ok {
+	if l, ok := s.layouts.get(sku, now); ok {
 		return l, nil
 	}
 	if !s.unknown.known(sku, now) {
@@ -139,7 +139,7 @@ func (s *Service) layoutOf(ctx context.Context, sku string) (layout, error) {
 		return layout{}, err
 	}
 	l := layout{k: k, groups: groups}
-	s.counts.put(sku, l, now.Add(touchEvery).Round(0))
+	s.layouts.put(sku, l, now.Add(touchEvery).Round(0))
 	return l, nil
 }
 

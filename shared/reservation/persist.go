@@ -138,7 +138,7 @@ func (s *Service) followAll(ctx context.Context, rows []Reservation, version int
 		if returned[i] {
 			s.soldOut.Delete(row.SKU)
 			s.metrics.Count("released", 1)
-			s.returned(ctx, row.SKU)
+			s.coverAfterReturn(ctx, row.SKU)
 		}
 	}
 }
@@ -192,7 +192,7 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 		s.followStray(ctx, res.Row, r.Bucket)
 		return s.carryOut(ctx, res.Row, 0), nil
 	default:
-		return s.settle(ctx, r, reasonOf(res.Result))
+		return s.fence(ctx, r, reasonOf(res.Result))
 	}
 }
 

@@ -31,17 +31,22 @@ type Holds interface {
 	// r.ID exists it is returned with Replayed and nothing is taken.
 	// Errors: ErrSoldOut, ErrUnknownSKU, ErrLimitExceeded, ErrUnknownGroup,
 	// ErrGroupClosed, ErrGroupFull, ErrAlreadyJoined, ErrIdempotencyMismatch,
-	// ErrUnavailable.
+	// ErrUnavailable. Outside the SKU's sale window (the level Sync or Warm
+	// last applied to the bucket), by Redis's clock: *NotOpenError before it
+	// opens, ErrSaleClosed from its close; a replay of an existing hold is
+	// answered all the same, and every refusal but a mismatch is charged.
 	Reserve(ctx context.Context, r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error)
 
 	// Follow makes the hold of row.ID follow MySQL's decided row, once:
 	//   - a HELD hold of another token is a stray (Redis took the id again
-	//     after forgetting the hold MySQL decided): its stock is returned;
+	//     after forgetting the hold MySQL decided): its stock is returned,
+	//     and its slot and member entry in its own group when that is
+	//     another than the row's and still OPEN;
 	//   - CONFIRMED: a HELD hold becomes CONFIRMED (its units leave held);
 	//     version is the stock row's version after the commit (0: unknown);
 	//   - CANCELLED: a HELD hold's stock returns; a refunded row's stock
-	//     returns from a CONFIRMED or missing hold only while row.Released
-	//     is false (the release outbox), and at most once per token.
+	//     returns from a CONFIRMED or missing hold only while row.Release
+	//     is ReleaseOwed (the release outbox), and at most once per token.
 	// A missing hold becomes a tombstone of the row, so a replay takes
 	// nothing. returned reports whether stock came back. ErrUnknownSKU: a
 	// refund's stock must come back but Redis has no stock for the SKU;
@@ -85,7 +90,7 @@ type Holds interface {
 	TakeOut(ctx context.Context, t Reservation, ttl time.Duration) (Reservation, error)
 
 	// Credit adds the units of the transfer t to bucket t.Into once: not
-	// again for a repeat. With t.RefundVersion 0 it is the credit ahead of
+	// again for a repeat. With t.TransferVersion 0 it is the credit ahead of
 	// MySQL's record, refused (credited false) from the hold's deadline
 	// t.ExpiresAt on, when the sweeper may record it; with the version
 	// MySQL recorded it at, it credits nothing into a bucket warmed from a
@@ -123,7 +128,8 @@ type StockFigures interface {
 
 	// Sync makes a SKU Redis knows follow MySQL's admin changes: it moves
 	// by the difference between level.AdminDelta and the figure it has
-	// applied (newer versions only) and takes the per-user limit.
+	// applied (newer versions only) and takes the per-user limits and the
+	// sale window.
 	// SyncMissing if Redis has no stock for the SKU (see Warm).
 	Sync(ctx context.Context, level StockLevel) (SyncResult, error)
 
@@ -250,6 +256,9 @@ type RedisStock struct {
 	// MySQL's record (part of Available): until the record, MySQL's share
 	// lacks them, so the bucket's drift is theirs and is not healed.
 	Ahead int64
+	// OpensAt and ClosesAt are the sale window the bucket's figures carry
+	// (zero: no such bound), the one its reserves are judged by.
+	OpensAt, ClosesAt time.Time
 }
 
 // SyncResult is what Sync did.
@@ -313,8 +322,9 @@ type BatchResult struct {
 // Ledger is the MySQL side, the arbiter. A reservation's row decides its
 // fate, and every unit that moves in either store is the effect of one of its
 // transitions: none → CONFIRMED (Apply), none → CANCELLED (Fence),
-// CONFIRMED → CANCELLED (Refund). A CANCELLED transition leaves the row
-// unreleased until Redis has followed it (MarkReleased).
+// CONFIRMED → CANCELLED (Refund). A CANCELLED transition leaves the row's
+// release owed until Redis has followed it (MarkReleased), and its event owed
+// until it went out (MarkNotified): Reservation's sub-states.
 type Ledger interface {
 	// Apply makes one attempt, in one transaction, to insert r's row
 	// CONFIRMED and take its stock with a version-checked update (and its
@@ -332,18 +342,20 @@ type Ledger interface {
 	// written for them. ErrVersionConflict (a fence raced the insert, or a
 	// deadlock): nothing written, try again.
 	ApplyBatch(ctx context.Context, sku string, rs []Reservation, now time.Time) ([]BatchResult, error)
-	// Fence inserts r's row CANCELLED (unreleased) with reason unless a row
-	// exists, and returns the row as it stands; inserted reports whether this
-	// call wrote it.
+	// Fence inserts r's row CANCELLED with reason unless a row exists
+	// (Fenced, its release owed, its event owed unless a transfer's), and
+	// returns the row as it stands; inserted reports whether this call
+	// wrote it.
 	Fence(ctx context.Context, r Reservation, reason Reason, now time.Time) (row Reservation, inserted bool, err error)
-	// Refund turns a CONFIRMED row CANCELLED (refunded, unreleased) and
-	// returns its stock, per-user units and — unless the group formed — its
-	// group slot in one transaction; refunded reports whether this call did it.
+	// Refund turns a CONFIRMED row CANCELLED (Refunded, release and event
+	// owed) and returns its stock, per-user units and — unless the group
+	// formed — its group slot in one transaction; refunded reports whether
+	// this call did it.
 	Refund(ctx context.Context, id string, reason Reason, now time.Time) (row Reservation, refunded bool, err error)
 	// Transfer records the transfer t, whose units bucket t.Bucket holds
 	// (TakeOut), in one transaction: its row CONFIRMED and unreleased (its
-	// credit owed to bucket t.Into), the two buckets' shares moved, the stock
-	// row's version moved on (the returned row's RefundVersion); recorded
+	// release owed: the credit to bucket t.Into), the two buckets' shares moved, the stock
+	// row's version moved on (the returned row's TransferVersion); recorded
 	// reports that this call wrote it. If a row with t.ID exists (recorded
 	// before, or fenced by a release before transfers were completed
 	// forward), it is returned as it stands and nothing moves. A transfer
@@ -352,13 +364,15 @@ type Ledger interface {
 	Transfer(ctx context.Context, t Reservation, now time.Time) (row Reservation, recorded bool, err error)
 	// Reservation returns the row for id, or ErrNotFound.
 	Reservation(ctx context.Context, id string) (Reservation, error)
-	// MarkReleased records that Redis followed the CANCELLED row of id.
+	// MarkReleased records that Redis followed the row of id: an owed
+	// release becomes ReleaseDone.
 	MarkReleased(ctx context.Context, id string) error
-	// MarkNotified records that the cancellation event of id went out.
+	// MarkNotified records that the cancellation event of id went out: an
+	// owed event becomes EventSent.
 	MarkNotified(ctx context.Context, id string) error
-	// Outbox returns rows last changed before t that Redis has not followed
-	// yet (CANCELLED rows, and transfers not credited yet) or whose event
-	// has not gone out (the sweeper drains them).
+	// Outbox returns rows last changed before t whose release or event is
+	// owed (ReleaseOwed: CANCELLED rows Redis has not followed yet, and
+	// transfers not credited yet; EventOwed), for the sweeper to drain.
 	Outbox(ctx context.Context, t time.Time, limit int) ([]Reservation, error)
 	// Unreleased counts the SKU's rows Redis has not followed yet
 	// (cancellations and transfers).
@@ -378,6 +392,10 @@ type Ledger interface {
 	StocksAfter(ctx context.Context, after string, limit int) ([]StockLevel, error)
 	// Levels returns the levels of the SKUs named that exist, in any order.
 	Levels(ctx context.Context, skus []string) ([]StockLevel, error)
+	// Opening returns the levels of up to limit SKUs whose sale window
+	// opens after after and at or before until, the earliest first (the
+	// sweeper warms them before they open).
+	Opening(ctx context.Context, after, until time.Time, limit int) ([]StockLevel, error)
 	// CreateGroup inserts an OPEN group; ErrUnknownSKU if the SKU is unknown.
 	CreateGroup(ctx context.Context, g Group) error
 	// Group returns the group, or ErrUnknownGroup.

@@ -32,8 +32,13 @@ type HoldFacts struct {
 	// WarmedFrom is the MySQL version the stock was last warmed from
 	// (meta.wver).
 	WarmedFrom int64
-	// Slot describes the group's slot the id holds, if any.
+	// Slot describes the slot the id holds in the row's group, if any.
 	Slot SlotFacts
+	// StraySlot describes the slot a stray holds in its own group when
+	// that is another than the row's (Group differs from the row's
+	// GroupID): a keyed join retried into another group after Redis forgot
+	// the first.
+	StraySlot SlotFacts
 }
 
 // SlotFacts is what Redis has of the group's slot a join holds.
@@ -68,8 +73,11 @@ type Reaction struct {
 	// Users is the change of the buyer's per-user units. Redis keeps no
 	// figure below zero: a buyer whose units Redis lost ends at zero.
 	Users int64
-	// SlotReopened: the join's group slot is free again.
+	// SlotReopened: the join's slot in the row's group is free again.
 	SlotReopened bool
+	// StraySlotReopened: the stray's slot in its own group, another than
+	// the row's, is free again.
+	StraySlotReopened bool
 	// After is the hold's state afterwards ("" when Redis has none).
 	After Status
 }
@@ -78,8 +86,10 @@ type Reaction struct {
 // version is the stock row's version after a CONFIRMED commit (0: unknown).
 //
 // The rules, in order:
-//  1. A hold of another token is a stray: a HELD one gives its units back;
-//     it is dropped either way.
+//  1. A hold of another token is a stray: a HELD one gives its units back,
+//     and its slot in its own group if that is another than the row's and
+//     still OPEN (MySQL never took the stray: deadline or not, as a join
+//     that never counted); it is dropped either way.
 //  2. A refund that must give units back while Redis has no stock figure
 //     waits (FollowPending): nothing more changes.
 //  3. Without a hold, the row's tombstone is written, so a replay takes
@@ -117,11 +127,14 @@ func React(h HoldFacts, row Reservation, version int64) Reaction {
 		if state == StatusHeld {
 			out.Held -= int64(h.Qty)
 			giveBack(int64(h.Qty), h.Group, false)
+			if h.Group != "" && h.Group != row.GroupID && h.StraySlot.Held && h.StraySlot.Open {
+				out.StraySlotReopened = true
+			}
 			out.Code = FollowReturned
 		}
 		out.Stray, state = true, ""
 	}
-	refund := row.Status == StatusCancelled && row.Refunded && !row.Released &&
+	refund := row.Cancellation == Refunded && row.Release == ReleaseOwed &&
 		(state == StatusConfirmed || state == "") && (state == "" || !h.applied(row))
 	if refund && !h.Stocked { // 2
 		out.Code, out.After = FollowPending, state

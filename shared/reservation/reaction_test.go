@@ -12,15 +12,15 @@ func TestReact(t *testing.T) {
 	join.GroupID = "g"
 	confirmed := func(r Reservation) Reservation { r.Status = StatusConfirmed; return r }
 	cancelled := func(r Reservation, why Reason) Reservation {
-		r.Status, r.Reason = StatusCancelled, why
+		r.Status, r.Reason, r.Cancellation, r.Release, r.Event = StatusCancelled, why, Fenced, ReleaseOwed, EventOwed
 		return r
 	}
 	refunded := func(r Reservation, at int64) Reservation {
 		r = cancelled(r, ReasonBuyer)
-		r.Refunded, r.RefundVersion = true, at
+		r.Cancellation, r.RefundVersion = Refunded, at
 		return r
 	}
-	released := func(r Reservation) Reservation { r.Released = true; return r }
+	released := func(r Reservation) Reservation { r.Release = ReleaseDone; return r }
 
 	stocked := HoldFacts{Stocked: true, WarmedFrom: 5}
 	held := HoldFacts{State: StatusHeld, Token: tok, Qty: 2, Stocked: true, WarmedFrom: 5}
@@ -34,6 +34,16 @@ func TestReact(t *testing.T) {
 	formed.Slot.Open = false
 	stray := held
 	stray.Token, stray.Qty = other, 3
+	// A stray held in another group (g2) than the row's: its slot there.
+	strayElsewhere := stray
+	strayElsewhere.Group, strayElsewhere.Sent = "g2", true
+	strayElsewhere.StraySlot = SlotFacts{Held: true, Open: true, BeforeDeadline: true}
+	strayElsewhereLate := strayElsewhere
+	strayElsewhereLate.StraySlot.BeforeDeadline = false
+	strayElsewhereFormed := strayElsewhere
+	strayElsewhereFormed.StraySlot.Open = false
+	strayElsewhereNotMember := strayElsewhere
+	strayElsewhereNotMember.StraySlot.Held = false
 	done := HoldFacts{State: StatusConfirmed, Token: tok, Qty: 2, Stocked: true, WarmedFrom: 5}
 	gone := HoldFacts{State: StatusCancelled, Token: tok, Qty: 2, Applied: true, AppliedToken: tok, Stocked: true, WarmedFrom: 5}
 	lostStock := done
@@ -74,6 +84,16 @@ func TestReact(t *testing.T) {
 			stray, confirmed(buy), 0, Reaction{Code: FollowReturned, Stray: true, Stock: 3, Held: -3, Users: -3, After: StatusConfirmed}},
 		{"a HELD stray meeting a fence: returned; the row's hold was never taken",
 			stray, cancelled(buy, ReasonBuyer), 0, Reaction{Code: FollowReturned, Stray: true, Stock: 3, Held: -3, Users: -3, After: StatusCancelled}},
+		{"a HELD stray of another group: returned, and its slot there reopens",
+			strayElsewhere, confirmed(join), 0, Reaction{Code: FollowReturned, Stray: true, Stock: 3, Held: -3, Users: -3, StraySlotReopened: true, After: StatusConfirmed}},
+		{"a HELD stray of another group meeting a buy's row: its slot there reopens",
+			strayElsewhere, cancelled(buy, ReasonBuyer), 0, Reaction{Code: FollowReturned, Stray: true, Stock: 3, Held: -3, Users: -3, StraySlotReopened: true, After: StatusCancelled}},
+		{"a HELD stray of another group past that group's deadline: MySQL never took it, its slot reopens",
+			strayElsewhereLate, confirmed(join), 0, Reaction{Code: FollowReturned, Stray: true, Stock: 3, Held: -3, Users: -3, StraySlotReopened: true, After: StatusConfirmed}},
+		{"a HELD stray of another group that formed: units back, that group keeps its slot",
+			strayElsewhereFormed, confirmed(join), 0, Reaction{Code: FollowReturned, Stray: true, Stock: 3, Held: -3, Users: -3, After: StatusConfirmed}},
+		{"a HELD stray of another group whose member entry names another id: no slot is freed",
+			strayElsewhereNotMember, confirmed(join), 0, Reaction{Code: FollowReturned, Stray: true, Stock: 3, Held: -3, Users: -3, After: StatusConfirmed}},
 		{"a join cancelled before the deadline: its slot reopens",
 			heldJoin, cancelled(join, ReasonBuyer), 0, Reaction{Code: FollowReturned, Stock: 2, Held: -2, Users: -2, SlotReopened: true, After: StatusCancelled}},
 		{"a counted join cancelled after the deadline: its slot stays taken",

@@ -4,7 +4,7 @@
 //
 // Redis pre-deducts stock and keeps holds; MySQL is the arbiter: a
 // reservation's row decides its fate. Every path that could cancel a
-// reservation goes through one fenced decision (Service.settle): write the
+// reservation goes through one fenced decision (Service.fence): write the
 // CANCELLED row if no row exists, and only then return the hold's stock. A
 // late persist finds the fence and takes nothing, so no reservation is ever
 // both confirmed and released. docs/design.md tells the whole story.
@@ -31,6 +31,53 @@ const (
 	StatusHeld      Status = "HELD"
 	StatusConfirmed Status = "CONFIRMED"
 	StatusCancelled Status = "CANCELLED"
+)
+
+// Cancellation says how a CANCELLED reservation came about; NotCancelled
+// (the zero value) on every other. Two transitions write it, both final:
+//
+//	HELD      → CANCELLED  Fenced    Ledger.Fence: MySQL never took the stock
+//	CONFIRMED → CANCELLED  Refunded  Ledger.Refund: the stock went back to MySQL
+type Cancellation string
+
+// The ways of cancelling, named for the ledger transition that wrote them.
+const (
+	NotCancelled Cancellation = ""         // HELD or CONFIRMED
+	Fenced       Cancellation = "fenced"   // cancelled while HELD: MySQL never took its stock
+	Refunded     Cancellation = "refunded" // cancelled after CONFIRMED: its stock went back to MySQL
+)
+
+// ReleaseState is a decided row's give-back to Redis: MySQL's release
+// outbox, which the sweeper drains. A CANCELLED row gives its hold's units
+// back to its bucket; a transfer's row credits its units to bucket Into (a
+// fenced one's go back to the giving bucket). ReleaseNone (the zero value):
+// nothing to give back, as on a hold MySQL has not decided or a CONFIRMED
+// buy.
+//
+//	ReleaseNone → ReleaseOwed  Ledger.Fence, Ledger.Refund, Ledger.Transfer
+//	ReleaseOwed → ReleaseDone  Ledger.MarkReleased, once Redis followed the row
+type ReleaseState string
+
+// The states of the release outbox.
+const (
+	ReleaseNone ReleaseState = ""     // nothing to give back
+	ReleaseOwed ReleaseState = "owed" // MySQL decided; Redis has not acknowledged following it
+	ReleaseDone ReleaseState = "done" // Redis followed the row (a transfer's: credited it)
+)
+
+// EventState is a CANCELLED reservation's cancellation event: MySQL's
+// event outbox, which the sweeper drains. EventNone (the zero value): no
+// event, as on a row not cancelled or a transfer's (no buyer to tell).
+//
+//	EventNone → EventOwed  Ledger.Fence (not a transfer's), Ledger.Refund
+//	EventOwed → EventSent  Ledger.MarkNotified, once the event went out
+type EventState string
+
+// The states of the event outbox.
+const (
+	EventNone EventState = ""     // no event
+	EventOwed EventState = "owed" // the event has not gone out yet
+	EventSent EventState = "sent" // the event went out
 )
 
 // Reason says why a reservation was cancelled.
@@ -78,37 +125,55 @@ type Reservation struct {
 	// reserve.lua records. MySQL stores the token of the hold it decided, so
 	// a hold Redis took again for the same id after forgetting the first (a
 	// stray) is recognised and returned instead of confirmed.
-	Token    string
-	Status   Status
-	Reason   Reason // set when CANCELLED
-	Refunded bool   // CANCELLED after having been CONFIRMED: stock went back to MySQL
-	// Released is false on a CANCELLED row whose Redis give-back has not been
-	// acknowledged yet (MySQL's release outbox, drained by the sweeper).
-	Released bool
+	Token  string
+	Status Status
+	Reason Reason // set when CANCELLED
+	// Cancellation, Release and Event are the row's sub-states: how it was
+	// cancelled, its give-back to Redis, its event. Only these combinations
+	// occur (→: the outbox drained):
+	//
+	//	row                        Cancellation  Release      Event
+	//	HELD (not in MySQL yet)    NotCancelled  None         None
+	//	CONFIRMED buy or join      NotCancelled  None         None
+	//	CANCELLED, fenced          Fenced        Owed → Done  Owed → Sent
+	//	CANCELLED, refunded        Refunded      Owed → Done  Owed → Sent
+	//	transfer, CONFIRMED        NotCancelled  Owed → Done  None
+	//	transfer, fenced           Fenced        Owed → Done  None
+	//
+	// A hold read from Redis has its Status and Cancellation, no outbox.
+	Cancellation Cancellation
+	Release      ReleaseState
+	Event        EventState
 	// RefundVersion is the stock row's version right after a refund (0
 	// otherwise): Redis warmed from a level at or past it already has the
-	// refunded units, so the release gives nothing back a second time.
+	// refunded units, so the release gives nothing back a second time. A
+	// transfer's version is TransferVersion.
 	RefundVersion int64
-	Notified      bool      // the cancellation event went out (MySQL's outbox flag)
 	ExpiresAt     time.Time // the hold's deadline
 	CreatedAt     time.Time
 	// Bucket is the bucket of the SKU the hold is in (0 with one bucket).
 	Bucket int
 	// Transfer marks a transfer of Qty units from bucket Bucket to bucket
 	// Into (Service.refill): a hold in the giving bucket, confirmed by the
-	// MySQL transaction that moves the buckets' shares (RefundVersion is its
-	// version), and credited to Into once (its row unreleased until then). It
-	// has no user and no event.
+	// MySQL transaction that moves the buckets' shares, and credited to Into
+	// once (its Release owed until then). It has no user and no event.
 	Transfer bool
 	Into     int
+	// TransferVersion is the stock row's version right after a transfer's
+	// transaction (0 until it committed): Redis's receiving bucket warmed
+	// from a level at or past it already has the units, so the credit adds
+	// nothing. MySQL keeps it in the column a refund's version uses
+	// (refund_version): a row is a refund or a transfer, never both.
+	TransferVersion int64
 	// Sent (Redis, a join's hold) says its message was sent: the join was
 	// accepted (Holds.AcceptJoin). A join's hold that expires unsent never
 	// counted among its group's slots.
 	Sent bool
-	// Charged marks a reserve call that repeats an attempt the script has
-	// charged to the buyer's attempt rate already (the retry after a
-	// refill): it is not charged again. Never stored.
-	Charged bool
+	// AlreadyCharged marks a reserve call whose attempt is charged to the
+	// buyer's attempt rate already (by Holds.Charge, or by the script on an
+	// earlier call: the retry after a warm-up or a refill): it is not
+	// charged again. Never stored.
+	AlreadyCharged bool
 }
 
 // GroupStatus is the state of a group-buy.
@@ -159,6 +224,11 @@ type StockLevel struct {
 	// b ≥ 1; bucket 0 has the rest (see Bucket).
 	Buckets         int
 	BucketAvailable []int64
+	// OpensAt and ClosesAt are the SKU's sale window (zero: no such bound;
+	// no window by default). By Redis's clock, a buy or join is refused
+	// before OpensAt (ErrNotOpen) and from ClosesAt on (ErrSaleClosed); a
+	// hold taken before ClosesAt settles as usual.
+	OpensAt, ClosesAt time.Time
 }
 
 // StockChange is an admin's change of a SKU's sellable stock: an absolute
@@ -168,13 +238,17 @@ type StockChange struct {
 	// Set is the new available figure. On an existing SKU it needs
 	// IfVersion: the version the admin read (ErrPreconditionRequired
 	// without it, ErrPreconditionFailed when the row moved since).
-	Set       *int64
-	Add       *int64 // units to add (negative: remove); commutes with sales
-	Limit     *int   // new per-user limit, when not nil
-	Rate      *int   // new per-user attempts per second, when not nil (0: the default)
-	Burst     *int   // new per-user burst, when not nil (0: the default)
-	Buckets   *int   // new K, when not nil: 1..MaxBuckets, never fewer than the SKU has
-	IfVersion *int64
+	Set     *int64
+	Add     *int64 // units to add (negative: remove); commutes with sales
+	Limit   *int   // new per-user limit, when not nil
+	Rate    *int   // new per-user attempts per second, when not nil (0: the default)
+	Burst   *int   // new per-user burst, when not nil (0: the default)
+	Buckets *int   // new K, when not nil: 1..MaxBuckets, never fewer than the SKU has
+	// OpensAt and ClosesAt, when not nil, set a bound of the sale window
+	// (in milliseconds); a zero time clears it. The window must close after
+	// it opens, the bound the change leaves alone included.
+	OpensAt, ClosesAt *time.Time
+	IfVersion         *int64
 	// IfExists is If-Match: *: Set applies to the SKU as it stands, without
 	// a version, and fails (ErrPreconditionFailed) if there is none.
 	IfExists bool
@@ -193,6 +267,10 @@ var (
 	ErrNotFound      = errors.New("reservation not found")
 	ErrLimitExceeded = errors.New("per-user limit exceeded")
 	ErrRateLimited   = errors.New("too many attempts")
+	// ErrNotOpen: the SKU's sale window has not opened (see NotOpenError).
+	ErrNotOpen = errors.New("sale not open yet")
+	// ErrSaleClosed: the SKU's sale window has closed.
+	ErrSaleClosed = errors.New("sale closed")
 	// ErrTooManyGroups: the buyer already holds Config.MaxOpenGroups open
 	// groups on the SKU (see TooManyGroupsError).
 	ErrTooManyGroups       = errors.New("too many open groups")
@@ -227,6 +305,20 @@ func (e *RateLimitedError) Error() string {
 
 // Is makes errors.Is(err, ErrRateLimited) hold.
 func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
+
+// NotOpenError is ErrNotOpen with when the sale opens and how long that
+// is from Redis's now.
+type NotOpenError struct {
+	OpensAt    time.Time
+	RetryAfter time.Duration
+}
+
+func (e *NotOpenError) Error() string {
+	return fmt.Sprintf("%v: opens at %s", ErrNotOpen, e.OpensAt.UTC().Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrNotOpen) hold.
+func (e *NotOpenError) Is(target error) bool { return target == ErrNotOpen }
 
 // TooManyGroupsError is ErrTooManyGroups with how long until one of the
 // buyer's open groups stops counting.

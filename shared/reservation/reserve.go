@@ -89,10 +89,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	// charged before any MySQL read: a scalper's thousands of fresh keys cost
 	// Redis, not the arbiter; MySQL is asked only when Redis has no final
 	// answer (judgeKeyed). A keyed join, charged above, asks MySQL first: a
-	// hold the script took again for a decided id would hold a slot in this
-	// request's group, which returning the stray (it follows MySQL's row,
-	// and the row's group) could not give back when the row names another
-	// group.
+	// hold the script took again for a decided id would be told 202 and hold
+	// a slot in this request's group until returning the stray frees it, and
+	// the group might form on it first.
 	checked := false
 	if keyed && r.GroupID != "" {
 		if row, ok, err := s.decidedRow(ctx, r, true); ok || err != nil {
@@ -165,7 +164,7 @@ func (s *Service) chargeAway(ctx context.Context, r *Reservation, keyed bool, k 
 		}
 		return err
 	}
-	r.Charged = true
+	r.AlreadyCharged = true
 	return nil
 }
 
@@ -187,7 +186,7 @@ func (s *Service) hold(ctx context.Context, r Reservation, k int) (held Reservat
 			}
 			return Reservation{}, ReserveOutcome{}, nil, werr
 		}
-		r.Charged = true // the script charged this attempt before it found no stock
+		r.AlreadyCharged = true // the script charged this attempt before it found no stock
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	for round := 0; k > 1 && errors.Is(err, ErrSoldOut) && round < maxRefills; round++ {
@@ -201,7 +200,7 @@ func (s *Service) hold(ctx context.Context, r Reservation, k int) (held Reservat
 		if !ok {
 			break
 		}
-		r.Charged = true // one attempt of the buyer's, charged once
+		r.AlreadyCharged = true // one attempt of the buyer's, charged once
 		held, out, err = s.holds.Reserve(ctx, r, s.cfg.HoldTTL)
 	}
 	return held, out, err, nil
@@ -238,8 +237,13 @@ func (s *Service) judgeKeyed(ctx context.Context, r, held Reservation, err error
 // smaller ones can still be served); a request without a key whose Redis
 // call failed is abandoned (it may have left a hold).
 func (s *Service) refused(ctx context.Context, r Reservation, keyed bool, now time.Time, err error) error {
-	if errors.Is(err, ErrRateLimited) {
+	switch {
+	case errors.Is(err, ErrRateLimited):
 		s.metrics.Count("rate_limited", 1)
+	case errors.Is(err, ErrNotOpen):
+		s.metrics.Count("not_open", 1)
+	case errors.Is(err, ErrSaleClosed):
+		s.metrics.Count("sale_closed", 1)
 	}
 	if errors.Is(err, ErrSoldOut) {
 		s.metrics.Count("sold_out", 1)
@@ -305,10 +309,10 @@ func (s *Service) sendFailed(ctx context.Context, held Reservation, out ReserveO
 		s.log.WarnContext(ctx, "reserve: send failed; the hold waits for a retry with the same key", "reservation_id", held.ID, "error", err)
 		return Reservation{}, false, Unavailable("reserve enqueue", err)
 	}
-	final, serr := s.settle(ctx, held, ReasonPublishFailed)
-	if serr != nil {
+	final, ferr := s.fence(ctx, held, ReasonPublishFailed)
+	if ferr != nil {
 		s.log.ErrorContext(ctx, "reserve: enqueue failed and the hold is left to the sweeper",
-			"reservation_id", held.ID, "enqueue_error", err, "settle_error", serr)
+			"reservation_id", held.ID, "enqueue_error", err, "fence_error", ferr)
 		return Reservation{}, false, Unavailable("reserve enqueue", err)
 	}
 	if final.Status == StatusConfirmed {
@@ -318,9 +322,14 @@ func (s *Service) sendFailed(ctx context.Context, held Reservation, out ReserveO
 }
 
 // refusal reports the script's answers that refuse a request for the state
-// of the SKU or group today (not a fault, not the buyer's rate).
+// of the SKU or group today (not a fault, not the buyer's rate). A closed
+// sale is one: a keyed replay of a reservation MySQL decided, whose hold
+// Redis has forgotten, answers its row after the close too. A sale not open
+// yet is not: before it opens nothing has been decided (unless an admin
+// moved the window back after selling, and the hold is gone too), and a
+// crowd waiting with keys must cost MySQL nothing.
 func refusal(err error) bool {
-	for _, e := range []error{ErrSoldOut, ErrGroupFull, ErrGroupClosed, ErrAlreadyJoined, ErrLimitExceeded, ErrUnknownGroup} {
+	for _, e := range []error{ErrSoldOut, ErrGroupFull, ErrGroupClosed, ErrAlreadyJoined, ErrLimitExceeded, ErrUnknownGroup, ErrSaleClosed} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -334,10 +343,11 @@ func refusal(err error) bool {
 // asked it is not ok with no error too, unless must: then ErrUnavailable.
 // A keyed join must know (the caller answers 503 and takes nothing): the id
 // names the buyer, the SKU and the key but not the group, so a join taken
-// again for a decided id in another group would hold a slot there that
-// returning the stray cannot give back (the row names the other group).
+// again for a decided id in another group would hold a slot there until
+// returning the stray frees it, and the group might form on it first.
 // Found by an adversarial review of issue 22: such a phantom member kept
-// the other group one slot short for good.
+// the other group one slot short for good (the stray's follow did not free
+// it then).
 func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Reservation, bool, error) {
 	row, err := s.ledger.Reservation(ctx, r.ID)
 	switch {
@@ -355,7 +365,7 @@ func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Res
 	return Reservation{}, false, nil
 }
 
-// abandon settles a reservation without an idempotency key whose Redis call
+// abandon fences a reservation without an idempotency key whose Redis call
 // failed with an unknown outcome (a timeout, a reset): the script may have
 // run and left a hold that no message will ever settle. Its id is random, so
 // no earlier attempt can have been accepted under it: fence and release it
@@ -366,7 +376,7 @@ func (s *Service) decidedRow(ctx context.Context, r Reservation, must bool) (Res
 func (s *Service) abandon(ctx context.Context, r Reservation) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if _, err := s.settle(ctx, r, ReasonHoldFailed); err != nil {
+	if _, err := s.fence(ctx, r, ReasonHoldFailed); err != nil {
 		s.log.WarnContext(ctx, "reserve: abandoned hold left to the sweeper", "reservation_id", r.ID, "error", err)
 	}
 }
@@ -468,6 +478,44 @@ func (s *Service) holdOf(ctx context.Context, id, user string) (Reservation, err
 		}
 	}
 	return Reservation{}, ErrNotFound
+}
+
+// SKUState is what a buyer's page shows of a SKU: the units it can still
+// reserve, its sale window (zero: no such bound) and Redis's clock, the one
+// the window is judged by, so a page counts down without trusting the
+// buyer's clock.
+type SKUState struct {
+	SKU               string
+	Available         int64
+	OpensAt, ClosesAt time.Time
+	Now               time.Time
+}
+
+// SKU returns the SKU's state as Redis has it (warmed from MySQL when Redis
+// lost it): Available summed over its buckets, the window bucket 0 carries.
+func (s *Service) SKU(ctx context.Context, sku string) (SKUState, error) {
+	if !ValidID(sku) {
+		return SKUState{}, ErrUnknownSKU
+	}
+	k, err := s.bucketsOf(ctx, sku)
+	if err != nil {
+		return SKUState{}, err
+	}
+	st := SKUState{SKU: sku}
+	for b := range k {
+		rs, err := s.bucketFigures(ctx, sku, b)
+		if err != nil {
+			return SKUState{}, err
+		}
+		st.Available += rs.Available
+		if b == 0 {
+			st.OpensAt, st.ClosesAt = rs.OpensAt, rs.ClosesAt
+		}
+	}
+	if st.Now, err = s.slots.Now(ctx); err != nil {
+		return SKUState{}, err
+	}
+	return st, nil
 }
 
 // Available returns the units buyers can still reserve (the Redis figure,

@@ -24,6 +24,10 @@ type Config struct {
 	// through the same instance clears it at once; elsewhere it is at most
 	// this stale.
 	SoldOutTTL time.Duration
+	// WarmLead is how long before a SKU's sale window opens the sweeper
+	// warms it (every bucket), so the first buyers never wait on MySQL; at
+	// least the sweep period, so one sweep lands within it (0: never).
+	WarmLead time.Duration
 	// MaxOpenGroups bounds the groups one buyer may have open on one SKU
 	// (0: no cap): a group counts from its creation until its deadline plus
 	// the time the sweeper may take to end it (groupCountsAfter).
@@ -45,6 +49,7 @@ func DefaultConfig() Config {
 		ReconcileAfter:  50 * time.Second,
 		SoldOutTTL:      500 * time.Millisecond,
 		MaxOpenGroups:   3,
+		WarmLead:        2 * time.Minute,
 	}
 }
 
@@ -65,7 +70,7 @@ type Service struct {
 	sleep         func(context.Context, time.Duration)
 	soldOut       sync.Map // sku -> time.Time until which this instance answers sold_out
 	touched       touches  // SKUs this instance marked live, and until when it need not again
-	counts        counts   // K per SKU as Redis had it lately
+	layouts       layouts  // each SKU's layout (K, group-buys) as Redis had it lately
 	unknown       unknowns // SKUs MySQL said it does not have, lately
 	refills       sync.Map // bucket name -> *sync.Mutex: one refill of a bucket at a time here
 	unknownGroups unknowns // group ids MySQL said it does not have, lately

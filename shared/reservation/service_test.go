@@ -317,7 +317,7 @@ func TestUnkeyedRedisFailureMidReserveIsFencedAndReleased(t *testing.T) {
 				t.Fatalf("rows = %d, want the fence", len(f.ledger.rows))
 			}
 			for id, row := range f.ledger.rows {
-				if row.r.Status != StatusCancelled || row.r.Reason != ReasonHoldFailed || !row.r.Released {
+				if row.r.Status != StatusCancelled || row.r.Reason != ReasonHoldFailed || row.r.Release != ReleaseDone {
 					t.Errorf("row = %+v, want CANCELLED hold_failed, released", row.r)
 				}
 				if h := f.hold(id); h.Status != StatusCancelled {
@@ -348,7 +348,7 @@ func TestReservePublishFailureIsFencedAndReleased(t *testing.T) {
 	}
 	id := rows[0].ID
 	row := f.row(id)
-	if row.Status != StatusCancelled || row.Reason != ReasonPublishFailed || !row.Released || f.events() != 1 {
+	if row.Status != StatusCancelled || row.Reason != ReasonPublishFailed || row.Release != ReleaseDone || f.events() != 1 {
 		t.Errorf("row = %+v, events %d; want CANCELLED publish_failed, released, 1 event", row, f.events())
 	}
 	// The late message (the send had gone through) takes nothing.
@@ -447,7 +447,7 @@ func TestGetAnswersFromMySQLsRowOnceDecided(t *testing.T) {
 	f.holds.mu.Lock()
 	f.holds.holds[r.ID].state = StatusConfirmed // Redis's view is stale: MySQL's row wins
 	f.holds.mu.Unlock()
-	if got, err := f.svc.Get(bg, r.ID, f.ownerOf(r.ID)); err != nil || got.Status != StatusCancelled || !got.Refunded {
+	if got, err := f.svc.Get(bg, r.ID, f.ownerOf(r.ID)); err != nil || got.Status != StatusCancelled || got.Cancellation != Refunded {
 		t.Errorf("Get of a refunded row = %+v %v, want CANCELLED refunded", got, err)
 	}
 	// MySQL unreachable: Redis's view answers; neither: the MySQL error.
@@ -552,7 +552,7 @@ func TestPersistDecisions(t *testing.T) {
 			if f.mysql("s") != tt.wantMySQL || f.redis("s") != tt.wantRedis || f.held("s") != 0 {
 				t.Errorf("mysql %d redis %d held %d, want %d %d 0", f.mysql("s"), f.redis("s"), f.held("s"), tt.wantMySQL, tt.wantRedis)
 			}
-			if row := f.row(r.ID); row.Status != tt.wantStatus || row.Token != r.Token || (row.Status == StatusCancelled && !row.Released) {
+			if row := f.row(r.ID); row.Status != tt.wantStatus || row.Token != r.Token || (row.Status == StatusCancelled && row.Release != ReleaseDone) {
 				t.Errorf("row = %+v, want %v with the hold's token, released", row, tt.wantStatus)
 			}
 			if want := map[Status]int{StatusConfirmed: 0, StatusCancelled: 1}[tt.wantStatus]; f.events() != want {
@@ -711,19 +711,19 @@ func TestCompensateEventFailureIsResentBySweeper(t *testing.T) {
 	if err != nil || out.Status != StatusCancelled {
 		t.Fatalf("Compensate = %v %v, want CANCELLED (the decision stands)", out.Status, err)
 	}
-	if row := f.row(r.ID); f.redis("s") != 5 || !row.Released || row.Notified {
+	if row := f.row(r.ID); f.redis("s") != 5 || row.Release != ReleaseDone || row.Event != EventOwed {
 		t.Errorf("redis %d row %+v, want the stock back, released, event pending", f.redis("s"), row)
 	}
 	f.notes.err = nil
-	if rep := f.sweep(t); rep.Notified != 0 {
+	if rep := f.sweep(t); rep.EventsResent != 0 {
 		t.Errorf("the outbox sent within the grace: %+v", rep)
 	}
 	f.afterGrace()
 	rep := f.sweep(t)
-	if rep.Notified != 1 || rep.Released != 0 || f.events() != 1 || !f.row(r.ID).Notified {
+	if rep.EventsResent != 1 || rep.Released != 0 || f.events() != 1 || f.row(r.ID).Event != EventSent {
 		t.Errorf("sweep = %+v, events %d; want 1 resent, nothing released", rep, f.events())
 	}
-	if rep := f.sweep(t); rep.Notified != 0 || f.events() != 1 || f.redis("s") != 5 {
+	if rep := f.sweep(t); rep.EventsResent != 0 || f.events() != 1 || f.redis("s") != 5 {
 		t.Errorf("second sweep = %+v events %d redis %d; want nothing more", rep, f.events(), f.redis("s"))
 	}
 }
@@ -747,7 +747,7 @@ func TestCancelHeldAndConfirmed(t *testing.T) {
 	if f.redis("s") != 10 || f.mysql("s") != 10 || f.held("s") != 0 {
 		t.Errorf("redis %d mysql %d held %d, want 10 10 0", f.redis("s"), f.mysql("s"), f.held("s"))
 	}
-	if row := f.row(confirmed.ID); !row.Refunded || !row.Released {
+	if row := f.row(confirmed.ID); row.Cancellation != Refunded || row.Release != ReleaseDone {
 		t.Errorf("refunded row = %+v, want refunded and released", row)
 	}
 	if f.events() != 2 {
@@ -769,10 +769,10 @@ func TestCancelRacingPersistBecomesARefund(t *testing.T) {
 	r := f.reserve(t, "s", "u", 2)
 	f.ledger.beforeFence = func(Reservation) { f.persist(t, r) }
 	out, err := f.svc.Cancel(bg, r.ID, f.ownerOf(r.ID))
-	if err != nil || out.Status != StatusCancelled || !out.Refunded || out.Reason != ReasonBuyer {
+	if err != nil || out.Status != StatusCancelled || out.Cancellation != Refunded || out.Reason != ReasonBuyer {
 		t.Fatalf("Cancel = %+v %v, want CANCELLED refunded buyer_cancelled", out, err)
 	}
-	if f.mysql("s") != 5 || f.redis("s") != 5 || f.held("s") != 0 || !f.row(r.ID).Released || f.events() != 1 {
+	if f.mysql("s") != 5 || f.redis("s") != 5 || f.held("s") != 0 || f.row(r.ID).Release != ReleaseDone || f.events() != 1 {
 		t.Errorf("mysql %d redis %d held %d row %+v events %d, want 5 5 0, released, 1",
 			f.mysql("s"), f.redis("s"), f.held("s"), f.row(r.ID), f.events())
 	}
@@ -818,7 +818,7 @@ func TestRefundOwedToRedisIsGivenBackOnce(t *testing.T) {
 	f.persist(t, r)
 	f.holds.fail["Follow"] = errInjected
 	out, err := f.svc.Cancel(bg, r.ID, f.ownerOf(r.ID))
-	if err != nil || out.Status != StatusCancelled || f.row(r.ID).Released || f.redis("s") != 3 || f.mysql("s") != 5 {
+	if err != nil || out.Status != StatusCancelled || f.row(r.ID).Release != ReleaseOwed || f.redis("s") != 3 || f.mysql("s") != 5 {
 		t.Fatalf("Cancel with Redis down = %v %v, row %+v redis %d mysql %d; want CANCELLED, unreleased, 3 5",
 			out.Status, err, f.row(r.ID), f.redis("s"), f.mysql("s"))
 	}
@@ -829,7 +829,7 @@ func TestRefundOwedToRedisIsGivenBackOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if f.redis("s") != 5 || !f.row(r.ID).Released || f.events() != 1 {
+	if f.redis("s") != 5 || f.row(r.ID).Release != ReleaseDone || f.events() != 1 {
 		t.Errorf("redis %d row %+v events %d, want 5, released, 1", f.redis("s"), f.row(r.ID), f.events())
 	}
 }
@@ -892,16 +892,16 @@ func TestSweeperDrainsTheReleaseOutboxOnce(t *testing.T) {
 	}
 	delete(f.holds.fail, "Follow")
 	rep := f.sweep(t)
-	if rep.Released != 2 || rep.Notified != 0 || f.redis("s") != 10 || f.held("s") != 0 || f.events() != 2 {
+	if rep.Released != 2 || rep.EventsResent != 0 || f.redis("s") != 10 || f.held("s") != 0 || f.events() != 2 {
 		t.Fatalf("drain = %+v, redis %d held %d events %d; want 2 released, none re-notified, 10 0 2", rep, f.redis("s"), f.held("s"), f.events())
 	}
 	for _, id := range []string{held.ID, confirmed.ID} {
-		if row := f.row(id); !row.Released || !row.Notified {
+		if row := f.row(id); row.Release != ReleaseDone || row.Event != EventSent {
 			t.Errorf("row %s = %+v, want released and notified", id, row)
 		}
 	}
 	f.clock.advance(time.Hour)
-	if rep := f.sweep(t); rep.Released != 0 || rep.Notified != 0 || f.redis("s") != 10 || f.events() != 2 {
+	if rep := f.sweep(t); rep.Released != 0 || rep.EventsResent != 0 || f.redis("s") != 10 || f.events() != 2 {
 		t.Errorf("second drain = %+v, redis %d events %d; want nothing moved", rep, f.redis("s"), f.events())
 	}
 }
@@ -1037,7 +1037,7 @@ func TestGroupJoinRulesAndFailure(t *testing.T) {
 		t.Errorf("redis %d mysql %d held %d, want all 10 back", f.redis("s"), f.mysql("s"), f.held("s"))
 	}
 	for _, id := range []string{a.ID, b.ID} {
-		if row := f.row(id); row.Status != StatusCancelled || row.Reason != ReasonGroupFailed || !row.Released {
+		if row := f.row(id); row.Status != StatusCancelled || row.Reason != ReasonGroupFailed || row.Release != ReleaseDone {
 			t.Errorf("member %s = %+v, want CANCELLED group_failed, released", id, row)
 		}
 	}
@@ -1049,6 +1049,40 @@ func TestGroupJoinRulesAndFailure(t *testing.T) {
 	}
 	if rep := f.sweep(t); rep.GroupsFailed != 0 {
 		t.Errorf("group failed twice")
+	}
+}
+
+// A failed group cancels only its own holds: a member entry of g2 naming an
+// id held for g1 (stale: built here by hand) is left alone, neither fenced
+// nor released. TestGroups "a failing group leaves another group's member
+// alone" is the same rule for a row of another group.
+func TestFailedGroupLeavesAHoldOfAnotherGroup(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 10)
+	g1, err := f.svc.CreateGroup(bg, "creator", "s", 2, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := f.svc.CreateGroup(bg, "creator", "s", 2, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: "u", GroupID: g1.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.holds.mu.Lock()
+	f.holds.members[groupKey("s", g2.ID)] = map[string]string{"u": r.ID}
+	f.holds.mu.Unlock()
+	f.clock.advance(31 * time.Second) // past g2's deadline, within the hold's
+	if rep := f.sweep(t); rep.GroupsFailed != 1 {
+		t.Fatalf("sweep = %+v, want g2 failed", rep)
+	}
+	if row, ok := f.ledger.row(r.ID); ok {
+		t.Errorf("g2's failure wrote %+v for g1's join, want no row", row)
+	}
+	if h := f.hold(r.ID); h.Status != StatusHeld || h.GroupID != g1.ID || f.held("s") != 1 {
+		t.Errorf("g1's hold = %+v, held %d; want HELD in g1, 1 held", h, f.held("s"))
 	}
 }
 
@@ -1393,8 +1427,9 @@ func TestKeyedAttemptsOverTheRateDoNotReadMySQL(t *testing.T) {
 
 // A keyed join replayed into another group after Redis forgot the first:
 // MySQL's row (the first group) answers 422, and the second group keeps
-// every slot (a hold the script took there could not be given back by
-// following a row that names the first group). Found by TestModel.
+// every slot (a hold the script took there would be told 202 and hold a
+// slot until following the row, which names the first group, freed it).
+// Found by TestModel.
 func TestKeyedJoinIntoAnotherGroupTakesNoSlot(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)
@@ -1689,10 +1724,10 @@ func TestCancelMetering(t *testing.T) {
 
 // A keyed join retried with its key in another group while MySQL cannot be
 // read is answered 503 and takes nothing: the id names buyer, SKU and key,
-// not the group, so a hold taken again in the other group would keep a
-// member there that returning the stray cannot give back. Found by an
-// adversarial review of issue 22 (before, the join was taken and the group
-// stayed one slot short for good).
+// not the group, so a hold taken again in the other group would be told
+// 202 and keep a member there until returning the stray frees it. Found by
+// an adversarial review of issue 22 (before, the join was taken and the
+// group stayed one slot short for good).
 func TestKeyedJoinInAnotherGroupWaitsForMySQL(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 10)

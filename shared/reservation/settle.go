@@ -24,7 +24,7 @@ func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, e
 		}
 		return row, err
 	}
-	return s.settle(ctx, r, ReasonDeadLetter)
+	return s.fence(ctx, r, ReasonDeadLetter)
 }
 
 // Cancel is user's cancel of one of their reservations (another user's is
@@ -56,7 +56,7 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		if _, err := owned(h, user); err != nil {
 			return Reservation{}, err
 		}
-		if row, err = s.settle(ctx, h, ReasonBuyer); err != nil {
+		if row, err = s.fence(ctx, h, ReasonBuyer); err != nil {
 			return Reservation{}, err
 		}
 		if row.Status != StatusConfirmed {
@@ -74,10 +74,11 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 	return s.carryOut(ctx, row, 0), nil
 }
 
-// settle is the fenced decision every cancelling path shares: write the
-// CANCELLED fence unless MySQL already decided, then make Redis follow the
-// row. An error means MySQL could not decide; nothing was released.
-func (s *Service) settle(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
+// fence is the one decision every cancelling path shares: write the
+// CANCELLED row unless MySQL already decided (Ledger.Fence), then carry out
+// the row as it stands, CANCELLED or CONFIRMED. An error means MySQL
+// could not decide; nothing was released.
+func (s *Service) fence(ctx context.Context, r Reservation, reason Reason) (Reservation, error) {
 	if reason.CountsInGroup() && (reason != ReasonExpired || r.Sent) { // the group filled with this join in it: it forms first
 		s.formBeforeLeaving(ctx, r)
 	}
@@ -126,7 +127,7 @@ func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int6
 	if row.Transfer {
 		return s.carryOutTransfer(ctx, row, 0)
 	}
-	if row.GroupID != "" && row.Status == StatusCancelled && !row.Released {
+	if row.GroupID != "" && row.Status == StatusCancelled && row.Release == ReleaseOwed {
 		if err := s.groupFollowsMySQL(ctx, row); err != nil {
 			return fmt.Errorf("follow %s: %w", row.ID, err) // nothing released: the outbox keeps it
 		}
@@ -143,7 +144,7 @@ func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int6
 	switch {
 	case err != nil:
 		errs = append(errs, fmt.Errorf("follow %s: %w", row.ID, err))
-	case row.Status == StatusCancelled && !row.Released:
+	case row.Release == ReleaseOwed:
 		if err := s.ledger.MarkReleased(ctx, row.ID); err != nil {
 			errs = append(errs, fmt.Errorf("mark released %s: %w", row.ID, err))
 		}
@@ -151,11 +152,11 @@ func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int6
 	if returned {
 		s.soldOut.Delete(row.SKU) // stock came back: ask Redis again
 		s.metrics.Count("released", 1)
-		s.returned(ctx, row.SKU)
+		s.coverAfterReturn(ctx, row.SKU)
 	}
 	// The event does not wait for Redis: the order service hears of MySQL's
 	// decision even while Redis is down.
-	if row.Status == StatusCancelled && !row.Notified {
+	if row.Event == EventOwed {
 		if err := s.notify(ctx, row); err != nil {
 			errs = append(errs, err)
 		}

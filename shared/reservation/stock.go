@@ -3,6 +3,7 @@ package reservation
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // ChangeStock applies an admin's change of a SKU's sellable stock in MySQL,
@@ -12,8 +13,13 @@ import (
 // and changes nothing. A relative change (c.Add) commutes with sales and
 // needs none. Redis follows MySQL's admin changes exactly once each, in any
 // order: if it cannot follow now, the next sweep applies what is missing.
-// c.Limit, when not nil, sets the per-user limit in units (0: none).
+// c.Limit, when not nil, sets the per-user limit in units (0: none);
+// c.OpensAt and c.ClosesAt the sale window, which every bucket's figures in
+// Redis carry, so a change takes effect at the next reserve.
 func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, error) {
+	if err := c.normalizeWindow(); err != nil {
+		return StockLevel{}, err
+	}
 	switch {
 	case !ValidID(c.SKU):
 		return StockLevel{}, invalid("sku", "must be 1-64 characters of letters, digits and ._:-")
@@ -42,7 +48,7 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 		return StockLevel{}, err
 	}
 	s.soldOut.Delete(c.SKU)
-	s.counts.drop(c.SKU)
+	s.layouts.drop(c.SKU)
 	s.unknown.drop(c.SKU) // buyable at once through this instance
 	for b := range level.BucketCount() {
 		res, err := s.figures.Sync(ctx, level.Bucket(b))
@@ -60,6 +66,59 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 	return level, nil
 }
 
+// Window bounds: a bound is a time after the Unix epoch and before the year
+// 10000 (MySQL's DATETIME), kept to the millisecond.
+var (
+	minWindow = time.UnixMilli(1).UTC()
+	maxWindow = time.Date(9999, 12, 31, 23, 59, 59, 999e6, time.UTC)
+)
+
+// normalizeWindow keeps c's window bounds in UTC milliseconds and checks
+// them: each in range, and the window closing after it opens when the
+// change gives both (ApplyWindow checks it against the bound it keeps).
+func (c *StockChange) normalizeWindow() error {
+	for _, b := range []struct {
+		name string
+		t    **time.Time
+	}{{"opens_at", &c.OpensAt}, {"closes_at", &c.ClosesAt}} {
+		if *b.t == nil || (*b.t).IsZero() {
+			continue
+		}
+		t := (*b.t).UTC().Truncate(time.Millisecond)
+		if t.Before(minWindow) || t.After(maxWindow) {
+			return invalid(b.name, "must be a time after 1970-01-01T00:00:00Z and before the year 10000")
+		}
+		*b.t = &t
+	}
+	if c.OpensAt != nil && c.ClosesAt != nil && !c.OpensAt.IsZero() && !c.ClosesAt.IsZero() && !c.ClosesAt.After(*c.OpensAt) {
+		return invalid("closes_at", "must be after opens_at")
+	}
+	return nil
+}
+
+// ApplyWindow returns l with the window bounds c sets (a zero time clears
+// one), or an *InvalidError naming the bound c sets when the window would
+// not close after it opens: each Ledger's ChangeStock applies it to the
+// row it changes, so no stored window is ever empty or reversed.
+func (c StockChange) ApplyWindow(l StockLevel) (StockLevel, error) {
+	if c.OpensAt != nil {
+		l.OpensAt = c.OpensAt.UTC().Truncate(time.Millisecond)
+	}
+	if c.ClosesAt != nil {
+		l.ClosesAt = c.ClosesAt.UTC().Truncate(time.Millisecond)
+	}
+	if l.OpensAt.IsZero() || l.ClosesAt.IsZero() || l.ClosesAt.After(l.OpensAt) {
+		return l, nil
+	}
+	if c.ClosesAt == nil {
+		return StockLevel{}, invalid("opens_at", "must be before the sku's closes_at (%s)", l.ClosesAt.Format(time.RFC3339Nano))
+	}
+	if c.OpensAt == nil {
+		return StockLevel{}, invalid("closes_at", "must be after the sku's opens_at (%s)", l.OpensAt.Format(time.RFC3339Nano))
+	}
+	return StockLevel{}, invalid("closes_at", "must be after opens_at")
+}
+
 // StockReport is a SKU's stock as both stores see it.
 type StockReport struct {
 	SKU            string
@@ -73,6 +132,8 @@ type StockReport struct {
 	Version      int64
 	PerUserLimit int
 	Buckets      int // K: the Redis figures are summed over the buckets
+	// OpensAt and ClosesAt are MySQL's sale window (zero: no such bound).
+	OpensAt, ClosesAt time.Time
 }
 
 // Drift is MySQL's figure minus what Redis accounts for; 0 at quiescence.
@@ -89,7 +150,7 @@ func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, er
 		return StockReport{}, err
 	}
 	rep := StockReport{SKU: sku, MySQLAvailable: level.Available, Version: level.Version, PerUserLimit: level.PerUserLimit,
-		Buckets: level.BucketCount()}
+		Buckets: level.BucketCount(), OpensAt: level.OpensAt, ClosesAt: level.ClosesAt}
 	for b := range level.BucketCount() {
 		name := BucketName(sku, b)
 		rs, err := s.figures.Stock(ctx, name)

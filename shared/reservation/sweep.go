@@ -10,6 +10,7 @@ import (
 type SweepReport struct {
 	SKUs            int  `json:"skus"`              // SKUs visited: live ones and the catalog pass's
 	LiveSKUs        int  `json:"live_skus"`         // of those, marked live
+	OpeningSKUs     int  `json:"opening_skus"`      // of those, opening within Config.WarmLead (warmed ahead)
 	CatalogSKUs     int  `json:"catalog_skus"`      // SKUs the catalog pass reached this sweep
 	CatalogPassDone bool `json:"catalog_pass_done"` // the pass reached the end of the catalog
 	Unmarked        int  `json:"unmarked"`          // live SKUs found quiet, whose marks ended
@@ -19,7 +20,7 @@ type SweepReport struct {
 	Released        int  `json:"released"`      // holds cancelled with their stock returned, and outbox releases
 	Confirmed       int  `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
 	GroupsFailed    int  `json:"groups_failed"` // groups past their deadline, now FAILED and settled
-	Notified        int  `json:"events_resent"` // cancellation events sent from the outbox
+	EventsResent    int  `json:"events_resent"` // cancellation events sent from the outbox
 	Healed          int  `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
 	// Drift (MySQL available − (Redis available + held)) over the SKUs the
 	// sweep visited: the total of its sizes, how many SKUs drift, and the
@@ -84,6 +85,8 @@ func (r *SweepReport) addDrift(sku string, d int64) {
 // Its cost follows the sale, not the catalog: it visits
 //   - the live SKUs, those a reserve or a stock change marked (LiveMarks.Touch)
 //     and whose holds are not all decided yet, every sweep;
+//   - the SKUs whose sale window opens within Config.WarmLead (an indexed
+//     read), so each is warm in Redis before its first buyer;
 //   - a slice of the catalog (Config.SweepCatalog SKUs after a cursor kept in
 //     Redis), so that any SKU, marked or not, is visited once per pass of
 //     the catalog — the backstop for a mark that failed or that Redis lost;
@@ -115,15 +118,16 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 			s.log.ErrorContext(ctx, "sweep: drain outbox", "reservation_id", row.ID, "error", err)
 			continue
 		}
-		if !row.Released {
+		if row.Release == ReleaseOwed {
 			rep.Released++
 		}
-		if !row.Notified {
-			rep.Notified++
+		if row.Event == EventOwed {
+			rep.EventsResent++
 		}
 	}
 
 	visited := s.sweepLive(ctx, &rep)
+	s.sweepOpening(ctx, visited, &rep)
 
 	// Due groups before the catalog pass: they are live activity. Every due
 	// group, however many (bounded by the sweep's time, not by a count).
@@ -204,6 +208,35 @@ func (s *Service) sweepLive(ctx context.Context, rep *SweepReport) map[string]bo
 		}
 	}
 	return visited
+}
+
+// sweepOpening visits the SKUs whose sale opens within Config.WarmLead by
+// the sweeper's clock (at most Config.SweepLive, the earliest first) that
+// it has not visited as live: Redis lost nothing of a SKU about to open, or
+// has warmed it again (every bucket) by the end of the sweep.
+func (s *Service) sweepOpening(ctx context.Context, visited map[string]bool, rep *SweepReport) {
+	if s.cfg.WarmLead <= 0 {
+		return
+	}
+	now := s.clock.Now()
+	levels, err := s.ledger.Opening(ctx, now, now.Add(s.cfg.WarmLead), s.cfg.SweepLive)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: list skus about to open", "error", err)
+		return
+	}
+	for _, level := range levels {
+		if nearDeadline(ctx) {
+			return
+		}
+		if visited[level.SKU] {
+			continue
+		}
+		visited[level.SKU] = true
+		rep.SKUs++
+		rep.OpeningSKUs++
+		s.sweepSKU(ctx, level, rep)
+	}
 }
 
 // sweepCatalog visits the next Config.SweepCatalog SKUs of the catalog
@@ -362,7 +395,7 @@ func (s *Service) decideExpired(ctx context.Context, h Reservation) (Reservation
 	if h.Transfer {
 		return s.completeTransfer(ctx, h)
 	}
-	return s.settle(ctx, h, ReasonExpired)
+	return s.fence(ctx, h, ReasonExpired)
 }
 
 // reconcile heals Redis when a drift is real: the same value across sweeps

@@ -360,6 +360,39 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	expect(put(sku, `{"stock":7}`, map[string]string{"If-Match": "*"}), 200, "")
 	expect(put(testservices.Name("nosuch"), `{"stock":7}`, map[string]string{"If-Match": "*"}), 412, "version_mismatch")
 
+	// --- the sale window (issue 23, part 1): set with the stock, shown with
+	// the server's time, not_open before it opens (opens_at, Retry-After),
+	// sale_closed after it closes; a bad bound is 400; "" clears a bound.
+	winSKU, closedSKU := testservices.Name("window"), testservices.Name("closed")
+	opens := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	stamp := func(t time.Time) string { return t.Format(time.RFC3339) }
+	if r := put(winSKU, `{"stock":5,"opens_at":"`+stamp(opens)+`","closes_at":"`+stamp(opens.Add(time.Hour))+`"}`, nil); r.Status != 200 ||
+		r.str("opens_at") != stamp(opens) || r.str("closes_at") != stamp(opens.Add(time.Hour)) {
+		t.Errorf("PUT a window = %d %v, want 200 with opens_at %s and closes_at an hour later", r.Status, r.Body, stamp(opens))
+	}
+	sk := k.do(call{token: ann, method: "GET", path: "/skus/" + winSKU})
+	if st, err := time.Parse(time.RFC3339Nano, sk.str("server_time")); sk.Status != 200 || err != nil || time.Since(st).Abs() > time.Minute ||
+		sk.str("opens_at") != stamp(opens) || sk.str("closes_at") == "" {
+		t.Errorf("GET /skus with a window = %d %v, want the window and the server's time", sk.Status, sk.Body)
+	}
+	notOpen := reserve(ann, `{"sku":"`+winSKU+`","qty":1}`, nil)
+	expect(notOpen, 409, "not_open")
+	if n, err := strconv.Atoi(notOpen.Header.Get("Retry-After")); err != nil || n < 3500 || n > 3600 || notOpen.str("opens_at") != stamp(opens) {
+		t.Errorf("not_open = %v with Retry-After %q, want opens_at %s and about 3600 s to wait", notOpen.Body, notOpen.Header.Get("Retry-After"), stamp(opens))
+	}
+	if r := k.do(call{method: "GET", path: "/admin/skus/" + winSKU + "/stock"}); r.str("opens_at") != stamp(opens) || r.str("closes_at") == "" {
+		t.Errorf("admin GET with a window = %v, want MySQL's window", r.Body)
+	}
+	expect(put(winSKU, `{"add":0,"closes_at":"`+stamp(opens.Add(-time.Minute))+`"}`, nil), 400, "invalid_request")
+	expect(k.do(call{method: "PUT", path: "/admin/skus/" + winSKU + "/stock", body: `{"add":0,"opens_at":"tomorrow"}`, invalid: true}), 400, "invalid_request")
+	past := time.Now().Add(-2 * time.Hour).UTC().Truncate(time.Second)
+	expect(put(closedSKU, `{"stock":5,"opens_at":"`+stamp(past)+`","closes_at":"`+stamp(past.Add(time.Hour))+`"}`, nil), 200, "")
+	expect(reserve(ann, `{"sku":"`+closedSKU+`","qty":1}`, nil), 409, "sale_closed")
+	if r := put(winSKU, `{"add":0,"opens_at":"","closes_at":""}`, nil); r.Status != 200 || r.Body["opens_at"] != nil || r.Body["closes_at"] != nil {
+		t.Errorf("PUT clearing the window = %d %v, want 200 without a window", r.Status, r.Body)
+	}
+	expect(reserve(ann, `{"sku":"`+winSKU+`","qty":1}`, nil), 202, "")
+
 	// --- every body is read as the document defines it, and only so: a
 	// repeated, case-folded or unknown member is 400 naming it, and takes
 	// nothing (issue 20, part 4).

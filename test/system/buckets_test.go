@@ -301,7 +301,7 @@ func TestBuckets(t *testing.T) {
 		}
 		for _, id := range []string{"aaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbb", "cccccccccccccccccccccccccc"} {
 			r, err := ledger.Reservation(ctx, sku+"."+id)
-			if err != nil || !r.Released || !r.Transfer || r.Status != reservation.StatusConfirmed {
+			if err != nil || r.Release != reservation.ReleaseDone || !r.Transfer || r.Status != reservation.StatusConfirmed {
 				t.Errorf("transfer %s: %+v %v; want a released, recorded transfer row", id, r, err)
 			}
 		}
@@ -467,7 +467,7 @@ func TestBucketMoves(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := holds.Follow(ctx, row, row.RefundVersion); err != nil { // the giving side confirmed; crash before the credit
+		if _, err := holds.Follow(ctx, row, row.TransferVersion); err != nil { // the giving side confirmed; crash before the credit
 			t.Fatal(err)
 		}
 		time.Sleep(retention + 500*time.Millisecond) // the finished hold's retention passes

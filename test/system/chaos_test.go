@@ -3,7 +3,8 @@ package system_test
 // Seeded chaos: many short schedules, each a random sale on its own SKU —
 // buyers (some retrying with the same key), group joins (some users twice),
 // cancellations, deliveries (some duplicated, some lost, some to the DLQ),
-// sweeps on a moving and skewed clock — with faults drawn from the same seed:
+// sweeps on a moving and skewed clock, the sale window opening, closing and
+// moving under them — with faults drawn from the same seed:
 // lost and failed sends, sends that fail after enqueueing, crashes between the
 // deduct and the send and after the commit, Redis losing the SKU's keys. Each
 // schedule then settles and the invariant checker must find I1–I5 intact.
@@ -325,6 +326,21 @@ func (c *chaos) schedule(t *testing.T, seed uint64) bool {
 						t.Errorf("seed %d: sweep: %v", seed, err)
 					}
 					healed.Add(int64(rep.Healed))
+				})
+			case k < 97: // an admin moves the sale window: opening ahead, closed now, or none
+				var body string
+				switch now := s.clock.Now(); rng.IntN(3) {
+				case 0:
+					body = fmt.Sprintf(`{"add":0,"opens_at":%q,"closes_at":""}`, now.Add(time.Duration(1+rng.IntN(30))*time.Second).Format(time.RFC3339Nano))
+				case 1:
+					body = fmt.Sprintf(`{"add":0,"opens_at":"","closes_at":%q}`, now.Format(time.RFC3339Nano))
+				default:
+					body = `{"add":0,"opens_at":"","closes_at":""}`
+				}
+				actions = append(actions, func() {
+					if code, b := s.call("PUT", "/admin/skus/"+sku+"/stock", body, nil); code != http.StatusOK && code != http.StatusServiceUnavailable {
+						t.Errorf("seed %d: PUT window %s = %d %v", seed, body, code, b)
+					}
 				})
 			default: // Redis loses a stock key of this SKU (a lost write)
 				b := rng.IntN(c.k)

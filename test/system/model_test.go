@@ -5,8 +5,8 @@ package system_test
 // ordinary operations — reserves with and without an Idempotency-Key and their
 // replays, group creates and joins, deliveries (single, batched, duplicated),
 // late dead letters, buyer cancels (once, twice, concurrently), reads, admin
-// stock changes, sweeps, time jumps, Redis retention passing and Redis losing
-// the SKU — and runs each against the real stack beside an executable
+// stock changes, the sale window opening, closing and moving, sweeps, time
+// jumps, Redis retention passing and Redis losing the SKU — and runs each against the real stack beside an executable
 // reference model of the promise. Every answer is checked against the model;
 // after every step MySQL (always exactly predictable), Redis (while it has not
 // lost the SKU) and the group API are checked too, and every case ends in
@@ -246,6 +246,8 @@ type modelMachine struct {
 	addKeys      map[string]int // Idempotency-Key of a successful {"add": n} -> n
 	addKeyNames  []string
 	addAttempts  int
+	// the sale window (zero: no such bound), judged by the scripts' clock
+	opens, closes time.Time
 
 	// Redis
 	stock  int64
@@ -334,6 +336,7 @@ func (m *modelMachine) actions(skip []string) map[string]func(*rapid.T) {
 		{"adminPutStale", 1, m.actAdminPutStale},
 		{"adminPutNoPrecondition", 1, m.actAdminPutNoPrecondition},
 		{"adminAdd", 2, m.actAdminAdd},
+		{"adminWindow", 2, m.actAdminWindow},
 		{"timeTick", 2, m.actTimeTick},
 		{"timePastHolds", 1, m.actTimePastHolds},
 		{"timePastGroup", 1, m.actTimePastGroup},
@@ -789,9 +792,25 @@ func (m *modelMachine) refund(x *modelRes, reason string) {
 	m.redisRefund(x)
 }
 
+// windowCode is the answer the sale window gives a new buy or join now:
+// not_open, sale_closed, or "" inside it. It comes before the stock, so it
+// is exact even once Redis lost the SKU (a warm-up loads MySQL's window).
+func (m *modelMachine) windowCode() string {
+	switch now := m.now(); {
+	case !m.opens.IsZero() && now.Before(m.opens):
+		return "not_open"
+	case !m.closes.IsZero() && !now.Before(m.closes):
+		return "sale_closed"
+	}
+	return ""
+}
+
 // expectNew lists the allowed answers to a request Redis holds no hold for:
 // "" for 202, else the error code.
 func (m *modelMachine) expectNew(user string, qty int, g *modelGroup) []string {
+	if code := m.windowCode(); code != "" {
+		return []string{code}
+	}
 	if m.exact {
 		switch {
 		case m.stock < int64(qty):
@@ -938,6 +957,14 @@ func (m *modelMachine) reserve(t *rapid.T, user string, qty int, key string, g *
 			m.expectFinal(t, desc, r, x)
 			noMessage()
 		}
+	case x != nil && x.row != "" && g == nil && m.windowCode() == "not_open":
+		// Redis forgot the hold and the window moved ahead since: a keyed buy
+		// before opening is not judged against MySQL (a waiting crowd costs it
+		// nothing); after opening it answers its row again.
+		if r.code != 409 || r.str("error") != "not_open" {
+			m.fatalf(t, "%s = %s, want 409 not_open (Redis forgot %s; the sale opens in %v)", desc, r, x, m.opens.Sub(m.now()))
+		}
+		noMessage()
 	case x != nil && x.row != "":
 		// Redis forgot the hold, MySQL has the row (spec 3): judged against
 		// MySQL, nothing taken in either store.
@@ -1466,6 +1493,10 @@ func (m *modelMachine) actSKUGet(t *rapid.T) {
 	if r.code != 200 || (m.exact && r.num("available") != m.stock) {
 		m.fatalf(t, "GET /skus/%s = %s, want 200 available %d", m.sku, r, m.stock)
 	}
+	if r.str("opens_at") != modelStamp(m.opens) || r.str("closes_at") != modelStamp(m.closes) || r.str("server_time") != modelStamp(m.now()) {
+		m.fatalf(t, "GET /skus/%s = %s, want opens_at %q closes_at %q server_time %q (the scripts' clock)",
+			m.sku, r, modelStamp(m.opens), modelStamp(m.closes), modelStamp(m.now()))
+	}
 }
 
 func (m *modelMachine) actAdminGet(t *rapid.T) {
@@ -1614,6 +1645,43 @@ func (m *modelMachine) actAdminAdd(t *rapid.T) {
 			m.addKeyNames = append(m.addKeyNames, key)
 		}
 	}
+}
+
+// modelStamp is a window bound or time as the API writes it ("" for none).
+func modelStamp(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// actAdminWindow sets the sale window ({"add": 0, …}): cleared, opening
+// ahead, open until a close ahead, or closed now. A change applies at the
+// next reserve; a hold taken before stays and settles as usual.
+func (m *modelMachine) actAdminWindow(t *rapid.T) {
+	now := m.now()
+	ahead := func(label string) time.Time {
+		return now.Add(time.Duration(rapid.IntRange(1, 30).Draw(t, label)) * time.Second)
+	}
+	var opens, closes time.Time
+	switch kind := rapid.SampledFrom([]string{"clear", "opensAhead", "closesAhead", "closedNow"}).Draw(t, "window"); kind {
+	case "opensAhead":
+		opens = ahead("opensIn")
+		if rapid.Bool().Draw(t, "withClose") {
+			closes = opens.Add(time.Duration(rapid.IntRange(1, 30).Draw(t, "openFor")) * time.Second)
+		}
+	case "closesAhead":
+		closes = ahead("closesIn")
+	case "closedNow":
+		opens, closes = now.Add(-time.Minute), now
+	}
+	body := map[string]any{"add": 0, "opens_at": modelStamp(opens), "closes_at": modelStamp(closes)}
+	r := m.call(t, "PUT", "/admin/skus/"+m.sku+"/stock", body, nil)
+	t.Logf("admin PUT window opens_at=%q closes_at=%q → %s", modelStamp(opens), modelStamp(closes), r.short())
+	if r.code != 200 || r.str("opens_at") != modelStamp(opens) || r.str("closes_at") != modelStamp(closes) || r.num("stock") != m.available {
+		m.fatalf(t, "PUT window = %s, want 200 with that window and stock %d", r, m.available)
+	}
+	m.opens, m.closes = opens, closes
 }
 
 func (m *modelMachine) actTimeTick(t *rapid.T) {

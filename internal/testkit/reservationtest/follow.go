@@ -22,7 +22,7 @@ func testFollow(t *testing.T, newHolds HoldsFactory) {
 				t.Fatalf("Follow(CANCELLED) #%d = %v, want %v", i, got, want)
 			}
 		}
-		cancelled.Released = true // MySQL acknowledged it
+		cancelled.Release = reservation.ReleaseDone // MySQL acknowledged it
 		if follow(t, s, cancelled) {
 			t.Fatal("released row gave stock again")
 		}
@@ -67,7 +67,7 @@ func testFollow(t *testing.T, newHolds HoldsFactory) {
 		if err := s.Forget(ctx, r); err != nil {
 			t.Fatal(err)
 		}
-		refund.Released = true
+		refund.Release = reservation.ReleaseDone
 		for range 3 {
 			if follow(t, s, refund) {
 				t.Fatal("a released refund gave stock again after the hold was forgotten")
@@ -147,7 +147,8 @@ func testFollow(t *testing.T, newHolds HoldsFactory) {
 		h.Token = "t-stray"
 		reserve(t, s, h)
 		decided := h
-		decided.Token, decided.Status, decided.Reason, decided.Refunded, decided.RefundVersion = "t-decided", reservation.StatusCancelled, reservation.ReasonBuyer, true, 1
+		decided = row(decided, reservation.StatusCancelled, true)
+		decided.Token, decided.RefundVersion = "t-decided", 1
 		if !follow(t, s, decided) {
 			t.Errorf("Follow = false, want true: the stray's unit came back")
 		}

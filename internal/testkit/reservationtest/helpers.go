@@ -24,11 +24,15 @@ func hold(sku, id, user string, qty int) reservation.Reservation {
 	return reservation.Reservation{ID: id, SKU: sku, Qty: qty, UserID: user, Token: "t-" + id}
 }
 
-// row is MySQL's decided row for a hold.
+// row is MySQL's decided row for a hold, as Fence (or, refunded, Refund)
+// writes it: a CANCELLED row's release and event are owed.
 func row(h reservation.Reservation, status reservation.Status, refunded bool) reservation.Reservation {
-	h.Status, h.Refunded = status, refunded
+	h.Status = status
 	if status == reservation.StatusCancelled {
-		h.Reason = reservation.ReasonBuyer
+		h.Reason, h.Cancellation, h.Release, h.Event = reservation.ReasonBuyer, reservation.Fenced, reservation.ReleaseOwed, reservation.EventOwed
+		if refunded {
+			h.Cancellation = reservation.Refunded
+		}
 	}
 	return h
 }

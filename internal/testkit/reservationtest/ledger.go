@@ -203,7 +203,7 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Errorf("refunded %d times, available %d; want once and 5", refunded.Load(), available(t, s, "s"))
 		}
 		row, _ := s.Reservation(ctx, "a")
-		if row.Status != reservation.StatusCancelled || !row.Refunded || row.Notified {
+		if row.Status != reservation.StatusCancelled || row.Cancellation != reservation.Refunded || row.Event != reservation.EventOwed {
 			t.Errorf("row = %+v, want CANCELLED, refunded, event pending", row)
 		}
 	})
@@ -343,6 +343,96 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		}
 	})
 
+	t.Run("the sale window is kept with the level, covered by a change's key, listed before it opens", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		opens, closes := now.Add(time.Hour), now.Add(2*time.Hour)
+		l, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Set: ptr[int64](10), OpensAt: &opens, ClosesAt: &closes})
+		if err != nil || !l.OpensAt.Equal(opens) || !l.ClosesAt.Equal(closes) || l.Version != 1 {
+			t.Fatalf("create with a window = %+v %v", l, err)
+		}
+		read := func(what string) reservation.StockLevel {
+			t.Helper()
+			l, err := s.Stock(ctx, "w")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls, err := s.Levels(ctx, []string{"w"})
+			if err != nil || len(ls) != 1 || !ls[0].OpensAt.Equal(l.OpensAt) || !ls[0].ClosesAt.Equal(l.ClosesAt) {
+				t.Fatalf("%s: Levels = %+v %v, want the window Stock reads (%v, %v)", what, ls, err, l.OpensAt, l.ClosesAt)
+			}
+			return l
+		}
+		if l := read("created"); !l.OpensAt.Equal(opens) || !l.ClosesAt.Equal(closes) {
+			t.Fatalf("read back = %v .. %v, want %v .. %v", l.OpensAt, l.ClosesAt, opens, closes)
+		}
+		// A bound that would close the window before it opens is refused,
+		// naming the bound the change sets, and changes nothing.
+		early := now.Add(30 * time.Minute)
+		var inv *reservation.InvalidError
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](1), ClosesAt: &early}); !errors.As(err, &inv) || inv.Field != "closes_at" {
+			t.Errorf("closes_at before the kept opens_at = %v, want an InvalidError naming closes_at", err)
+		}
+		late := now.Add(3 * time.Hour)
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](1), OpensAt: &late}); !errors.As(err, &inv) || inv.Field != "opens_at" {
+			t.Errorf("opens_at after the kept closes_at = %v, want an InvalidError naming opens_at", err)
+		}
+		if l := read("after the refused changes"); l.Version != 1 || l.Available != 10 || !l.ClosesAt.Equal(closes) {
+			t.Errorf("a refused window change moved the level: %+v", l)
+		}
+		// A window change is versioned like a stock change; a keyed one is
+		// applied once, and the same key with another window is refused.
+		for range 2 {
+			if l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](0), OpensAt: &early, Key: "win"}); err != nil || l.Version != 2 || !l.OpensAt.Equal(early) {
+				t.Fatalf("keyed window change = %+v %v, want version 2 opening at %v", l, err, early)
+			}
+		}
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](0), OpensAt: &opens, Key: "win"}); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+			t.Errorf("key win with another opens_at = %v, want ErrIdempotencyMismatch", err)
+		}
+		var none time.Time
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](0), OpensAt: &none, Key: "win"}); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+			t.Errorf("key win clearing opens_at = %v, want ErrIdempotencyMismatch", err)
+		}
+		// Listed while it opens within the range, earliest first.
+		for i, sku := range []string{"x", "y"} {
+			at := now.Add(time.Duration(50-i*10) * time.Minute) // y opens first
+			if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: sku, Set: ptr[int64](1), OpensAt: &at}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("z", 1)); err != nil { // no window
+			t.Fatal(err)
+		}
+		names := func(ls []reservation.StockLevel, err error) string {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, l := range ls {
+				out = append(out, l.SKU)
+			}
+			return fmt.Sprint(out)
+		}
+		if got := names(s.Opening(ctx, now, now.Add(time.Hour), 10)); got != "[w y x]" {
+			t.Errorf("Opening within the hour = %s, want [w y x] (the earliest first; z has no window)", got)
+		}
+		if got := names(s.Opening(ctx, early, now.Add(time.Hour), 1)); got != "[y]" {
+			t.Errorf("Opening after w opened, limit 1 = %s, want [y]", got)
+		}
+		// Cleared: no window, and not listed.
+		if l, err = s.ChangeStock(ctx, reservation.StockChange{SKU: "w", Add: ptr[int64](0), OpensAt: &none, ClosesAt: &none}); err != nil || !l.OpensAt.IsZero() || !l.ClosesAt.IsZero() {
+			t.Fatalf("clear the window = %+v %v", l, err)
+		}
+		if l := read("cleared"); !l.OpensAt.IsZero() || !l.ClosesAt.IsZero() || l.Version != 3 {
+			t.Errorf("cleared window read back as %v .. %v version %d", l.OpensAt, l.ClosesAt, l.Version)
+		}
+		if got := names(s.Opening(ctx, now, now.Add(time.Hour), 10)); got != "[y x]" {
+			t.Errorf("Opening once w's window is cleared = %s, want [y x]", got)
+		}
+	})
+
 	t.Run("a batch larger than one statement settles each id once: new, redelivered, fenced, twins", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)
@@ -437,8 +527,8 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Fatal(err)
 		}
 		row, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now)
-		if err != nil || row.Released || row.Notified {
-			t.Fatalf("fence = %+v %v, want unreleased and unnotified", row, err)
+		if err != nil || row.Release != reservation.ReleaseOwed || row.Event != reservation.EventOwed {
+			t.Fatalf("fence = %+v %v, want its release and event owed", row, err)
 		}
 		if n, err := s.Unreleased(ctx, "s"); err != nil || n != 1 {
 			t.Errorf("Unreleased = %d %v, want 1", n, err)
@@ -483,8 +573,8 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Fatalf("late member of a formed group = %v, want Applied", got)
 		}
 		row, refunded, err := s.Refund(ctx, "m1", reservation.ReasonBuyer, now)
-		if err != nil || !refunded || row.Released {
-			t.Fatalf("refund = %+v %v %v, want refunded and unreleased", row, refunded, err)
+		if err != nil || !refunded || row.Release != reservation.ReleaseOwed {
+			t.Fatalf("refund = %+v %v %v, want refunded, its release owed", row, refunded, err)
 		}
 		gr, _ := s.Group(ctx, "g")
 		if gr.Status != reservation.GroupFormed || gr.Members != 1 {
@@ -493,6 +583,91 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		if got := join("m3", "u3"); got != reservation.Applied {
 			t.Errorf("no slot is given twice, but a late holder of a formed group still joins: %v", got)
 		}
+	})
+
+	t.Run("each transition moves the row's sub-states, and the marks move them once", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr(int64(10)), Buckets: ptr(2)}); err != nil {
+			t.Fatal(err)
+		}
+		type states struct {
+			c reservation.Cancellation
+			r reservation.ReleaseState
+			e reservation.EventState
+		}
+		check := func(what, id string, want states) {
+			t.Helper()
+			row, err := s.Reservation(ctx, id)
+			if got := (states{row.Cancellation, row.Release, row.Event}); err != nil || got != want {
+				t.Errorf("%s: %s's sub-states = %+v %v, want %+v", what, id, got, err, want)
+			}
+		}
+		mark := func(id string) {
+			t.Helper()
+			for range 2 { // a repeat moves nothing
+				if err := s.MarkReleased(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.MarkNotified(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if _, err := apply(ctx, s, res("c", "s", 1)); err != nil {
+			t.Fatal(err)
+		}
+		check("confirmed", "c", states{})
+		mark("c")
+		check("confirmed, marked", "c", states{})
+
+		if _, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now); err != nil {
+			t.Fatal(err)
+		}
+		check("fenced", "f", states{reservation.Fenced, reservation.ReleaseOwed, reservation.EventOwed})
+		mark("f")
+		check("fenced, marked", "f", states{reservation.Fenced, reservation.ReleaseDone, reservation.EventSent})
+
+		if row, _, err := s.Refund(ctx, "c", reservation.ReasonBuyer, now); err != nil ||
+			(states{row.Cancellation, row.Release, row.Event}) != (states{reservation.Refunded, reservation.ReleaseOwed, reservation.EventOwed}) {
+			t.Fatalf("Refund = %+v %v, want Refunded, release and event owed", row, err)
+		}
+		check("refunded", "c", states{reservation.Refunded, reservation.ReleaseOwed, reservation.EventOwed})
+		mark("c")
+		check("refunded, marked", "c", states{reservation.Refunded, reservation.ReleaseDone, reservation.EventSent})
+
+		move := reservation.Reservation{ID: "t", SKU: "s", Qty: 1, Bucket: 0, Into: 1, Transfer: true, Token: "t-t",
+			Status: reservation.StatusHeld, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
+		moved, recorded, err := s.Transfer(ctx, move, now)
+		if err != nil || !recorded || moved.Release != reservation.ReleaseOwed || moved.Event != reservation.EventNone || moved.TransferVersion == 0 || moved.RefundVersion != 0 {
+			t.Fatalf("Transfer = %+v %v, want its credit owed, no event, its version a transfer's", moved, err)
+		}
+		if again, err := s.Reservation(ctx, "t"); err != nil || again.TransferVersion != moved.TransferVersion || again.RefundVersion != 0 {
+			t.Errorf("transfer read back = %+v %v, want TransferVersion %d", again, err, moved.TransferVersion)
+		}
+		if again, recorded, err := s.Transfer(ctx, move, now); err != nil || recorded || again.TransferVersion != moved.TransferVersion {
+			t.Errorf("Transfer again = %+v recorded %v %v, want the row as it stands, not recorded again", again, recorded, err)
+		}
+		forged := move
+		forged.ID, forged.Into = "v", 5
+		if _, _, err := s.Transfer(ctx, forged, now); !errors.Is(err, reservation.ErrNotATransfer) {
+			t.Errorf("Transfer into bucket 5 of 2 = %v, want ErrNotATransfer", err)
+		}
+		if _, err := s.Reservation(ctx, "v"); !errors.Is(err, reservation.ErrNotFound) {
+			t.Errorf("a refused transfer left a row: %v", err)
+		}
+		check("transfer", "t", states{reservation.NotCancelled, reservation.ReleaseOwed, reservation.EventNone})
+		mark("t")
+		check("transfer, credited", "t", states{reservation.NotCancelled, reservation.ReleaseDone, reservation.EventNone})
+
+		fenced := move
+		fenced.ID, fenced.Token = "u", "t-u"
+		if _, _, err := s.Fence(ctx, fenced, reservation.ReasonExpired, now); err != nil {
+			t.Fatal(err)
+		}
+		check("fenced transfer", "u", states{reservation.Fenced, reservation.ReleaseOwed, reservation.EventNone})
+		mark("u")
+		check("fenced transfer, returned", "u", states{reservation.Fenced, reservation.ReleaseDone, reservation.EventNone})
 	})
 
 	t.Run("form group waits for unreleased members", func(t *testing.T) {

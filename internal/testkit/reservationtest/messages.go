@@ -71,13 +71,13 @@ func Notifier(t *testing.T, newNotifier NotifierFactory) {
 	t.Run("a cancellation arrives with its id, sku, qty, buyer, group, reason and refund", func(t *testing.T) {
 		n, delivered := newNotifier(t)
 		r := reservation.Reservation{ID: "s.dddddddddddddddddddddddddd", SKU: "s", Qty: 2, UserID: "u-4", GroupID: "g-4",
-			Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer, Refunded: true}
+			Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer, Cancellation: reservation.Refunded}
 		if err := n.Cancelled(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 		got := delivered(t, 1)[0]
 		if got.ID != r.ID || got.SKU != r.SKU || got.Qty != r.Qty || got.UserID != r.UserID || got.GroupID != r.GroupID ||
-			got.Reason != r.Reason || got.Refunded != r.Refunded {
+			got.Reason != r.Reason || got.Cancellation != r.Cancellation {
 			t.Errorf("delivered %+v, sent %+v", got, r)
 		}
 	})

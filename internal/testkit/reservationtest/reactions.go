@@ -32,6 +32,10 @@ type holdSetup struct {
 	state reservation.Status // "" none
 	stray bool               // taken under another token than the row's
 	sent  bool               // a join accepted (AcceptJoin)
+	// elsewhere: the stray is a join of another group (g2) than the row's,
+	// in the same state as the row's group (open, late or formed; open for
+	// a buy's row).
+	elsewhere bool
 }
 
 // groupSetup is the join's group before the row arrives ("" : a buy).
@@ -46,8 +50,8 @@ type rowSetup struct {
 	name     string
 	status   reservation.Status
 	reason   reservation.Reason
-	refunded bool
-	released bool
+	how      reservation.Cancellation
+	release  reservation.ReleaseState
 	version  int64 // Follow's version (CONFIRMED)
 	refundAt int64 // the row's RefundVersion
 }
@@ -64,12 +68,14 @@ var (
 		{name: "CONFIRMED stray", state: reservation.StatusConfirmed, stray: true},
 		{name: "CANCELLED", state: reservation.StatusCancelled},
 		{name: "CANCELLED stray", state: reservation.StatusCancelled, stray: true},
+		{name: "HELD stray join of a group", state: reservation.StatusHeld, stray: true, sent: true, elsewhere: true},
 	}
 	joinSetups = []holdSetup{
 		{name: "no hold"},
 		{name: "HELD unsent", state: reservation.StatusHeld},
 		{name: "HELD sent", state: reservation.StatusHeld, sent: true},
 		{name: "HELD stray", state: reservation.StatusHeld, stray: true, sent: true},
+		{name: "HELD stray in another group", state: reservation.StatusHeld, stray: true, sent: true, elsewhere: true},
 		{name: "CONFIRMED", state: reservation.StatusConfirmed, sent: true},
 		{name: "CONFIRMED stray", state: reservation.StatusConfirmed, stray: true, sent: true},
 		{name: "CANCELLED", state: reservation.StatusCancelled, sent: true},
@@ -84,15 +90,15 @@ var (
 		{name: "CONFIRMED after the warm-up", status: reservation.StatusConfirmed, version: warmedAt + 4},
 		{name: "CONFIRMED at the warm-up", status: reservation.StatusConfirmed, version: warmedAt},
 		{name: "CONFIRMED before the warm-up", status: reservation.StatusConfirmed, version: warmedAt - 2},
-		{name: "CANCELLED by the buyer", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer},
-		{name: "CANCELLED, released", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, released: true},
-		{name: "CANCELLED expired", status: reservation.StatusCancelled, reason: reservation.ReasonExpired},
-		{name: "CANCELLED not joining", status: reservation.StatusCancelled, reason: reservation.ReasonGroupFull},
-		{name: "refunded", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true},
-		{name: "refunded after the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true, refundAt: warmedAt + 4},
-		{name: "refunded at the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true, refundAt: warmedAt},
-		{name: "refunded before the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true, refundAt: warmedAt - 2},
-		{name: "refunded, released", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, refunded: true, released: true},
+		{name: "CANCELLED by the buyer", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Fenced, release: reservation.ReleaseOwed},
+		{name: "CANCELLED, released", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Fenced, release: reservation.ReleaseDone},
+		{name: "CANCELLED expired", status: reservation.StatusCancelled, reason: reservation.ReasonExpired, how: reservation.Fenced, release: reservation.ReleaseOwed},
+		{name: "CANCELLED not joining", status: reservation.StatusCancelled, reason: reservation.ReasonGroupFull, how: reservation.Fenced, release: reservation.ReleaseOwed},
+		{name: "refunded", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseOwed},
+		{name: "refunded after the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseOwed, refundAt: warmedAt + 4},
+		{name: "refunded at the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseOwed, refundAt: warmedAt},
+		{name: "refunded before the warm-up", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseOwed, refundAt: warmedAt - 2},
+		{name: "refunded, released", status: reservation.StatusCancelled, reason: reservation.ReasonBuyer, how: reservation.Refunded, release: reservation.ReleaseDone},
 	}
 )
 
@@ -129,14 +135,16 @@ func reactionCases() []reactionCase {
 
 // Reactions holds a Holds to reservation.React: every combination of the
 // hold Redis has (none, HELD, CONFIRMED, CANCELLED; of the row's token or a
-// stray's; a join sent or not, in a group open, past its deadline or
-// formed; the stock figure there or lost) and MySQL's decided row
+// stray's, which may hold a slot of another group than the row's; a join
+// sent or not, in a group open, past its deadline or formed; the stock
+// figure there or lost) and MySQL's decided row
 // (CONFIRMED with a version before or after the warm-up; CANCELLED for a
 // reason that counts in a group or not; refunded, before or after the
 // warm-up; released) is set up through the port, followed once, and the
 // figures Redis shows after it (available, held, the buyer's units, the
-// group's free slots, the hold's state, Follow's answer) must be what React
-// predicts. A second Follow of the same row must change nothing.
+// group's free slots and the stray's group's, the hold's state, Follow's
+// answer) must be what React predicts. A second Follow of the same row must
+// change nothing.
 func Reactions(t *testing.T, newHolds HoldsFactory) {
 	for _, tc := range reactionCases() {
 		for _, batch := range []bool{false, true} {
@@ -167,12 +175,22 @@ func react(t *testing.T, newHolds HoldsFactory, tc reactionCase, batch bool) {
 	}
 
 	join := tc.group.name != ""
-	const gid = "g"
-	deadline := t0.Add(time.Hour)
+	// groups are the row's group and the stray's other group ("": none).
+	var groups [2]string
 	if join {
-		g := reservation.Group{ID: gid, SKU: sku, Capacity: 3, Remaining: 3, Status: reservation.GroupOpen, Deadline: deadline}
-		if err := s.CreateGroup(ctx, g); err != nil {
-			t.Fatalf("CreateGroup: %v", err)
+		groups[0] = "g"
+	}
+	if tc.hold.elsewhere {
+		groups[1] = "g2"
+	}
+	gid := groups[0]
+	deadline := t0.Add(time.Hour)
+	for _, g := range groups {
+		if g == "" {
+			continue
+		}
+		if err := s.CreateGroup(ctx, reservation.Group{ID: g, SKU: sku, Capacity: 3, Remaining: 3, Status: reservation.GroupOpen, Deadline: deadline}); err != nil {
+			t.Fatalf("CreateGroup(%s): %v", g, err)
 		}
 	}
 	id := reservation.ReservationID(reservation.ReserveRequest{SKU: sku, UserID: user, IdempotencyKey: "k"}, nil)
@@ -185,6 +203,9 @@ func react(t *testing.T, newHolds HoldsFactory, tc reactionCase, batch bool) {
 		h := r
 		if tc.hold.stray {
 			h.Token, h.Qty = "t-stray", 3
+		}
+		if tc.hold.elsewhere {
+			h.GroupID = groups[1]
 		}
 		if _, out, err := s.Reserve(ctx, h, ttl); err != nil || out.Replayed {
 			t.Fatalf("Reserve = %+v %v", out, err)
@@ -206,18 +227,26 @@ func react(t *testing.T, newHolds HoldsFactory, tc reactionCase, batch bool) {
 			facts.Applied, facts.AppliedToken = true, h.Token
 		}
 		facts.Token, facts.Qty, facts.Group, facts.Sent = h.Token, h.Qty, h.GroupID, tc.hold.sent
-		facts.Slot.Held = join && tc.hold.state != reservation.StatusCancelled
+		holding := tc.hold.state != reservation.StatusCancelled
+		facts.Slot.Held = join && holding && !tc.hold.elsewhere
+		facts.StraySlot.Held = tc.hold.elsewhere && holding
+	}
+	for _, g := range groups {
+		if g == "" || !tc.group.formed {
+			continue
+		}
+		if ok, err := s.FormGroup(ctx, reservation.Group{ID: g, SKU: sku}, t0); err != nil || !ok {
+			t.Fatalf("FormGroup(%s) = %v %v", g, ok, err)
+		}
+	}
+	if tc.group.late {
+		c.now = deadline.Add(time.Second)
 	}
 	if join {
-		if tc.group.formed {
-			if ok, err := s.FormGroup(ctx, reservation.Group{ID: gid, SKU: sku}, t0); err != nil || !ok {
-				t.Fatalf("FormGroup = %v %v", ok, err)
-			}
-		}
-		if tc.group.late {
-			c.now = deadline.Add(time.Second)
-		}
 		facts.Slot.Open, facts.Slot.BeforeDeadline = !tc.group.formed, !tc.group.late
+	}
+	if tc.hold.elsewhere {
+		facts.StraySlot.Open, facts.StraySlot.BeforeDeadline = !tc.group.formed, !tc.group.late
 	}
 	if tc.lost {
 		if err := s.ForgetStock(ctx, sku); err != nil {
@@ -226,13 +255,16 @@ func react(t *testing.T, newHolds HoldsFactory, tc reactionCase, batch bool) {
 	}
 
 	decided := r
-	decided.Status, decided.Reason, decided.Refunded, decided.Released = tc.row.status, tc.row.reason, tc.row.refunded, tc.row.released
+	decided.Status, decided.Reason, decided.Cancellation, decided.Release = tc.row.status, tc.row.reason, tc.row.how, tc.row.release
+	if tc.row.status == reservation.StatusCancelled {
+		decided.Event = reservation.EventOwed
+	}
 	decided.RefundVersion = tc.row.refundAt
 	want := reservation.React(facts, decided, tc.row.version)
 
-	before := observe(t, s, sku, user, gid, join, !tc.lost)
+	before := observe(t, s, sku, user, groups, !tc.lost)
 	got := followCode(t, s, decided, tc.row.version, batch)
-	after := observe(t, s, sku, user, gid, join, !tc.lost)
+	after := observe(t, s, sku, user, groups, !tc.lost)
 	state := holdState(t, s, r.ID)
 	if got != want.Code {
 		t.Errorf("Follow answered %d, React says %d", got, want.Code)
@@ -253,9 +285,12 @@ func react(t *testing.T, newHolds HoldsFactory, tc reactionCase, batch bool) {
 			t.Errorf("the buyer's units moved by %d, React says %d", d, want.Users)
 		}
 	}
-	if join {
-		if reopened := after.free > before.free; reopened != want.SlotReopened || after.free-before.free > 1 {
-			t.Errorf("free slots %d → %d, React says reopened=%v", before.free, after.free, want.SlotReopened)
+	for i, reopens := range []bool{want.SlotReopened, want.StraySlotReopened} {
+		if groups[i] == "" {
+			continue
+		}
+		if reopened := after.free[i] > before.free[i]; reopened != reopens || after.free[i]-before.free[i] > 1 {
+			t.Errorf("free slots of %s %d → %d, React says reopened=%v", groups[i], before.free[i], after.free[i], reopens)
 		}
 	}
 
@@ -267,8 +302,18 @@ func react(t *testing.T, newHolds HoldsFactory, tc reactionCase, batch bool) {
 	if again := followCode(t, s, decided, tc.row.version, batch); again != reservation.FollowNothing {
 		t.Errorf("a second Follow answered %d, want %d", again, reservation.FollowNothing)
 	}
-	if twice := observe(t, s, sku, user, gid, join, !tc.lost); twice != after {
+	if twice := observe(t, s, sku, user, groups, !tc.lost); twice != after {
 		t.Errorf("a second Follow moved the figures: %+v → %+v", after, twice)
+	}
+
+	// The stray's member entry went with its slot: the buyer may join its
+	// group again (while it takes joins).
+	if want.StraySlotReopened && !tc.group.late && !tc.lost {
+		again := hold(sku, "again", user, 1)
+		again.GroupID = groups[1]
+		if _, _, err := s.Reserve(ctx, again, ttl); err != nil {
+			t.Errorf("the buyer joins %s again after its stray left it: %v", groups[1], err)
+		}
 	}
 }
 
@@ -277,10 +322,12 @@ type figures struct {
 	available, held int64
 	users           int64
 	hasUsers        bool
-	free            int
+	free            [2]int // the free slots of each group observed
 }
 
-func observe(t *testing.T, s HoldsUnderTest, sku, user, gid string, join, stocked bool) figures {
+// observe reads the figures: the stock (if stocked), the buyer's units, and
+// the free slots of each of groups that is not "".
+func observe(t *testing.T, s HoldsUnderTest, sku, user string, groups [2]string, stocked bool) figures {
 	t.Helper()
 	ctx := context.Background()
 	var f figures
@@ -298,12 +345,15 @@ func observe(t *testing.T, s HoldsUnderTest, sku, user, gid string, join, stocke
 		}
 		f.users, f.hasUsers = n, true
 	}
-	if join {
+	for i, gid := range groups {
+		if gid == "" {
+			continue
+		}
 		g, err := s.Group(ctx, sku, gid)
 		if err != nil {
-			t.Fatalf("Group: %v", err)
+			t.Fatalf("Group(%s): %v", gid, err)
 		}
-		f.free = g.Remaining
+		f.free[i] = g.Remaining
 	}
 	return f
 }

@@ -104,6 +104,70 @@ func testReserve(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("the sale window is judged by the script's clock; a replay answers its hold; refusals are charged", func(t *testing.T) {
+		c := &clock{now: t0}
+		s := newHolds(t, c, 1, 2)
+		sku := testservices.Name("sku")
+		opens, closes := t0.Add(10*time.Second), t0.Add(20*time.Second)
+		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 10, Version: 1, OpensAt: opens, ClosesAt: closes}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		if rs, err := s.Stock(ctx, sku); err != nil || !rs.OpensAt.Equal(opens) || !rs.ClosesAt.Equal(closes) {
+			t.Fatalf("Stock = %+v %v, want the window %v .. %v", rs, err, opens, closes)
+		}
+		try := func(id, user string) error {
+			_, _, err := s.Reserve(ctx, hold(sku, id, user, 1), ttl)
+			return err
+		}
+		var no *reservation.NotOpenError
+		if err := try("b0", "bot"); !errors.As(err, &no) || !errors.Is(err, reservation.ErrNotOpen) || !no.OpensAt.Equal(opens) || no.RetryAfter != 10*time.Second {
+			t.Fatalf("before opening = %v, want not open until %v, 10s from now", err, opens)
+		}
+		// Refused attempts are charged: the burst of 2 is spent by two of them.
+		if err := try("b1", "bot"); !errors.Is(err, reservation.ErrNotOpen) {
+			t.Fatalf("the second attempt before opening = %v, want not open", err)
+		}
+		if err := try("b2", "bot"); !errors.Is(err, reservation.ErrRateLimited) {
+			t.Fatalf("a third attempt before opening = %v, want rate limited (each refusal cost a token)", err)
+		}
+		c.now = opens.Add(-time.Millisecond)
+		if err := try("a0", "ann"); !errors.As(err, &no) || no.RetryAfter != time.Millisecond {
+			t.Fatalf("a millisecond before opening = %v, want not open for 1ms", err)
+		}
+		c.now = opens
+		h, _, err := s.Reserve(ctx, hold(sku, "a1", "ann", 1), ttl)
+		if err != nil {
+			t.Fatalf("at opens_at = %v, want a hold", err)
+		}
+		// Moved mid-sale (a newer level): it applies at the next reserve.
+		early := opens.Add(5 * time.Second)
+		if _, err := s.Sync(ctx, reservation.StockLevel{SKU: sku, Version: 2, OpensAt: opens, ClosesAt: early}); err != nil {
+			t.Fatal(err)
+		}
+		c.now = early
+		if err := try("c0", "cat"); !errors.Is(err, reservation.ErrSaleClosed) {
+			t.Fatalf("at the moved closes_at = %v, want sale closed", err)
+		}
+		replay := hold(sku, "a1", "ann", 1)
+		replay.Token = "another attempt"
+		if got, out, err := s.Reserve(ctx, replay, ttl); err != nil || !out.Replayed || got.Token != h.Token {
+			t.Fatalf("a replay after the close = %+v %+v %v, want the hold replayed", got, out, err)
+		}
+		if a, held := stockOf(t, s, sku); a != 9 || held != 1 {
+			t.Errorf("stock = %d/%d, want 9/1 (only the hold taken while open)", a, held)
+		}
+		// Cleared: no window.
+		if _, err := s.Sync(ctx, reservation.StockLevel{SKU: sku, Version: 3}); err != nil {
+			t.Fatal(err)
+		}
+		if err := try("c1", "cat"); err != nil {
+			t.Errorf("with the window cleared = %v, want a hold", err)
+		}
+		if rs, err := s.Stock(ctx, sku); err != nil || !rs.OpensAt.IsZero() || !rs.ClosesAt.IsZero() {
+			t.Errorf("Stock after the window was cleared = %+v %v, want no window", rs, err)
+		}
+	})
+
 	t.Run("charge spends the budget reserve spends, once per attempt, and caps open groups", func(t *testing.T) {
 		c := &clock{now: t0}
 		s := newHolds(t, c, 2, 3)

@@ -57,7 +57,7 @@ func testTransfer(t *testing.T, newHolds HoldsFactory) {
 			t.Errorf("Credit ahead again = %v %v, want a no-op", ok, err)
 		}
 		recorded := held
-		recorded.RefundVersion = 5
+		recorded.TransferVersion = 5
 		if ok, err := s.Credit(ctx, recorded); err != nil || ok {
 			t.Errorf("the record's credit after the credit ahead = %v %v, want a no-op", ok, err)
 		}
@@ -73,7 +73,7 @@ func testTransfer(t *testing.T, newHolds HoldsFactory) {
 			t.Errorf("Credit ahead at the deadline = %v %v, want refused", ok, err)
 		}
 		recorded := held
-		recorded.RefundVersion = 5
+		recorded.TransferVersion = 5
 		if ok, err := s.Credit(ctx, recorded); err != nil || !ok {
 			t.Errorf("the record's credit after the deadline = %v %v, want credited", ok, err)
 		}
@@ -142,7 +142,7 @@ func testTransfer(t *testing.T, newHolds HoldsFactory) {
 			t.Errorf("after the credit ahead = %+v, want 4 available, 4 ahead", rs)
 		}
 		recorded := held
-		recorded.RefundVersion = 5
+		recorded.TransferVersion = 5
 		if _, err := s.Credit(ctx, recorded); err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +168,7 @@ func testTransfer(t *testing.T, newHolds HoldsFactory) {
 			t.Errorf("after the warm-up = %+v, want 0 available, 0 ahead", rs)
 		}
 		recorded := held
-		recorded.RefundVersion = 5
+		recorded.TransferVersion = 5
 		if ok, err := s.Credit(ctx, recorded); err != nil || !ok {
 			t.Errorf("the record's credit after a warm-up without it = %v %v, want credited", ok, err)
 		}
@@ -194,7 +194,7 @@ func testTransfer(t *testing.T, newHolds HoldsFactory) {
 			t.Fatalf("Warm = %v %v", res, err)
 		}
 		recorded := held
-		recorded.RefundVersion = 5
+		recorded.TransferVersion = 5
 		if ok, err := s.Credit(ctx, recorded); err != nil || ok {
 			t.Errorf("the record's credit into a level that has it = %v %v, want a no-op", ok, err)
 		}
@@ -221,7 +221,7 @@ func testTransfer(t *testing.T, newHolds HoldsFactory) {
 			t.Errorf("CreditsAhead = %+v, want the transfer %+v", g, held)
 		}
 		recorded := held
-		recorded.RefundVersion = 5
+		recorded.TransferVersion = 5
 		if _, err := s.Credit(ctx, recorded); err != nil {
 			t.Fatal(err)
 		}

@@ -19,8 +19,12 @@ import (
 )
 
 func fromDetail(d eventbus.Cancelled) reservation.Reservation {
-	return reservation.Reservation{ID: d.ReservationID, SKU: d.SKU, Qty: d.Qty, UserID: d.UserID, GroupID: d.GroupID,
-		Status: reservation.StatusCancelled, Reason: reservation.Reason(d.Reason), Refunded: d.Refunded}
+	r := reservation.Reservation{ID: d.ReservationID, SKU: d.SKU, Qty: d.Qty, UserID: d.UserID, GroupID: d.GroupID,
+		Status: reservation.StatusCancelled, Reason: reservation.Reason(d.Reason), Cancellation: reservation.Fenced}
+	if d.Refunded {
+		r.Cancellation = reservation.Refunded
+	}
+	return r
 }
 
 // The Notifier contract on the local stand-in (an SQS queue, the envelope

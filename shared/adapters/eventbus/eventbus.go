@@ -37,7 +37,7 @@ type Cancelled struct {
 func detail(r reservation.Reservation, at time.Time) Cancelled {
 	return Cancelled{
 		ReservationID: r.ID, SKU: r.SKU, Qty: r.Qty, UserID: r.UserID, GroupID: r.GroupID,
-		Reason: string(r.Reason), Refunded: r.Refunded, At: at.UTC(),
+		Reason: string(r.Reason), Refunded: r.Cancellation == reservation.Refunded, At: at.UTC(),
 	}
 }
 

@@ -28,7 +28,8 @@ func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason res
 		// not exist) was never created anywhere: MySQL refuses a zero date.
 		created = now
 	}
-	// A transfer's fence has no event to send: notified from the start.
+	// A fence's row is Fenced, its release owed, its event owed — but a
+	// transfer's, which has no event: notified from the start (subStates).
 	res, err := s.db.ExecContext(ctx, `INSERT INTO reservations
 		(reservation_id, sku, qty, user_id, group_id, bucket, into_bucket, hold_token, status, reason, released, notified, expires_at, created_at, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?, ?)
@@ -118,7 +119,7 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 	if err := tx.Commit(); err != nil {
 		return reservation.Reservation{}, false, translate("refund commit", err)
 	}
-	row.Status, row.Reason, row.Refunded, row.Released, row.Notified = reservation.StatusCancelled, reason, true, false, false
+	row.Status, row.Reason, row.Cancellation, row.Release, row.Event = reservation.StatusCancelled, reason, reservation.Refunded, reservation.ReleaseOwed, reservation.EventOwed
 	row.RefundVersion = version
 	return row, true, nil
 }

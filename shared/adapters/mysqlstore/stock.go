@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/holdfast/holdfast/shared/reservation"
 )
@@ -78,9 +79,10 @@ func (s *Store) createStock(ctx context.Context, c reservation.StockChange) (lev
 		return reservation.StockLevel{}, false, translate("create stock begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-		c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets)
+	_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets,
+		nullTime(level.OpensAt), nullTime(level.ClosesAt))
 	if isDuplicate(err) {
 		return reservation.StockLevel{}, false, nil
 	}
@@ -110,9 +112,10 @@ func (s *Store) createStock(ctx context.Context, c reservation.StockChange) (lev
 // insertKey records c under its Idempotency-Key (a duplicate: the key was
 // used before).
 func insertKey(ctx context.Context, tx *sql.Tx, c reservation.StockChange) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c), nullInt(c.Buckets))
+	_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c), nullInt(c.Buckets),
+		nullMS(c.OpensAt), nullMS(c.ClosesAt))
 	if err != nil && !isDuplicate(err) {
 		return translate("change stock key", err)
 	}
@@ -141,9 +144,7 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange, exis
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
-	level := reservation.StockLevel{SKU: c.SKU}
-	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU).
-		Scan(&level.Available, &level.Version, &level.PerUserLimit, &level.AdminDelta, &level.UserRate, &level.UserBurst, &level.Buckets)
+	level, err := scanLevel(tx.QueryRowContext(ctx, `SELECT `+levelColumns+` FROM product_stock WHERE sku = ? FOR UPDATE`, c.SKU))
 	if errors.Is(err, sql.ErrNoRows) { // not reached while SKUs are never removed
 		return reservation.StockLevel{}, missing(c)
 	}
@@ -170,8 +171,9 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange, exis
 		return reservation.StockLevel{}, err
 	}
 	_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ?,
-		user_rate = ?, user_burst = ?, buckets = ? WHERE sku = ?`,
-		level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets, c.SKU)
+		user_rate = ?, user_burst = ?, buckets = ?, opens_at = ?, closes_at = ? WHERE sku = ?`,
+		level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets,
+		nullTime(level.OpensAt), nullTime(level.ClosesAt), c.SKU)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock write", err)
 	}
@@ -268,8 +270,12 @@ func missing(c reservation.StockChange) error {
 }
 
 // changed is level after c (its precondition already checked): the new
-// figure, admin_delta, settings and the next version.
+// figure, admin_delta, settings, window and the next version.
 func changed(level reservation.StockLevel, c reservation.StockChange) (reservation.StockLevel, error) {
+	level, err := c.ApplyWindow(level)
+	if err != nil {
+		return reservation.StockLevel{}, err
+	}
 	var delta int64
 	switch {
 	case c.Set != nil:
@@ -311,15 +317,17 @@ func changed(level reservation.StockLevel, c reservation.StockChange) (reservati
 // is the level as it stands (applied once already); another change under
 // the key is refused.
 func (s *Store) replayChange(ctx context.Context, tx *sql.Tx, c reservation.StockChange) (reservation.StockLevel, error) {
-	var set, add, limit, rate, burst, version, buckets sql.NullInt64
-	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
-		Scan(&set, &add, &limit, &rate, &burst, &version, &buckets)
+	var set, add, limit, rate, burst, version, buckets, opens, closes sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to
+		FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
+		Scan(&set, &add, &limit, &rate, &burst, &version, &buckets, &opens, &closes)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock replay", err)
 	}
 	_ = tx.Rollback()
 	if set != nullInt(c.Set) || add != nullInt(c.Add) || limit != nullInt(c.Limit) ||
-		rate != nullInt(c.Rate) || burst != nullInt(c.Burst) || version != ifVersion(c) || buckets != nullInt(c.Buckets) {
+		rate != nullInt(c.Rate) || burst != nullInt(c.Burst) || version != ifVersion(c) || buckets != nullInt(c.Buckets) ||
+		opens != nullMS(c.OpensAt) || closes != nullMS(c.ClosesAt) {
 		return reservation.StockLevel{}, fmt.Errorf("change stock %s: key %q: %w", c.SKU, c.Key, reservation.ErrIdempotencyMismatch)
 	}
 	return s.Stock(ctx, c.SKU)
@@ -332,6 +340,18 @@ func ifVersion(c reservation.StockChange) sql.NullInt64 {
 		return sql.NullInt64{Int64: -1, Valid: true}
 	}
 	return nullInt(c.IfVersion)
+}
+
+// nullMS is a window bound a keyed change recorded: unix milliseconds, 0
+// for a bound it cleared, NULL for one it left alone.
+func nullMS(p *time.Time) sql.NullInt64 {
+	switch {
+	case p == nil:
+		return sql.NullInt64{}
+	case p.IsZero():
+		return sql.NullInt64{Valid: true}
+	}
+	return sql.NullInt64{Int64: p.UnixMilli(), Valid: true}
 }
 
 func nullInt[T int | int64](p *T) sql.NullInt64 {
@@ -389,11 +409,18 @@ func anys(ss []string) []any {
 	return out
 }
 
-const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets`
+const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at`
 
 func scanLevel(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
 	var l reservation.StockLevel
-	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst, &l.Buckets)
+	var opens, closes sql.NullTime
+	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst, &l.Buckets, &opens, &closes)
+	if opens.Valid {
+		l.OpensAt = utc(opens.Time)
+	}
+	if closes.Valid {
+		l.ClosesAt = utc(closes.Time)
+	}
 	return l, err
 }
 
@@ -401,6 +428,12 @@ func scanLevel(row interface{ Scan(...any) error }) (reservation.StockLevel, err
 // then the shares of SKUs with buckets (one consistent read).
 func (s *Store) StocksAfter(ctx context.Context, after string, limit int) ([]reservation.StockLevel, error) {
 	return s.levels(ctx, "list stock", `SELECT `+levelColumns+` FROM product_stock WHERE sku > ? ORDER BY sku LIMIT ?`, after, limit)
+}
+
+// Opening implements reservation.Ledger: a range of product_stock_opening.
+func (s *Store) Opening(ctx context.Context, after, until time.Time, limit int) ([]reservation.StockLevel, error) {
+	return s.levels(ctx, "list opening", `SELECT `+levelColumns+` FROM product_stock WHERE opens_at > ? AND opens_at <= ? ORDER BY opens_at, sku LIMIT ?`,
+		utc(after), utc(until), limit)
 }
 
 // levels reads levels and their bucket shares in one read-only transaction.

@@ -95,15 +95,56 @@ func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservati
 	var expires sql.NullTime
 	var refundVersion, into sql.NullInt64
 	var status string
-	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &token, &status, &reason, &r.Refunded, &r.Released, &refundVersion, &r.Notified, &expires, &r.CreatedAt,
+	var refunded, released, notified bool
+	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &token, &status, &reason, &refunded, &released, &refundVersion, &notified, &expires, &r.CreatedAt,
 		&r.Bucket, &into); err != nil {
 		return r, err
 	}
 	r.Transfer, r.Into = into.Valid, int(into.Int64)
-	r.RefundVersion = refundVersion.Int64
+	if r.Transfer { // one column, two versions: a row is a refund or a transfer
+		r.TransferVersion = refundVersion.Int64
+	} else {
+		r.RefundVersion = refundVersion.Int64
+	}
 	r.GroupID, r.Token, r.Reason, r.Status = group.String, token.String, reservation.Reason(reason.String), reservation.Status(status)
+	r.Cancellation, r.Release, r.Event = subStates(r.Status, r.Transfer, refunded, released, notified)
 	if expires.Valid {
 		r.ExpiresAt = expires.Time
 	}
 	return r, nil
+}
+
+// subStates maps a row's refunded, released and notified columns (MySQL's
+// flags, unchanged since the first migrations) to the row's sub-states: the
+// one place that reads them. The statements that write them move them as
+// the states move (Fence, Refund, Transfer, MarkReleased, MarkNotified):
+//
+//	column    0                               1 (the column's default)
+//	refunded  Fenced on a CANCELLED row       Refunded
+//	released  ReleaseOwed                     ReleaseDone on a CANCELLED row or a transfer's, else ReleaseNone
+//	notified  EventOwed on a CANCELLED row    EventSent on a CANCELLED row but a transfer's, else EventNone
+func subStates(status reservation.Status, transfer, refunded, released, notified bool) (reservation.Cancellation, reservation.ReleaseState, reservation.EventState) {
+	cancelled := status == reservation.StatusCancelled
+	c := reservation.NotCancelled
+	switch {
+	case cancelled && refunded:
+		c = reservation.Refunded
+	case cancelled:
+		c = reservation.Fenced
+	}
+	rel := reservation.ReleaseNone
+	switch {
+	case !released:
+		rel = reservation.ReleaseOwed
+	case cancelled || transfer:
+		rel = reservation.ReleaseDone
+	}
+	ev := reservation.EventNone
+	switch {
+	case cancelled && !notified:
+		ev = reservation.EventOwed
+	case cancelled && !transfer:
+		ev = reservation.EventSent
+	}
+	return c, rel, ev
 }

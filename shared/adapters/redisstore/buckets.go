@@ -71,7 +71,7 @@ func (s *Store) TakeOut(ctx context.Context, t reservation.Reservation, ttl time
 func (s *Store) Credit(ctx context.Context, t reservation.Reservation) (bool, error) {
 	k := keysOf(reservation.BucketName(t.SKU, t.Into))
 	n, err := creditScript.Run(ctx, s.rdb, []string{k.stock(), k.meta(), k.hold(t.ID), k.ahead()},
-		t.Qty, t.RefundVersion, int64(s.retention.Seconds()), t.SKU, t.Bucket, t.ExpiresAt.UnixMilli(), s.now(), t.Token, t.ID).Int()
+		t.Qty, t.TransferVersion, int64(s.retention.Seconds()), t.SKU, t.Bucket, t.ExpiresAt.UnixMilli(), s.now(), t.Token, t.ID).Int()
 	if err != nil {
 		return false, reservation.Unavailable("redis credit", err)
 	}

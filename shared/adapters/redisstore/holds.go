@@ -18,7 +18,7 @@ import (
 // Reserve implements reservation.Holds.
 func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time.Duration) (reservation.Reservation, reservation.ReserveOutcome, error) {
 	var none reservation.ReserveOutcome
-	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.Charged)}
+	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.AlreadyCharged)}
 	res := reserveScript.Run(ctx, s.rdb, ReserveKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
 	if err := res.Err(); err != nil {
 		return reservation.Reservation{}, none, reservation.Unavailable("redis reserve", err)
@@ -47,6 +47,15 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 			ms, _ = strconv.ParseInt(out[1], 10, 64)
 		}
 		return reservation.Reservation{}, none, &reservation.RateLimitedError{RetryAfter: time.Duration(ms) * time.Millisecond}
+	case "NOT_OPEN":
+		if len(out) != 3 {
+			return reservation.Reservation{}, none, fmt.Errorf("redis reserve: unexpected reply %v", out)
+		}
+		opens, _ := strconv.ParseInt(out[1], 10, 64)
+		wait, _ := strconv.ParseInt(out[2], 10, 64)
+		return reservation.Reservation{}, none, &reservation.NotOpenError{OpensAt: fromMS(opens), RetryAfter: time.Duration(wait) * time.Millisecond}
+	case "SALE_CLOSED":
+		return reservation.Reservation{}, none, reservation.ErrSaleClosed
 	case "UNKNOWN_SKU":
 		return reservation.Reservation{}, none, reservation.ErrUnknownSKU
 	case "SOLD_OUT":
@@ -99,15 +108,60 @@ func (s *Store) Charge(ctx context.Context, a reservation.Attempt) error {
 
 // Follow implements reservation.Holds.
 func (s *Store) Follow(ctx context.Context, row reservation.Reservation, version int64) (bool, error) {
+	return s.follow(ctx, row, version, "")
+}
+
+// followElsewhere is follow.lua's code in its reply {3, group}: the hold is
+// a HELD stray of another group than the row's, and nothing changed; the
+// call is made again naming that group, so that the script has its keys.
+const followElsewhere = 3
+
+// follow runs follow.lua for row, naming elsewhere as the group of a stray
+// held in another group ("": none known), and again naming the group the
+// script found, if it answers followElsewhere. Each call changes nothing or
+// follows once; a stray whose group changed between the calls is named again.
+func (s *Store) follow(ctx context.Context, row reservation.Reservation, version int64, elsewhere string) (bool, error) {
 	k := keysOfHold(row)
-	n, err := followScript.Run(ctx, s.rdb, k.holdKeys(row), s.followArgs(row, version)...).Int()
-	if err != nil {
-		return false, reservation.Unavailable("redis follow", err)
+	for range 3 {
+		code, group, err := followReply(followScript.Run(ctx, s.rdb, k.followKeys(row, elsewhere), s.followArgs(row, version, elsewhere)...).Result())
+		if err != nil {
+			return false, err
+		}
+		if code != followElsewhere {
+			return followed(row, code)
+		}
+		elsewhere = group
 	}
-	if n == 2 {
+	return false, reservation.Unavailable("redis follow", fmt.Errorf("%s: the stray's group changed at every call", row.ID))
+}
+
+// followReply reads follow.lua's reply: a code, or {followElsewhere, group}.
+func followReply(v any, err error) (code int64, group string, _ error) {
+	if err != nil {
+		return 0, "", reservation.Unavailable("redis follow", err)
+	}
+	switch r := v.(type) {
+	case int64:
+		return r, "", nil
+	case []any:
+		if len(r) == 2 {
+			code, ok1 := r[0].(int64)
+			group, ok2 := r[1].(string)
+			if ok1 && ok2 && code == followElsewhere {
+				return code, group, nil
+			}
+		}
+	}
+	return 0, "", fmt.Errorf("redis follow: unexpected reply %v", v)
+}
+
+// followed is Follow's answer for follow.lua's code 0, 1 or 2 (a refund
+// needs the stock: ErrUnknownSKU, warm it and follow again).
+func followed(row reservation.Reservation, code int64) (bool, error) {
+	if code == 2 {
 		return false, fmt.Errorf("redis follow %s: a refund needs the stock: %w", row.ID, reservation.ErrUnknownSKU)
 	}
-	return n == 1, nil
+	return code == 1, nil
 }
 
 // confirmChunk is how many holds one confirm.lua call confirms: about a
@@ -119,7 +173,8 @@ const confirmChunk = 200
 // decided token — goes to confirm.lua, confirmChunk holds a call; the rest
 // follow.lua, one call a row. All calls go in one pipeline (per shard); a
 // script Redis does not have yet is loaded and the pipeline sent again
-// (both scripts are idempotent).
+// (both scripts are idempotent). A row whose hold is a stray of another
+// group is followed again on its own, naming that group (Follow).
 func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, version int64) ([]bool, []error) {
 	returned, errs := make([]bool, len(rows)), make([]error, len(rows))
 	var plain []int // rows confirm.lua may take, by SKU order of arrival
@@ -170,7 +225,7 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 	follows, err := s.pipeline(ctx, func(p redis.Pipeliner) []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(rest))
 		for j, i := range rest {
-			cmds[j] = followScript.EvalSha(ctx, p, keysOfHold(rows[i]).holdKeys(rows[i]), s.followArgs(rows[i], version)...)
+			cmds[j] = followScript.EvalSha(ctx, p, keysOfHold(rows[i]).followKeys(rows[i], ""), s.followArgs(rows[i], version, "")...)
 		}
 		return cmds
 	}, followScript)
@@ -179,14 +234,14 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 			errs[i] = err
 			continue
 		}
-		n, err := follows[j].Int()
+		code, group, err := followReply(follows[j].Result())
 		switch {
 		case err != nil:
-			errs[i] = reservation.Unavailable("redis follow", err)
-		case n == 2:
-			errs[i] = fmt.Errorf("redis follow %s: a refund needs the stock: %w", rows[i].ID, reservation.ErrUnknownSKU)
+			errs[i] = err
+		case code == followElsewhere:
+			returned[i], errs[i] = s.follow(ctx, rows[i], version, group)
 		default:
-			returned[i] = n == 1
+			returned[i], errs[i] = followed(rows[i], code)
 		}
 	}
 	return returned, errs
@@ -215,10 +270,15 @@ func chunkBySKU(rows []reservation.Reservation, idx []int) [][]int {
 	return out
 }
 
-func (s *Store) followArgs(row reservation.Reservation, version int64) []any {
-	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status), flag(row.Refunded), flag(row.Released),
+// followArgs are follow.lua's ARGV for row: its sub-states as the flags the
+// script reads (refunded, and released: "0" only while the release is
+// owed); elsewhere names the group of a stray held in another group than the
+// row's ("": none known).
+func (s *Store) followArgs(row reservation.Reservation, version int64, elsewhere string) []any {
+	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status),
+		flag(row.Cancellation == reservation.Refunded), flag(row.Release != reservation.ReleaseOwed),
 		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion, s.now(),
-		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup())}
+		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup()), elsewhere}
 }
 
 func flag(b bool) string {
@@ -321,7 +381,13 @@ func holdFromMap(id string, bucket int, m map[string]string) (reservation.Reserv
 	r := reservation.Reservation{
 		ID: id, SKU: m["sku"], Qty: qty, UserID: m["user"], GroupID: m["group"],
 		Token: m["token"], Status: reservation.Status(m["state"]), Reason: reservation.Reason(m["reason"]),
-		Refunded: m["refunded"] == "1", Bucket: bucket, Sent: m["sent"] == "1",
+		Bucket: bucket, Sent: m["sent"] == "1",
+	}
+	if r.Status == reservation.StatusCancelled { // a tombstone's field refunded (follow.lua)
+		r.Cancellation = reservation.Fenced
+		if m["refunded"] == "1" {
+			r.Cancellation = reservation.Refunded
+		}
 	}
 	if into, ok := m["into"]; ok {
 		r.Transfer = true

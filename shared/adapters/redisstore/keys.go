@@ -37,6 +37,13 @@ func (k keys) holdKeys(r reservation.Reservation) []string {
 	return []string{k.stock(), k.meta(), k.exp(), k.users(), k.hold(r.ID), k.group(r.GroupID), k.members(r.GroupID)}
 }
 
+// followKeys are follow.lua's KEYS: holdKeys, then the group and members
+// hashes of elsewhere, the group of a stray held in another group than
+// r's (placeholders, never written, when elsewhere is "").
+func (k keys) followKeys(r reservation.Reservation, elsewhere string) []string {
+	return append(k.holdKeys(r), k.group(elsewhere), k.members(elsewhere))
+}
+
 // sweepKeys names the sweeper's keys of one ledger. Their hash tag starts
 // with '#', which no SKU may contain, so it never names a SKU's slot.
 type sweepKeys struct{ tag string }

@@ -24,7 +24,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 	var meta *redis.SliceCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		stock = p.Get(ctx, k.stock())
-		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver", "moving", "ahead")
+		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver", "moving", "opens", "closes", "ahead")
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -38,13 +38,15 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 	if err != nil {
 		return reservation.RedisStock{}, fmt.Errorf("redis stock %s: %w", sku, err)
 	}
-	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version, &rs.Moving, &rs.Ahead} {
+	var opens, closes int64
+	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version, &rs.Moving, &opens, &closes, &rs.Ahead} {
 		if v, ok := meta.Val()[i].(string); ok {
 			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
 				return reservation.RedisStock{}, fmt.Errorf("redis meta %s: %w", sku, err)
 			}
 		}
 	}
+	rs.OpensAt, rs.ClosesAt = fromMS(opens), fromMS(closes)
 	return rs, nil
 }
 
@@ -52,7 +54,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
 	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()}, level.Version, level.PerUserLimit, level.AdminDelta,
-		level.UserRate, level.UserBurst, level.BucketCount()).Int()
+		level.UserRate, level.UserBurst, level.BucketCount(), windowMS(level.OpensAt), windowMS(level.ClosesAt)).Int()
 	if err != nil {
 		return reservation.SyncNone, reservation.Unavailable("redis sync stock", err)
 	}
@@ -63,6 +65,22 @@ func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reserva
 		return reservation.SyncMissing, nil
 	}
 	return reservation.SyncNone, nil
+}
+
+// windowMS is a window bound as meta keeps it: unix ms, 0 for none.
+func windowMS(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// fromMS is a bound meta keeps (0: none) as a time.
+func fromMS(ms int64) time.Time {
+	if ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
 }
 
 // HeldIDs implements reservation.StockFigures.
@@ -83,8 +101,9 @@ func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []s
 	}
 	ks := make([]string, 0, 2+len(held))
 	ks = append(ks, k.stock(), k.meta())
-	args := make([]any, 0, 7+2*len(held))
-	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.BucketCount())
+	args := make([]any, 0, 9+2*len(held))
+	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.BucketCount(),
+		windowMS(level.OpensAt), windowMS(level.ClosesAt))
 	for _, id := range held {
 		ks = append(ks, k.hold(id))
 		if t, ok := token[id]; ok {

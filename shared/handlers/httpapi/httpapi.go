@@ -29,7 +29,7 @@ type Service interface {
 	Cancel(ctx context.Context, id, user string) (reservation.Reservation, error)
 	CreateGroup(ctx context.Context, user, sku string, capacity int, ttl time.Duration) (reservation.Group, error)
 	Group(ctx context.Context, id string) (reservation.Group, error)
-	Available(ctx context.Context, sku string) (int64, error)
+	SKU(ctx context.Context, sku string) (reservation.SKUState, error)
 	ChangeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error)
 	InspectStock(ctx context.Context, sku string) (reservation.StockReport, error)
 }
@@ -129,11 +129,13 @@ var routes = map[string]route{
 		return reply(http.StatusOK, groupBody(g))
 	},
 	"GET /skus/{sku}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
-		n, err := h.svc.Available(ctx, p["sku"])
+		st, err := h.svc.SKU(ctx, p["sku"])
 		if err != nil {
 			return h.fail(ctx, err)
 		}
-		return reply(http.StatusOK, map[string]any{"sku": p["sku"], "available": n})
+		body := map[string]any{"sku": st.SKU, "available": st.Available, "server_time": timestamp(st.Now)}
+		window(body, st.OpensAt, st.ClosesAt)
+		return reply(http.StatusOK, body)
 	},
 	"PUT /admin/skus/{sku}/stock": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
 		return h.setStock(ctx, req, p["sku"])
@@ -143,10 +145,12 @@ var routes = map[string]route{
 		if err != nil {
 			return h.fail(ctx, err)
 		}
-		resp := reply(http.StatusOK, map[string]any{
+		body := map[string]any{
 			"sku": r.SKU, "mysql_available": r.MySQLAvailable, "redis_available": r.RedisAvailable,
 			"held": r.Held, "drift": r.Drift(), "version": r.Version, "per_user_limit": r.PerUserLimit, "buckets": r.Buckets,
-		})
+		}
+		window(body, r.OpensAt, r.ClosesAt)
+		resp := reply(http.StatusOK, body)
 		resp.Headers["ETag"] = etag(r.Version)
 		return resp
 	},
@@ -264,13 +268,31 @@ func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRe
 }
 
 type stockRequest struct {
-	Stock        *int64 `json:"stock"`
-	Add          *int64 `json:"add"`
-	PerUserLimit *int   `json:"per_user_limit"`
-	RatePerSec   *int   `json:"rate_per_second"`
-	Burst        *int   `json:"burst"`
-	Buckets      *int   `json:"buckets"`
-	Version      *int64 `json:"version"`
+	Stock        *int64  `json:"stock"`
+	Add          *int64  `json:"add"`
+	PerUserLimit *int    `json:"per_user_limit"`
+	RatePerSec   *int    `json:"rate_per_second"`
+	Burst        *int    `json:"burst"`
+	Buckets      *int    `json:"buckets"`
+	OpensAt      *string `json:"opens_at"`
+	ClosesAt     *string `json:"closes_at"`
+	Version      *int64  `json:"version"`
+}
+
+// windowBound reads a sale window bound of a stock change: an RFC 3339
+// time, or "" to clear it (a body member is never null).
+func windowBound(name string, v *string) (*time.Time, string) {
+	if v == nil {
+		return nil, ""
+	}
+	if *v == "" {
+		return &time.Time{}, ""
+	}
+	t, err := time.Parse(time.RFC3339, *v)
+	if err != nil {
+		return nil, name + ` must be an RFC 3339 time such as "2026-12-01T09:00:00Z", or "" for no bound`
+	}
+	return &t, ""
 }
 
 // setStock changes a SKU's sellable stock: {"stock": n} is an absolute
@@ -284,8 +306,16 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	if (b.Stock == nil) == (b.Add == nil) {
 		return invalid("give exactly one of stock (the new figure) and add (units to add or remove)")
 	}
+	opens, problem := windowBound("opens_at", b.OpensAt)
+	if problem != "" {
+		return invalid(problem)
+	}
+	closes, problem := windowBound("closes_at", b.ClosesAt)
+	if problem != "" {
+		return invalid(problem)
+	}
 	c := reservation.StockChange{SKU: sku, Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, Rate: b.RatePerSec, Burst: b.Burst, IfVersion: b.Version,
-		Buckets: b.Buckets, Key: header(req, "Idempotency-Key")}
+		Buckets: b.Buckets, OpensAt: opens, ClosesAt: closes, Key: header(req, "Idempotency-Key")}
 	if m := strings.TrimSpace(header(req, "If-Match")); m == "*" {
 		// RFC 9110: * matches any current representation: the SKU as it
 		// stands, whatever its version (and 412 if there is none).
@@ -307,10 +337,12 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	if err != nil {
 		return h.fail(ctx, err)
 	}
-	resp := reply(http.StatusOK, map[string]any{
+	body := map[string]any{
 		"sku": level.SKU, "stock": level.Available, "per_user_limit": level.PerUserLimit, "version": level.Version,
 		"rate_per_second": level.UserRate, "burst": level.UserBurst, "buckets": level.BucketCount(),
-	})
+	}
+	window(body, level.OpensAt, level.ClosesAt)
+	resp := reply(http.StatusOK, body)
 	resp.Headers["ETag"] = etag(level.Version)
 	return resp
 }

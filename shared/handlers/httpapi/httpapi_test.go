@@ -52,7 +52,10 @@ func (s *stub) Group(context.Context, string) (reservation.Group, error) {
 	s.calls++
 	return reservation.Group{ID: "g-1", Status: reservation.GroupOpen}, s.err
 }
-func (s *stub) Available(context.Context, string) (int64, error) { s.calls++; return 7, s.err }
+func (s *stub) SKU(_ context.Context, sku string) (reservation.SKUState, error) {
+	s.calls++
+	return reservation.SKUState{SKU: sku, Available: 7, OpensAt: time.UnixMilli(1_800_000_000_000), Now: time.UnixMilli(1_799_999_990_500)}, s.err
+}
 func (s *stub) ChangeStock(_ context.Context, c reservation.StockChange) (reservation.StockLevel, error) {
 	s.calls++
 	s.change = c
@@ -118,6 +121,10 @@ func TestBadInputIsA4xxThatNamesTheProblemAndReachesNothing(t *testing.T) {
 		{"group ttl zero", "POST", "/groups", `{"sku":"s","capacity":3,"ttl_seconds":0}`, 400, "ttl_seconds"},
 		{"stock missing", "PUT", "/admin/skus/s/stock", `{}`, 400, "exactly one of stock"},
 		{"stock and add", "PUT", "/admin/skus/s/stock", `{"stock":1,"add":1}`, 400, "exactly one of stock"},
+		{"opens_at not a time", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":"tomorrow"}`, 400, "opens_at must be an RFC 3339 time"},
+		{"closes_at without a zone", "PUT", "/admin/skus/s/stock", `{"add":0,"closes_at":"2026-12-01T09:00:00"}`, 400, "closes_at must be an RFC 3339 time"},
+		{"opens_at a number", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":1800000000}`, 400, `"opens_at" must be a string`},
+		{"opens_at null", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":null}`, 400, `"opens_at" must not be null`},
 		{"unknown route", "GET", "/nope", ``, 404, "no route"},
 		{"a route API Gateway does not have", "PATCH", "/reservations", ``, 404, "no route"},
 	}
@@ -150,6 +157,8 @@ func TestDomainErrorsMapToStatusAndCode(t *testing.T) {
 		{reservation.ErrAlreadyJoined, 409, "already_joined", false},
 		{reservation.ErrGroupClosed, 409, "group_closed", false},
 		{reservation.ErrLimitExceeded, 409, "limit_exceeded", false},
+		{&reservation.NotOpenError{OpensAt: time.Unix(1_800_000_000, 0), RetryAfter: 1500 * time.Millisecond}, 409, "not_open", true},
+		{reservation.ErrSaleClosed, 409, "sale_closed", false},
 		{reservation.ErrIdempotencyMismatch, 422, "idempotency_mismatch", false},
 		{reservation.ErrUnknownSKU, 404, "unknown_sku", false},
 		{reservation.ErrUnknownGroup, 404, "unknown_group", false},
@@ -290,6 +299,40 @@ func TestStockChangePreconditions(t *testing.T) {
 		if code, body := do(t, svc, request("PUT", "/admin/skus/s/stock", c.body, c.headers)); code != c.status || body["error"] != c.code {
 			t.Errorf("%s = %d %v, want %d %s", c.name, code, body, c.status, c.code)
 		}
+	}
+}
+
+// The sale window: not_open carries opens_at and a Retry-After of the
+// seconds until it opens (rounded up, at least 1); the admin route takes
+// RFC 3339 bounds ("" clears one) and answers the window it recorded;
+// GET /skus/{sku} shows it with the server's time.
+func TestSaleWindow(t *testing.T) {
+	h := httpapi.New(&stub{err: &reservation.NotOpenError{OpensAt: time.UnixMilli(1_800_000_000_250), RetryAfter: 2100 * time.Millisecond}},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	resp, _ := h.Handle(context.Background(), request("POST", "/reservations", `{"sku":"s","qty":1}`, nil))
+	var body map[string]string
+	_ = json.Unmarshal([]byte(resp.Body), &body)
+	if resp.StatusCode != 409 || body["error"] != "not_open" || body["opens_at"] != "2027-01-15T08:00:00.25Z" || resp.Headers["Retry-After"] != "3" {
+		t.Errorf("not open = %d %v Retry-After %q, want 409 not_open with opens_at 2027-01-15T08:00:00.25Z and Retry-After 3", resp.StatusCode, body, resp.Headers["Retry-After"])
+	}
+	h = httpapi.New(&stub{err: &reservation.NotOpenError{OpensAt: time.UnixMilli(1_800_000_000_000), RetryAfter: time.Millisecond}},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if resp, _ := h.Handle(context.Background(), request("POST", "/reservations", `{"sku":"s","qty":1}`, nil)); resp.Headers["Retry-After"] != "1" {
+		t.Errorf("a millisecond before opening: Retry-After %q, want 1 (at least a second)", resp.Headers["Retry-After"])
+	}
+
+	svc := &stub{}
+	code, got := do(t, svc, request("PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":"2027-01-15T09:00:00+01:00","closes_at":""}`, nil))
+	if code != 200 || svc.change.OpensAt == nil || !svc.change.OpensAt.Equal(time.Unix(1_800_000_000, 0)) ||
+		svc.change.ClosesAt == nil || !svc.change.ClosesAt.IsZero() {
+		t.Errorf("PUT with a window = %d %v, change %+v; want opens_at 08:00Z and closes_at cleared", code, got, svc.change)
+	}
+	if code, _ := do(t, svc, request("PUT", "/admin/skus/s/stock", `{"add":1}`, nil)); code != 200 || svc.change.OpensAt != nil || svc.change.ClosesAt != nil {
+		t.Errorf("PUT without a window = %d, change %+v; want the window left alone", code, svc.change)
+	}
+	code, got = do(t, svc, request("GET", "/skus/s", "", nil))
+	if code != 200 || got["opens_at"] != "2027-01-15T08:00:00Z" || got["server_time"] != "2027-01-15T07:59:50.5Z" || got["closes_at"] != nil {
+		t.Errorf("GET /skus/s = %d %v, want opens_at, no closes_at and the server's time", code, got)
 	}
 }
 

@@ -204,6 +204,19 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 		return errorReply(http.StatusConflict, "already_joined", "this user already joined the group")
 	case errors.Is(err, reservation.ErrGroupClosed):
 		return errorReply(http.StatusConflict, "group_closed", "the group is no longer open")
+	case errors.Is(err, reservation.ErrNotOpen):
+		resp := errorReply(http.StatusConflict, "not_open", "the sale of this sku has not opened yet; nothing was held")
+		wait := time.Second
+		var no *reservation.NotOpenError
+		if errors.As(err, &no) {
+			resp = reply(http.StatusConflict, map[string]string{"error": "not_open",
+				"message": "the sale of this sku opens at opens_at; nothing was held", "opens_at": timestamp(no.OpensAt)})
+			wait = max(wait, no.RetryAfter)
+		}
+		resp.Headers["Retry-After"] = seconds(wait)
+		return resp
+	case errors.Is(err, reservation.ErrSaleClosed):
+		return errorReply(http.StatusConflict, "sale_closed", "the sale of this sku has closed; nothing was held")
 	case errors.Is(err, reservation.ErrLimitExceeded):
 		return errorReply(http.StatusConflict, "limit_exceeded", "this user reached the per-user limit for the sku")
 	case errors.Is(err, reservation.ErrRateLimited):
@@ -213,7 +226,7 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 			wait = rl.RetryAfter
 		}
 		resp := errorReply(http.StatusTooManyRequests, "rate_limited", "too many attempts by this buyer on this sku; nothing was held or changed")
-		resp.Headers["Retry-After"] = strconv.Itoa(int((wait + time.Second - 1) / time.Second))
+		resp.Headers["Retry-After"] = seconds(wait)
 		return resp
 	case errors.Is(err, reservation.ErrTooManyGroups):
 		wait := time.Second
@@ -222,7 +235,7 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 			wait = tg.RetryAfter
 		}
 		resp := errorReply(http.StatusTooManyRequests, "too_many_groups", "this buyer already has the most open groups allowed on this sku; nothing was created")
-		resp.Headers["Retry-After"] = strconv.Itoa(int((wait + time.Second - 1) / time.Second))
+		resp.Headers["Retry-After"] = seconds(wait)
 		return resp
 	case errors.Is(err, reservation.ErrIdempotencyMismatch):
 		return errorReply(http.StatusUnprocessableEntity, "idempotency_mismatch",
@@ -250,6 +263,23 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 	}
 	h.log.ErrorContext(ctx, "internal error", "error", err)
 	return errorReply(http.StatusInternalServerError, "internal", "internal error")
+}
+
+// seconds is a Retry-After: whole seconds, rounded up.
+func seconds(d time.Duration) string { return strconv.Itoa(int((d + time.Second - 1) / time.Second)) }
+
+// timestamp is a time as every answer writes it: RFC 3339 in UTC.
+func timestamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// window adds a SKU's sale window to body: opens_at and closes_at, each
+// only when the window has that bound.
+func window(body map[string]any, opens, closes time.Time) {
+	if !opens.IsZero() {
+		body["opens_at"] = timestamp(opens)
+	}
+	if !closes.IsZero() {
+		body["closes_at"] = timestamp(closes)
+	}
 }
 
 func invalid(msg string) response {

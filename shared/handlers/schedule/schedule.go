@@ -31,6 +31,6 @@ func (h *Handler) Handle(ctx context.Context, _ json.RawMessage) (reservation.Sw
 	rep, err := h.svc.Sweep(ctx)
 	h.log.InfoContext(ctx, "sweep", "skus", rep.SKUs, "warmed", rep.Warmed, "expired", rep.Expired,
 		"released", rep.Released, "confirmed", rep.Confirmed, "groups_failed", rep.GroupsFailed,
-		"events_resent", rep.Notified, "errors", rep.Errors)
+		"events_resent", rep.EventsResent, "errors", rep.Errors)
 	return rep, err
 }

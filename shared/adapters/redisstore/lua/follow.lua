@@ -4,6 +4,7 @@
 --
 -- KEYS[1] stock  KEYS[2] meta  KEYS[3] exp  KEYS[4] users  KEYS[5] hold
 -- KEYS[6] group  KEYS[7] members   (as in reserve.lua; group keys are placeholders when no group)
+-- KEYS[8] group  KEYS[9] members   of the group ARGV[16] names (placeholders when it names none)
 -- ARGV[1] sku  ARGV[2] reservation id  ARGV[3] token of the hold MySQL decided ("" for a row
 --   written before tokens existed: it matches any hold)
 -- ARGV[4] qty  ARGV[5] user  ARGV[6] group id          (the row's)
@@ -17,12 +18,19 @@
 --          at reserve, MySQL refused it as not joining the group): its slot reopens even after
 --          the deadline, while the group is OPEN (reservation.Reason.CountsInGroup); so does the
 --          slot of a join whose hold expired unsent (no field sent: group_accept.lua never ran)
+-- ARGV[16] the group of a stray this call may find in another group than the row's ("": none
+--          named; the caller names it after a reply {3, group})
 -- Prefixed with clock.lua.
 --
 -- Returns 1 if this call returned stock, 0 otherwise, 2 if it cannot follow yet: a refund whose
--- stock must come back while Redis has no stock for the SKU (warm it first; nothing changed).
+-- stock must come back while Redis has no stock for the SKU (warm it first; nothing changed),
+-- {3, group} if the hold is a HELD stray of another group than the row's and ARGV[16] does not
+-- name it (nothing changed: call again naming that group, KEYS[8] and KEYS[9] its keys).
 --   a hold of another token  -> a stray (Redis took the id again after forgetting the decided
---                               hold): returned if HELD, then replaced by the row's tombstone
+--                               hold): returned if HELD, then replaced by the row's tombstone;
+--                               a HELD stray of another group than the row's frees its slot and
+--                               member entry there while that group is OPEN, deadline or not
+--                               (MySQL never took it: its join never counted)
 --   CONFIRMED: HELD          -> CONFIRMED, its units leave held; meta.cver = version
 --   CONFIRMED, hold missing (Redis lost it), a commit newer than the level the stock was warmed
 --   from (version > meta.wver)  -> the units are taken from stock now (Redis never took them)
@@ -39,7 +47,8 @@
 -- per-user units move, and its units leave meta.moving (takeout.lua) with held, unless they
 -- left it already when the receiving bucket was credited (landed.lua: the hold's landed field).
 -- Idempotent: the hold's state and its rel field (the token whose release was applied)
--- make a repeat a no-op; MySQL's released flag ends the retries.
+-- make a repeat a no-op; MySQL's released flag ends the retries. A stray is replaced when
+-- it is returned, so a repeat finds the row's tombstone and frees no slot again.
 local sku, id, token = ARGV[1], ARGV[2], ARGV[3]
 local qty, user, gid = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local status, refunded, released = ARGV[7], ARGV[8] == '1', ARGV[9] == '1'
@@ -47,17 +56,23 @@ local reason, retention, version = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[1
 local refund_version = tonumber(ARGV[13])
 
 local never_counted = ARGV[15] == '1' -- set below for an expired hold never sent
+
+-- reopen frees who's slot of the group whose hash is gkey (members mkey) if the member entry
+-- names this id and the group is OPEN: before its deadline, or at any time when never.
+local function reopen(gkey, mkey, who, never)
+  if redis.call('HGET', mkey, who) ~= id then return end
+  local g = redis.call('HMGET', gkey, 'status', 'deadline')
+  if g[1] == 'OPEN' and (never or clock_ms(ARGV[14]) < tonumber(g[2])) then
+    redis.call('HDEL', mkey, who)
+    redis.call('HINCRBY', gkey, 'remaining', 1)
+    redis.call('HDEL', gkey, 'full_at')
+  end
+end
+
 local function give_back(n, who, group, counted)
   if not counted and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], n) end
   if who ~= '' and redis.call('HINCRBY', KEYS[4], who, -n) <= 0 then redis.call('HDEL', KEYS[4], who) end
-  if group ~= '' and group == gid and redis.call('HGET', KEYS[7], who) == id then
-    local g = redis.call('HMGET', KEYS[6], 'status', 'deadline')
-    if g[1] == 'OPEN' and (never_counted or clock_ms(ARGV[14]) < tonumber(g[2])) then
-      redis.call('HDEL', KEYS[7], who)
-      redis.call('HINCRBY', KEYS[6], 'remaining', 1)
-      redis.call('HDEL', KEYS[6], 'full_at')
-    end
-  end
+  if group ~= '' and group == gid then reopen(KEYS[6], KEYS[7], who, never_counted) end
 end
 
 local in_transit = false -- the hold is a transfer's (field into) whose units have not landed: set below
@@ -74,9 +89,12 @@ if reason == 'expired' and h[1] == 'HELD' and not h[8] then never_counted = true
 local state = h[1]
 if state and token ~= '' and (h[5] or '') ~= token then
   if state == 'HELD' then
-    local n = tonumber(h[2])
+    local n, elsewhere = tonumber(h[2]), h[4] or ''
+    if elsewhere == gid then elsewhere = '' end -- the stray's group is the row's (or none)
+    if elsewhere ~= '' and elsewhere ~= ARGV[16] then return {3, elsewhere} end
     unhold(n)
     give_back(n, h[3], h[4] or '')
+    if elsewhere ~= '' then reopen(KEYS[8], KEYS[9], h[3], true) end
     returned = 1
   end
   redis.call('DEL', KEYS[5])

@@ -3,7 +3,8 @@
 --
 -- KEYS[1] stock    string: units buyers can still reserve
 -- KEYS[2] meta     hash: held (units HELD, not yet decided), limit (per-user units, 0 = none),
---                  rate, burst (per-user attempts per second and burst; 0 or absent = ARGV defaults)
+--                  rate, burst (per-user attempts per second and burst; 0 or absent = ARGV defaults),
+--                  opens, closes (the sale window, unix ms; 0 or absent = no such bound)
 -- KEYS[3] exp      sorted set: reservation id -> hold deadline (unix ms)
 -- KEYS[4] users    hash: user -> units held or confirmed (for the per-user limit)
 -- KEYS[5] hold     hash: the hold of this reservation id
@@ -25,11 +26,16 @@
 --   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken
 --   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken
 --   {"RATE_LIMITED", retry_after_ms}       this user is over the SKU's attempt rate; nothing taken
+--   {"NOT_OPEN", opens, wait_ms}            the sale window opens at opens (unix ms), wait_ms from now
+--   {"SALE_CLOSED"}                         the sale window has closed
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"}
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
 -- Idempotent: a retried call (the same token) finds the hold and answers REPLAY, free of charge;
 -- another request for the same id (a client's replay, of a HELD hold or a decided one) costs an
 -- attempt first: replays are script calls on the SKU's shard like any other.
+-- The order of the checks: a replay answers its hold whatever the window; every other attempt is
+-- charged first (a refusal costs its token like a hold does), then the window, judged by this
+-- script's clock, comes before the stock, so nobody hears sold_out or is held outside it.
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
@@ -62,9 +68,13 @@ if wait then return {'RATE_LIMITED', tostring(wait)} end
 
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
+local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit')
+local opens, closes = tonumber(m[1] or '0'), tonumber(m[2] or '0')
+if opens > 0 and now < opens then return {'NOT_OPEN', tostring(opens), tostring(opens - now)} end
+if closes > 0 and now >= closes then return {'SALE_CLOSED'} end
 if tonumber(stock) < qty then return {'SOLD_OUT'} end
 
-local limit = tonumber(redis.call('HGET', KEYS[2], 'limit') or '0')
+local limit = tonumber(m[3] or '0')
 if limit > 0 and tonumber(redis.call('HGET', KEYS[4], user) or '0') + qty > limit then
   return {'LIMIT'}
 end

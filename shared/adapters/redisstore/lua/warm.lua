@@ -5,7 +5,8 @@
 -- ARGV[1] MySQL available  ARGV[2] MySQL version  ARGV[3] per-user limit  ARGV[4] MySQL admin delta
 -- ARGV[5] per-user attempts per second  ARGV[6] burst (0: the service's defaults)
 -- ARGV[7] the SKU's bucket count K (meta.k)
--- ARGV[6+2i] ARGV[7+2i]   for KEYS[2+i]: "1" and the token if MySQL's read had its row CONFIRMED,
+-- ARGV[8] ARGV[9] the sale window: opens, closes (unix ms; 0 = no such bound)
+-- ARGV[8+2i] ARGV[9+2i]   for KEYS[2+i]: "1" and the token if MySQL's read had its row CONFIRMED,
 --                         "0" and "" if MySQL had no decision for it
 --
 -- Returns
@@ -26,7 +27,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 if tonumber(redis.call('HGET', KEYS[2], 'cver') or '0') > version then return 3 end
 local held = tonumber(redis.call('HGET', KEYS[2], 'held') or '0')
 for i = 3, #KEYS do
-  local confirmed, token = ARGV[2 * i + 2] == '1', ARGV[2 * i + 3]
+  local confirmed, token = ARGV[2 * i + 4] == '1', ARGV[2 * i + 5]
   local h = redis.call('HMGET', KEYS[i], 'state', 'qty', 'token')
   if confirmed then
     if h[1] == 'HELD' and (token == '' or h[3] == token) then
@@ -41,6 +42,7 @@ for i = 3, #KEYS do
   end
 end
 redis.call('SET', KEYS[1], available - held)
-redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'wver', version, 'rate', ARGV[5], 'burst', ARGV[6], 'k', ARGV[7], 'ahead', 0)
+redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'wver', version, 'rate', ARGV[5], 'burst', ARGV[6], 'k', ARGV[7],
+  'opens', ARGV[8], 'closes', ARGV[9], 'ahead', 0)
 redis.call('HINCRBY', KEYS[2], 'wn', 1)
 return 1
