@@ -246,6 +246,37 @@ func (s *Service) creditAhead(ctx context.Context, held Reservation) (credited b
 	return true, nil
 }
 
+// persistTransfer completes the transfer a message names (persist and
+// compensate) when Redis backs it: its giving bucket holds it under the
+// message's token, quantity and receiving bucket. A transfer MySQL recorded
+// already is carried out again (a redelivery). One neither Redis nor MySQL
+// knows is dropped, nothing moved: a forged message, or a transfer whose
+// giving bucket forgot the hold before anything else happened — if its units
+// were credited ahead, the receiving bucket's sweep records it from there.
+func (s *Service) persistTransfer(ctx context.Context, t Reservation) (Reservation, error) {
+	h, err := s.holds.Hold(ctx, t.ID, t.Bucket)
+	if err == nil && h.Transfer && h.Token == t.Token && h.Into == t.Into && h.Qty == t.Qty {
+		return s.completeTransfer(ctx, t)
+	}
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return t, fmt.Errorf("transfer %s: read its hold: %w", t.ID, err)
+	}
+	row, err := s.ledger.Reservation(ctx, t.ID)
+	if errors.Is(err, ErrNotFound) || (err == nil && !row.Transfer) {
+		s.metrics.Count("transfers_unbacked", 1)
+		s.log.WarnContext(ctx, "a transfer message no hold backs; dropped, nothing moved", "transfer_id", t.ID)
+		return t, nil
+	}
+	if err != nil {
+		return t, fmt.Errorf("transfer %s: read its row: %w", t.ID, err)
+	}
+	if err := s.carryOutTransfer(ctx, row, 0); err != nil {
+		s.metrics.Count("follow_failed", 1)
+		s.log.WarnContext(ctx, "redis did not follow a recorded transfer yet; the sweeper retries", "transfer_id", row.ID, "error", err)
+	}
+	return row, nil
+}
+
 // completeTransfer records the transfer t in MySQL (a repeat finds its row)
 // and makes Redis follow the row: persist, compensate and the sweeper
 // complete every transfer forward this way. An error means MySQL did not

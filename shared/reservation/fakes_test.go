@@ -462,6 +462,9 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 	h := m.holds[key]
 
 	if row.Status == StatusConfirmed {
+		if _, stocked := m.stock[sku]; state == "" && version > 0 && !stocked && version > m.metaOf(sku)["cver"] {
+			m.metaOf(sku)["cver"] = version // a warm-up reading MySQL now must not load a level before it
+		}
 		if _, stocked := m.stock[sku]; state == "" && version > 0 && stocked && version > m.metaOf(sku)["wver"] {
 			m.stock[sku] -= qty // Redis lost the hold: take the units the commit took
 			if m.users[sku] == nil {

@@ -16,7 +16,7 @@ import (
 // even the locking attempt deadlocked); it is never a reason to cancel.
 func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, error) {
 	if r.Transfer {
-		return s.completeTransfer(ctx, r)
+		return s.persistTransfer(ctx, r)
 	}
 	for attempt := 1; ; attempt++ {
 		lock := Optimistic

@@ -11,12 +11,12 @@ import (
 // marks the hold confirmed; otherwise the reservation is fenced CANCELLED,
 // its hold released once, and the cancellation published. A transfer
 // between buckets is completed forward instead (its units are in the
-// receiving bucket already); one MySQL refuses as no transfer of the SKU's
-// buckets (forged) is dropped, nothing moved. Idempotent, also days later: a
+// receiving bucket already), as persist does; one nothing backs (forged)
+// is dropped, nothing moved. Idempotent, also days later: a
 // decided row moves nothing a second time.
 func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, error) {
 	if r.Transfer {
-		row, err := s.completeTransfer(ctx, r)
+		row, err := s.persistTransfer(ctx, r)
 		if errors.Is(err, ErrNotATransfer) || errors.Is(err, ErrUnknownSKU) {
 			s.metrics.Count("poison_messages", 1)
 			s.log.ErrorContext(ctx, "compensate: a transfer MySQL refuses; dropped, nothing moved", "transfer_id", r.ID, "error", err)

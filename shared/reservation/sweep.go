@@ -378,10 +378,22 @@ func (s *Service) recordCreditsAhead(ctx context.Context, bucket string, rep *Sw
 	}
 	n := 0
 	for _, t := range ahead {
-		if _, err := s.completeTransfer(ctx, t); err != nil {
+		row, err := s.completeTransfer(ctx, t)
+		if err != nil {
 			rep.Errors++
 			s.log.ErrorContext(ctx, "sweep: record a transfer credited ahead", "transfer_id", t.ID, "error", err)
 			continue
+		}
+		if row.Status == StatusConfirmed && row.Release == ReleaseDone {
+			// Recorded and released, yet this bucket's mark is still ahead:
+			// a failover brought back a copy from before the record's
+			// credit. The record's credit again turns the mark (counting its
+			// units once, or again after a warm-up without them).
+			if _, err := s.holds.Credit(ctx, row); err != nil {
+				rep.Errors++
+				s.log.ErrorContext(ctx, "sweep: credit a recorded transfer again", "transfer_id", t.ID, "error", err)
+				continue
+			}
 		}
 		n++
 	}

@@ -33,7 +33,9 @@
 --                               (MySQL never took it: its join never counted)
 --   CONFIRMED: HELD          -> CONFIRMED, its units leave held; meta.cver = version
 --   CONFIRMED, hold missing (Redis lost it), a commit newer than the level the stock was warmed
---   from (version > meta.wver)  -> the units are taken from stock now (Redis never took them)
+--   from (version > meta.wver)  -> the units are taken from stock now (Redis never took them);
+--   with no stock figure at all  -> meta.cver = version, so a warm-up from a level before the
+--                                   commit is refused as stale and reads MySQL again
 --   CANCELLED: HELD          -> CANCELLED, stock, per-user units and group slot returned (the slot
 --                               only to a group still OPEN, and before its deadline unless the join
 --                               never counted: after formation or the deadline the group is decided
@@ -116,6 +118,12 @@ if status == 'CONFIRMED' then
       and version > tonumber(redis.call('HGET', KEYS[2], 'wver') or '0') then
     redis.call('DECRBY', KEYS[1], qty)
     if user ~= '' then redis.call('HINCRBY', KEYS[4], user, qty) end
+  end
+  if not state and version > 0 and redis.call('EXISTS', KEYS[1]) == 0
+      and version > tonumber(redis.call('HGET', KEYS[2], 'cver') or '0') then
+    -- Redis has no figure to take from: a warm-up may be reading MySQL right now, so it must
+    -- not load a level from before this commit (warm.lua refuses a level older than cver)
+    redis.call('HSET', KEYS[2], 'cver', version)
   end
   if state == 'HELD' then
     unhold(tonumber(h[2]))
