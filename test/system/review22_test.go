@@ -1,0 +1,233 @@
+package system_test
+
+// The twenty-second review's reproductions: transfers between buckets
+// credited ahead of MySQL's record (docs/design.md, "One SKU over K
+// buckets"). Each test fails on the code it was written against.
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
+	"github.com/holdfast/holdfast/shared/adapters/redisstore"
+	"github.com/holdfast/holdfast/shared/reservation"
+	"github.com/redis/go-redis/v9"
+)
+
+// r22Keys are the Redis keys of bucket b of sku that a transfer touches
+// (the transfer's hold or mark among them).
+func r22Keys(sku string, b int, id string) []string {
+	tag := "hf:{" + reservation.BucketName(sku, b) + "}"
+	return []string{tag + ":stock", tag + ":meta", tag + ":exp", tag + ":ahead", tag + ":r:" + id}
+}
+
+// r22Snapshot dumps keys; restore puts them back as they were (a key that
+// did not exist is deleted): a failover to a replica that had received the
+// writes up to the snapshot and none after (Redis replicates asynchronously).
+func r22Snapshot(t *testing.T, c redis.UniversalClient, keys []string) (restore func()) {
+	t.Helper()
+	ctx := context.Background()
+	dumps := map[string]string{}
+	for _, k := range keys {
+		d, err := c.Dump(ctx, k).Result()
+		if err == redis.Nil {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		dumps[k] = d
+	}
+	return func() {
+		t.Helper()
+		for _, k := range keys {
+			d, ok := dumps[k]
+			if !ok {
+				if err := c.Del(ctx, k).Err(); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			if err := c.RestoreReplace(ctx, k, 0, d).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// r22Stock reads bucket b's figures.
+func r22Stock(t *testing.T, c redis.UniversalClient, sku string, b int) reservation.RedisStock {
+	t.Helper()
+	rs, err := redisstore.New(c, 0).Stock(context.Background(), reservation.BucketName(sku, b))
+	if err != nil {
+		t.Fatalf("stock of bucket %d: %v", b, err)
+	}
+	return rs
+}
+
+// TestReview22ReceiverFailoverStrandsCreditAhead: the receiving bucket fails
+// over to a replica that has the transfer's credit ahead of the record but
+// not the record's credit (the last write before the failover). MySQL has
+// recorded and released the transfer, so nothing credits it again: the mark
+// stays AHEAD, meta.ahead stays at the transfer's units and the ahead index
+// keeps the entry — for ever. Every sweep "records" it again (a duplicate),
+// so the bucket is never quiet and never reconciled, and the sweep reports a
+// drift of those units that is not there.
+func TestReview22ReceiverFailoverStrandsCreditAhead(t *testing.T) {
+	s := newStack(t)
+	const k = 3
+	sku := testservices.Name("stranded")
+	s.createSKU(sku, 10, k)
+	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(10) {
+		t.Fatalf("GET /skus = %d %v", code, body)
+	}
+	ctx := context.Background()
+	holds := redisstore.New(s.rdb, 0, redisstore.WithClock(s.clock))
+	tr := reservation.Reservation{ID: sku + ".kkkkkkkkkkkkkkkkkkkkkkkkkk", SKU: sku, Qty: 4, Bucket: 0, Transfer: true, Into: 1, Token: "tok-k"}
+	held, err := holds.TakeOut(ctx, tr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := holds.Credit(ctx, held); err != nil || !ok {
+		t.Fatalf("credit ahead = %v %v", ok, err)
+	}
+	if err := holds.Landed(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	failover := r22Snapshot(t, s.rdb, r22Keys(sku, 1, held.ID)) // bucket 1's replica, as of the credit ahead
+	// Persist records the transfer, credits it (a no-op by the mark), confirms the giving hold, releases the row.
+	if _, err := s.app.Service.Persist(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if row, err := mysqlstore.New(s.db).Reservation(ctx, held.ID); err != nil || row.Release != reservation.ReleaseDone {
+		t.Fatalf("transfer row %+v %v, want recorded and released", row, err)
+	}
+	failover() // bucket 1 fails over: the record's credit is lost, the credit ahead is not
+	var rep reservation.SweepReport
+	for range 5 {
+		s.clock.Advance(5 * time.Minute) // past the deadline, the grace, ReconcileAfter, the live mark
+		if rep = s.sweep(); rep.Errors != 0 {
+			t.Fatalf("sweep: %+v", rep)
+		}
+	}
+	rs := r22Stock(t, s.rdb, sku, 1)
+	aheadIndex := s.rdb.ZCard(ctx, r22Keys(sku, 1, held.ID)[3]).Val()
+	mark := s.rdb.HGet(ctx, r22Keys(sku, 1, held.ID)[4], "state").Val()
+	t.Logf("after 5 sweeps: bucket 1 %+v, ahead index %d, mark %q; last sweep %+v", rs, aheadIndex, mark, rep)
+	if rs.Ahead != 0 || aheadIndex != 0 || mark == "AHEAD" {
+		t.Errorf("bucket 1 keeps a credit ahead of a record MySQL made and released: meta.ahead %d, index %d, mark %q (want 0, 0, not AHEAD)", rs.Ahead, aheadIndex, mark)
+	}
+	if rep.DriftUnits != 0 {
+		t.Errorf("the sweep reports a drift of %d units (%v) on buckets that match MySQL", rep.DriftUnits, rep.WorstDrift)
+	}
+	if rep.LiveSKUs != 0 {
+		t.Errorf("the SKU stays live (%d live SKUs visited): every sweep re-records the stranded credit, so its bucket is never quiet", rep.LiveSKUs)
+	}
+	s.check(invariant.Expect{Sellable: map[string]int64{sku: 10}, Quiescent: true})
+}
+
+// TestReview22StrandedCreditAheadBlocksHealing: with a credit ahead stranded
+// as above, a real drift of the receiving bucket (a unit Redis lost) is
+// never healed: reconciliation never reaches the bucket.
+func TestReview22StrandedCreditAheadBlocksHealing(t *testing.T) {
+	s := newStack(t)
+	const k = 3
+	sku := testservices.Name("noheal")
+	s.createSKU(sku, 10, k)
+	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(10) {
+		t.Fatalf("GET /skus = %d %v", code, body)
+	}
+	ctx := context.Background()
+	holds := redisstore.New(s.rdb, 0, redisstore.WithClock(s.clock))
+	tr := reservation.Reservation{ID: sku + ".nnnnnnnnnnnnnnnnnnnnnnnnnn", SKU: sku, Qty: 4, Bucket: 0, Transfer: true, Into: 1, Token: "tok-n"}
+	held, err := holds.TakeOut(ctx, tr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := holds.Credit(ctx, held); err != nil || !ok {
+		t.Fatalf("credit ahead = %v %v", ok, err)
+	}
+	if err := holds.Landed(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	failover := r22Snapshot(t, s.rdb, r22Keys(sku, 1, held.ID))
+	if _, err := s.app.Service.Persist(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	failover()
+	// Redis loses one more unit of bucket 1 (say a give-back lost in the same failover).
+	if err := s.rdb.DecrBy(ctx, r22Keys(sku, 1, held.ID)[0], 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 6 {
+		s.clock.Advance(5 * time.Minute)
+		if rep := s.sweep(); rep.Errors != 0 {
+			t.Fatalf("sweep: %+v", rep)
+		}
+	}
+	shares := s.count(`SELECT available FROM stock_buckets WHERE sku = ? AND bucket = 1`, sku)
+	if got := r22Stock(t, s.rdb, sku, 1).Available; got != shares {
+		t.Errorf("bucket 1 offers %d units, MySQL's share is %d: a drift that six sweeps, %s apart, never healed", got, shares, 5*time.Minute)
+	}
+}
+
+// TestReview22GivingFailoverDuringRecordSellsTwice: the giving bucket fails
+// over to a replica without the take-out, while persist records the
+// transfer: its follow of the giving bucket fails (the bucket is failing
+// over), so the outbox completes it — with no version, so the units the
+// giving bucket lost are not taken from its stock. They stay for sale in
+// both buckets after the record (docs/design.md: "only … before the
+// record"), until reconciliation, which waits for a bucket with no hold.
+func TestReview22GivingFailoverDuringRecordSellsTwice(t *testing.T) {
+	s := newStack(t)
+	const k = 3
+	sku := testservices.Name("twice")
+	s.createSKU(sku, 10, k)
+	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(10) {
+		t.Fatalf("GET /skus = %d %v", code, body)
+	}
+	ctx := context.Background()
+	holds := redisstore.New(s.rdb, 0, redisstore.WithClock(s.clock))
+	tr := reservation.Reservation{ID: sku + ".wwwwwwwwwwwwwwwwwwwwwwwwww", SKU: sku, Qty: 6, Bucket: 0, Transfer: true, Into: 1, Token: "tok-w"}
+	failover := r22Snapshot(t, s.rdb, r22Keys(sku, 0, tr.ID)) // bucket 0's replica, before the take-out
+	held, err := holds.TakeOut(ctx, tr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := holds.Credit(ctx, held); err != nil || !ok {
+		t.Fatalf("credit ahead = %v %v", ok, err)
+	}
+	if err := holds.Landed(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	// Persist commits the record; Redis's follow of it fails (bucket 0 is
+	// failing over), so completeTransfer leaves it to the outbox.
+	if _, recorded, err := mysqlstore.New(s.db).Transfer(ctx, held, s.clock.Now()); err != nil || !recorded {
+		t.Fatalf("record = %v %v", recorded, err)
+	}
+	failover()
+	s.clock.Advance(5 * time.Second) // past the outbox's grace, not the hold's deadline
+	if rep := s.sweep(); rep.Errors != 0 { // the outbox completes the record
+		t.Fatalf("sweep: %+v", rep)
+	}
+	avail, held0 := bucketStocks(t, s.rdb, sku, k)
+	t.Logf("after the record and the outbox: buckets %v held %v, MySQL available %d", avail, held0, s.mysqlAvailable(sku))
+	if sum(avail) > s.mysqlAvailable(sku) {
+		t.Errorf("the buckets offer %d units for MySQL's %d after the transfer's record: %d units for sale in two buckets",
+			sum(avail), s.mysqlAvailable(sku), sum(avail)-s.mysqlAvailable(sku))
+	}
+	// Buyers are told 202 for units MySQL does not have.
+	accepted := 0
+	for b := range 2 {
+		for i := range int(avail[b]) {
+			if code, _ := s.reserve(sku, userIn(fmt.Sprintf("b%d-%d", b, i), b, k), 1, ""); code == 202 {
+				accepted++
+			}
+		}
+	}
+	t.Logf("%d buyers told 202 for %d units", accepted, s.mysqlAvailable(sku))
+}
