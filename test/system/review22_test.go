@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
@@ -230,4 +231,44 @@ func TestReview22GivingFailoverDuringRecordSellsTwice(t *testing.T) {
 		}
 	}
 	t.Logf("%d buyers told 202 for %d units", accepted, s.mysqlAvailable(sku))
+}
+
+// TestReview22ForgedTransferMovesPhantomUnits: a TransferHeld message naming
+// two buckets the SKU has, for units no bucket ever took out (no hold in the
+// giving bucket, no credit in the receiving one), is recorded by persist and
+// followed by Redis: MySQL's shares move 1000 units that do not exist, the
+// receiving bucket offers them, and buyers of that bucket are told 202 for
+// units MySQL does not have, until a sweep's cover moves them back. Nothing
+// checks a transfer message against its hold.
+func TestReview22ForgedTransferMovesPhantomUnits(t *testing.T) {
+	rec := &recordingEnqueuer{}
+	s := newStack(t, withEnqueuer(rec))
+	const k = 3
+	sku := testservices.Name("phantom")
+	s.createSKU(sku, 10, k)
+	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(10) {
+		t.Fatalf("GET /skus = %d %v", code, body)
+	}
+	before, _ := bucketStocks(t, s.rdb, sku, k)
+	now := s.clock.Now()
+	body := fmt.Sprintf(`{"version":1,"type":"TransferHeld","reservation_id":"%s.pppppppppppppppppppppppppp","sku":%q,"qty":1000,"hold_token":"t","expires_at":%q,"created_at":%q,"bucket":1,"into_bucket":2}`,
+		sku, sku, now.Add(10*time.Second).Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
+	resp, err := s.persist.Handle(context.Background(), events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m1", Body: body, EventSource: "aws:sqs", EventSourceARN: s.queues.ARN}}})
+	t.Logf("persist of a forged transfer: %d failures, err %v", len(resp.BatchItemFailures), err)
+	after, _ := bucketStocks(t, s.rdb, sku, k)
+	share1 := s.count(`SELECT COALESCE(SUM(available), 0) FROM stock_buckets WHERE sku = ? AND bucket = 1`, sku)
+	share2 := s.count(`SELECT COALESCE(SUM(available), 0) FROM stock_buckets WHERE sku = ? AND bucket = 2`, sku)
+	t.Logf("buckets %v → %v; MySQL shares of buckets 1/2: %d/%d; MySQL available %d", before, after, share1, share2, s.mysqlAvailable(sku))
+	if fmt.Sprint(after) != fmt.Sprint(before) || share1 < 0 || share2 > 10 {
+		t.Errorf("a transfer no bucket took out moved units: buckets %v → %v, shares %d/%d", before, after, share1, share2)
+	}
+	accepted := 0
+	for i := range 30 {
+		if code, _ := s.reserve(sku, userIn(fmt.Sprintf("p%d", i), 2, k), 1, ""); code == 202 {
+			accepted++
+		}
+	}
+	if accepted > 10 {
+		t.Errorf("%d buyers of bucket 2 told 202 for a SKU of 10 units", accepted)
+	}
 }
