@@ -272,3 +272,51 @@ func TestReview22ForgedTransferMovesPhantomUnits(t *testing.T) {
 		t.Errorf("%d buyers of bucket 2 told 202 for a SKU of 10 units", accepted)
 	}
 }
+
+// r22Skewed is the stack's Redis with the receiving buckets' shard clock
+// running ahead of the giving one's: Credit runs on a shard whose TIME is
+// skew ahead (credit.lua reads its own shard's clock; takeout.lua set the
+// deadline by the giving shard's).
+type r22Skewed struct {
+	*redisstore.Store
+	receiving *redisstore.Store
+}
+
+func (r r22Skewed) Credit(ctx context.Context, t reservation.Reservation) (bool, error) {
+	return r.receiving.Credit(ctx, t)
+}
+
+type r22Clock struct {
+	base *testClock
+	skew time.Duration
+}
+
+func (c r22Clock) Now() time.Time { return c.base.Now().Add(c.skew) }
+
+// TestReview22ShardClockSkewTellsBuyerSoldOut: the shard of a dry bucket
+// runs its clock 15 s ahead of the shard of the full one. Every credit ahead
+// of the record is refused as past the transfer hold's deadline (10 s by the
+// giving shard's clock), so every transfer "does not land": the refill takes
+// out a half, a quarter, an eighth of the full bucket, three passes, and the
+// buyer is told sold out while the SKU has all its 30 units.
+func TestReview22ShardClockSkewTellsBuyerSoldOut(t *testing.T) {
+	rec := &recordingEnqueuer{}
+	s := newStack(t, withEnqueuer(rec))
+	const k = 3
+	sku := testservices.Name("skew")
+	s.createSKU(sku, 30, k)
+	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(30) {
+		t.Fatalf("GET /skus = %d %v", code, body)
+	}
+	store := redisstore.New(s.rdb, s.cfg.HoldRetention, redisstore.WithClock(s.clock))
+	ahead := redisstore.New(s.rdb, s.cfg.HoldRetention, redisstore.WithClock(r22Clock{s.clock, 15 * time.Second}))
+	svc := reservation.NewService(s.cfg.Protocol, reservation.Deps{
+		Redis: r22Skewed{Store: store, receiving: ahead}, Ledger: mysqlstore.New(s.db), Queue: rec, Clock: s.clock,
+	})
+	_, _, err := svc.Reserve(context.Background(), reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: userIn("dry", 1, k)})
+	avail, held := bucketStocks(t, s.rdb, sku, k)
+	t.Logf("reserve: %v; buckets %v held %v; %d transfers sent", err, avail, held, len(rec.msgs))
+	if err != nil {
+		t.Errorf("a buyer of a dry bucket told %v while the SKU has 30 units (the receiving shard's clock 15 s ahead)", err)
+	}
+}
