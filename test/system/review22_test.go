@@ -76,8 +76,9 @@ func r22Stock(t *testing.T, c redis.UniversalClient, sku string, b int) reservat
 // recorded and released the transfer, so nothing credits it again: the mark
 // stays AHEAD, meta.ahead stays at the transfer's units and the ahead index
 // keeps the entry — for ever. Every sweep "records" it again (a duplicate),
-// so the bucket is never quiet and never reconciled, and the sweep reports a
-// drift of those units that is not there.
+// so the bucket is never quiet, the SKU never leaves the live marks, and
+// reconciliation never reaches the bucket (were it reached, its drift would
+// count units that are not in flight).
 func TestReview22ReceiverFailoverStrandsCreditAhead(t *testing.T) {
 	s := newStack(t)
 	const k = 3
@@ -318,5 +319,136 @@ func TestReview22ShardClockSkewTellsBuyerSoldOut(t *testing.T) {
 	t.Logf("reserve: %v; buckets %v held %v; %d transfers sent", err, avail, held, len(rec.msgs))
 	if err != nil {
 		t.Errorf("a buyer of a dry bucket told %v while the SKU has 30 units (the receiving shard's clock 15 s ahead)", err)
+	}
+}
+
+// TestReview22RefusedOverLimitRequestsMoveUnits: a request the per-user
+// limit refuses still makes a transfer: reserve.lua answers SOLD_OUT for a
+// dry bucket before it checks the limit, the refill moves half of the full
+// bucket, and the retry is refused LIMIT with nothing held. Each such request
+// costs a transfer that persist writes on the SKU's stock row (a version bump
+// the sale's batches then conflict on) — the lever the fifth review closed
+// for requests the buckets together cannot serve.
+func TestReview22RefusedOverLimitRequestsMoveUnits(t *testing.T) {
+	rec := &recordingEnqueuer{}
+	s := newStack(t, withEnqueuer(rec))
+	const k = 3
+	sku := testservices.Name("overlimit")
+	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":6,"buckets":3,"per_user_limit":1}`, nil); code != 200 {
+		t.Fatalf("set stock = %d %v", code, body)
+	}
+	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(6) {
+		t.Fatalf("GET /skus = %d %v", code, body)
+	}
+	const attempts = 12
+	codes := map[int]int{}
+	for i := range attempts {
+		b := (1 + i) % k // buyers of each bucket in turn, each asking for 2 of the 6 units
+		code, _ := s.reserve(sku, userIn(fmt.Sprintf("ol%d", i), b, k), 2, "")
+		codes[code]++
+	}
+	v0 := s.count(`SELECT version FROM product_stock WHERE sku = ?`, sku)
+	msgs := s.persistAll(rec)
+	v1 := s.count(`SELECT version FROM product_stock WHERE sku = ?`, sku)
+	transfers := s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND into_bucket IS NOT NULL`, sku)
+	avail, _ := bucketStocks(t, s.rdb, sku, k)
+	t.Logf("%d requests of 2 units under a limit of 1: answers %v; %d messages, %d transfers recorded, stock version %d -> %d; buckets %v",
+		attempts, codes, len(msgs), transfers, v0, v1, avail)
+	if codes[202] != 0 {
+		t.Fatalf("a request over the per-user limit was accepted: %v", codes)
+	}
+	if transfers != 0 {
+		t.Errorf("%d requests the per-user limit refuses made %d transfers (%d MySQL version bumps on the stock row)", attempts, transfers, v1-v0)
+	}
+}
+
+// TestReview22RecordDuringGivingWarmUpCountsTwice: the giving bucket
+// restarts empty after the credit ahead; a warm-up reads MySQL (the share
+// still has the transfer's units: not recorded yet); persist records the
+// transfer and follows it in the giving bucket, which has no stock figure
+// yet, so follow.lua takes nothing and leaves no trace in meta (cver moves
+// only for a HELD hold); then the warm-up writes its level. warm.lua sees
+// nothing stale, and the units are for sale in both buckets after the
+// record, until reconciliation. (A buyer's confirm of a hold Redis lost has
+// the same window with one bucket.)
+func TestReview22RecordDuringGivingWarmUpCountsTwice(t *testing.T) {
+	s := newStack(t)
+	const k = 3
+	sku := testservices.Name("warmrace")
+	s.createSKU(sku, 10, k)
+	if code, body := s.call("GET", "/skus/"+sku, "", nil); code != 200 || body["available"] != float64(10) {
+		t.Fatalf("GET /skus = %d %v", code, body)
+	}
+	ctx := context.Background()
+	holds := redisstore.New(s.rdb, s.cfg.HoldRetention, redisstore.WithClock(s.clock))
+	ledger := mysqlstore.New(s.db)
+	tr := reservation.Reservation{ID: sku + ".rrrrrrrrrrrrrrrrrrrrrrrrrr", SKU: sku, Qty: 6, Bucket: 0, Transfer: true, Into: 1, Token: "tok-r"}
+	held, err := holds.TakeOut(ctx, tr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := holds.Credit(ctx, held); err != nil || !ok {
+		t.Fatalf("credit ahead = %v %v", ok, err)
+	}
+	if err := holds.Landed(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.rdb.Del(ctx, r22Keys(sku, 0, held.ID)...).Err(); err != nil { // bucket 0 restarts empty
+		t.Fatal(err)
+	}
+	// A warm-up of bucket 0 reads MySQL (Service.warm: HeldIDs, then Snapshot) ...
+	level, confirmed, err := ledger.Snapshot(ctx, sku, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ... persist records the transfer and Redis follows the record ...
+	if _, err := s.app.Service.Persist(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	// ... and the warm-up writes what it read.
+	res, err := holds.Warm(ctx, level.Bucket(0), nil, confirmed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	avail, _ := bucketStocks(t, s.rdb, sku, k)
+	t.Logf("warm-up: %v; buckets %v, MySQL available %d", res, avail, s.mysqlAvailable(sku))
+	if sum(avail) > s.mysqlAvailable(sku) {
+		t.Errorf("after the record the buckets offer %d units for MySQL's %d: the transfer's %d units are for sale in both buckets",
+			sum(avail), s.mysqlAvailable(sku), sum(avail)-s.mysqlAvailable(sku))
+	}
+}
+
+// TestReview22ConfirmDuringWarmUpCountsTwice: the same window with one
+// bucket and a buyer's hold: Redis restarts empty, a warm-up reads MySQL,
+// persist confirms the hold (follow.lua: no hold, no stock figure, nothing
+// taken, no cver), the warm-up writes its older level: the buyer's unit is
+// for sale again in Redis.
+func TestReview22ConfirmDuringWarmUpCountsTwice(t *testing.T) {
+	rec := &recordingEnqueuer{}
+	s := newStack(t, withEnqueuer(rec))
+	sku := testservices.Name("warmconfirm")
+	s.createSKU(sku, 5, 1)
+	code, body := s.reserve(sku, "ann", 1, "")
+	if code != 202 {
+		t.Fatalf("reserve = %d %v", code, body)
+	}
+	ctx := context.Background()
+	id := body["reservation_id"].(string)
+	if err := s.rdb.Del(ctx, r22Keys(sku, 0, id)...).Err(); err != nil { // Redis restarts empty
+		t.Fatal(err)
+	}
+	level, confirmed, err := mysqlstore.New(s.db).Snapshot(ctx, sku, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.persistAll(rec)
+	res, err := redisstore.New(s.rdb, s.cfg.HoldRetention, redisstore.WithClock(s.clock)).Warm(ctx, level.Bucket(0), nil, confirmed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.redisStock(sku)
+	t.Logf("warm-up: %v; Redis available %d, MySQL available %d", res, got, s.mysqlAvailable(sku))
+	if got > s.mysqlAvailable(sku) {
+		t.Errorf("Redis offers %d units, MySQL has %d: the confirmed unit is for sale again", got, s.mysqlAvailable(sku))
 	}
 }
