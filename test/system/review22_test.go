@@ -212,7 +212,7 @@ func TestReview22GivingFailoverDuringRecordSellsTwice(t *testing.T) {
 		t.Fatalf("record = %v %v", recorded, err)
 	}
 	failover()
-	s.clock.Advance(5 * time.Second) // past the outbox's grace, not the hold's deadline
+	s.clock.Advance(5 * time.Second)       // past the outbox's grace, not the hold's deadline
 	if rep := s.sweep(); rep.Errors != 0 { // the outbox completes the record
 		t.Fatalf("sweep: %+v", rep)
 	}
