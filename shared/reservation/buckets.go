@@ -56,10 +56,10 @@ const transferTimeout = 5 * time.Second
 // (cover: home owes units) whatever the others have moves. Units on their
 // way between buckets (another instance's transfer, taken out and not
 // credited yet: a round trip) count: while they would make up the need it
-// waits for them briefly, then answers 503, never sold out. A donor drained between the read and the
-// move is read again: up to maxRefills passes. It reports whether home has
-// need units now; an error (a store failed, or units still on their way)
-// ends it.
+// waits for them briefly, then answers 503, never sold out. A donor drained
+// between the read and the move is read again: up to maxRefills passes,
+// then 503 (the buckets had the units). It reports whether home has need
+// units now; an error (a store failed, or units still on their way) ends it.
 func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bool, error) {
 	mu := s.refilling(BucketName(sku, home))
 	mu.Lock()
@@ -123,6 +123,12 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bo
 				return true, nil
 			}
 		}
+	}
+	if need > 0 {
+		// The buckets had the units, but their donors drained (or the
+		// moves did not land) faster than this refill could move them:
+		// not sold out, a retry may be served.
+		return false, Unavailable("refill", errors.New("the buckets drained while refilling"))
 	}
 	return false, nil
 }
@@ -203,9 +209,20 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 		return false, fmt.Errorf("transfer %s: take out: %w", t.ID, err)
 	}
 	moved, err = s.creditAhead(ctx, held)
-	if err != nil {
+	switch {
+	case err != nil:
 		s.metrics.Count("follow_failed", 1)
 		s.log.WarnContext(ctx, "a transfer's credit did not land; its record credits it", "transfer_id", held.ID, "error", err)
+	case !moved:
+		// The receiving shard's clock is past the hold's deadline already
+		// (shard clocks apart by more than transferTTL): no credit ahead,
+		// so the record now, with MySQL on this path, credits it.
+		_, err := s.completeTransfer(ctx, held)
+		if err != nil {
+			s.log.WarnContext(ctx, "a transfer is not recorded yet; the sweeper records it", "transfer_id", held.ID, "error", err)
+		}
+		moved = err == nil
+		return moved, nil
 	}
 	if s.queue == nil || s.queue.Enqueue(ctx, held) != nil {
 		// No queue here (persist, the sweeper: MySQL is at hand), or the
