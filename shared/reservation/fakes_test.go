@@ -1103,6 +1103,7 @@ type memLedger struct {
 	// beforeFence runs at the start of Fence, outside the lock: a racing
 	// writer (a persist) that reaches the row first.
 	beforeFence func(Reservation)
+	audits      map[string]AuditResult // stock_audits
 }
 
 func newMemLedger() *memLedger {

@@ -429,6 +429,8 @@ type Ledger interface {
 	// GroupSettled records that a group's end reached both stores: every
 	// member of a FAILED group is cancelled; Redis knows a FORMED group formed.
 	GroupSettled(ctx context.Context, id string) error
+	// Books: the ledger audit's tally and its record.
+	Books
 }
 
 // Enqueuer hands an accepted reservation to persist (SQS in production).

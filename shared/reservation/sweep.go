@@ -28,7 +28,14 @@ type SweepReport struct {
 	DriftUnits int64      `json:"drift_units"`
 	Drifting   int        `json:"drifting_skus"`
 	WorstDrift []SKUDrift `json:"worst_drift,omitempty"`
-	Errors     int        `json:"errors"`
+	// The ledger audit of the live SKUs (stock put in = available + taken,
+	// in MySQL): how many were audited, the total of the mismatches' sizes,
+	// how many SKUs mismatch, and the worst of them by name.
+	Audited       int        `json:"audited_skus"`
+	MismatchUnits int64      `json:"ledger_mismatch_units"`
+	Mismatched    int        `json:"mismatched_skus"`
+	WorstMismatch []SKUDrift `json:"worst_mismatch,omitempty"`
+	Errors        int        `json:"errors"`
 }
 
 // SKUDrift is one SKU's drift.
@@ -194,7 +201,9 @@ func (s *Service) sweepLive(ctx context.Context, rep *SweepReport) map[string]bo
 			visited[m.SKU] = true
 			rep.SKUs++
 			rep.LiveSKUs++
+			drifted := rep.DriftUnits
 			quiet = s.sweepSKU(ctx, level, rep)
+			s.audit(ctx, m.SKU, rep.DriftUnits-drifted, rep)
 		}
 		if !quiet {
 			continue

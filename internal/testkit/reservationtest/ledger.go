@@ -46,6 +46,7 @@ func ptr[T any](v T) *T { return &v }
 // Ledger is the contract of reservation.Ledger (MySQL's), run against the
 // MySQL adapter on MariaDB and against the in-memory fake.
 func Ledger(t *testing.T, newLedger LedgerFactory) {
+	Audit(t, newLedger)
 	t.Run("the catalog pages in SKU order; levels are read by name", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)
