@@ -586,6 +586,63 @@ type SkuAvailability struct {
 // Example: demo-phone
 type SkuId = string
 
+// SkuReport defines model for SkuReport.
+type SkuReport struct {
+	// ByReason The cancelled rows by reason.
+	ByReason []struct {
+		Count  int64  `json:"count"`
+		Reason string `json:"reason"`
+		Units  int64  `json:"units"`
+	} `json:"by_reason"`
+	ByStatus []struct {
+		Count  int64  `json:"count"`
+		Status string `json:"status"`
+		Units  int64  `json:"units"`
+	} `json:"by_status"`
+
+	// Drift mysql_available - (redis_available + held): 0 at quiescence
+	Drift int64 `json:"drift"`
+
+	// Held Units in live holds in Redis.
+	Held int64 `json:"held"`
+
+	// InTransfer Units of recorded transfers between buckets Redis has not credited yet.
+	InTransfer int64 `json:"in_transfer"`
+
+	// LastAudit The sweeper's last audit of the SKU (absent until its first).
+	LastAudit *struct {
+		At time.Time `json:"at"`
+
+		// Clean No ledger mismatch and no drift.
+		Clean bool `json:"clean"`
+
+		// Drift Redis drift the sweep measured, summed over the buckets by size.
+		Drift          int64 `json:"drift"`
+		LedgerMismatch int64 `json:"ledger_mismatch"`
+		MysqlAvailable int64 `json:"mysql_available"`
+		PutIn          int64 `json:"put_in"`
+		Sold           int64 `json:"sold"`
+	} `json:"last_audit,omitempty"`
+
+	// LedgerMismatch put_in - (mysql_available + sold): 0 while MySQL's books balance
+	LedgerMismatch int64 `json:"ledger_mismatch"`
+	MysqlAvailable int64 `json:"mysql_available"`
+
+	// Paid Of those, units paid for.
+	Paid int64 `json:"paid"`
+
+	// PutIn The stock put in: the initial stock plus every admin change.
+	PutIn          int64 `json:"put_in"`
+	RedisAvailable int64 `json:"redis_available"`
+
+	// Returned Units of refunded rows: sold, then given back to available.
+	Returned int64  `json:"returned"`
+	Sku      string `json:"sku"`
+
+	// Sold Units the buyers' rows hold (CONFIRMED, and paid).
+	Sold int64 `json:"sold"`
+}
+
 // StockChange Exactly one of `stock` and `add`.
 type StockChange struct {
 	// Add Units to add (or, negative, remove).
@@ -1619,6 +1676,18 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 // The interface specification for the client above.
 type ClientInterface interface {
 
+	// ReportSku A SKU's books, both stores' figures and its last audit (operators)
+	//
+	// MySQL's books in one consistent read: the stock put in (the initial stock and
+	// every admin change), the buyers' rows by status and by cancellation reason, and
+	// what they sold, paid and returned. `ledger_mismatch` is put_in − (mysql_available
+	// + sold): 0 while the books balance. `held` and `drift` are Redis's, as GET
+	// /admin/skus/{sku}/stock gives them. `last_audit` is the sweeper's last audit of
+	// the SKU (absent until its first).
+	//
+	// Corresponds with GET /admin/skus/{sku}/report (the `ReportSku` operationId).
+	ReportSku(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// InspectStock Both stores' view of a SKU (operators)
 	//
 	// Corresponds with GET /admin/skus/{sku}/stock (the `InspectStock` operationId).
@@ -1752,6 +1821,28 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 	GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error)
+}
+
+// ReportSku A SKU's books, both stores' figures and its last audit (operators)
+//
+// MySQL's books in one consistent read: the stock put in (the initial stock and
+// every admin change), the buyers' rows by status and by cancellation reason, and
+// what they sold, paid and returned. `ledger_mismatch` is put_in − (mysql_available
+// + sold): 0 while the books balance. `held` and `drift` are Redis's, as GET
+// /admin/skus/{sku}/stock gives them. `last_audit` is the sweeper's last audit of
+// the SKU (absent until its first).
+//
+// Corresponds with GET /admin/skus/{sku}/report (the `ReportSku` operationId).
+func (c *Client) ReportSku(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReportSkuRequest(c.Server, sku)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
 }
 
 // InspectStock Both stores' view of a SKU (operators)
@@ -1996,6 +2087,40 @@ func (c *Client) GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEdito
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// NewReportSkuRequest constructs an http.Request for the ReportSku method
+func NewReportSkuRequest(server string, sku Sku) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sku", sku, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/admin/skus/%s/report", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
 }
 
 // NewInspectStockRequest constructs an http.Request for the InspectStock method
@@ -2380,6 +2505,20 @@ func WithBaseURL(baseURL string) ClientOption {
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
 
+	// ReportSkuWithResponse A SKU's books, both stores' figures and its last audit (operators)
+	//
+	// MySQL's books in one consistent read: the stock put in (the initial stock and
+	// every admin change), the buyers' rows by status and by cancellation reason, and
+	// what they sold, paid and returned. `ledger_mismatch` is put_in − (mysql_available
+	// + sold): 0 while the books balance. `held` and `drift` are Redis's, as GET
+	// /admin/skus/{sku}/stock gives them. `last_audit` is the sweeper's last audit of
+	// the SKU (absent until its first).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /admin/skus/{sku}/report (the `ReportSku` operationId).
+	ReportSkuWithResponse(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*ReportSkuResponse, error)
+
 	// InspectStockWithResponse Both stores' view of a SKU (operators)
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -2523,6 +2662,89 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 	GetSkuWithResponse(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*GetSkuResponse, error)
+}
+
+// ReportSkuResponse503Headers the declared response headers of an HTTP 503 response for ReportSku
+type ReportSkuResponse503Headers struct {
+	RetryAfter *int
+}
+
+type ReportSkuResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SkuReport
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *UnknownSku
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Outage
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ReportSkuResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ReportSkuResponse) GetJSON200() *SkuReport {
+	return r.JSON200
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ReportSkuResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ReportSkuResponse) GetJSON404() *UnknownSku {
+	return r.JSON404
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r ReportSkuResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ReportSkuResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ReportSkuResponse) GetJSON503() *Outage {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ReportSkuResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ReportSkuResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ReportSkuResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ReportSkuResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
 }
 
 // InspectStockResponse200Headers the declared response headers of an HTTP 200 response for InspectStock
@@ -3385,6 +3607,26 @@ func (r GetSkuResponse) ContentType() string {
 	return ""
 }
 
+// ReportSkuWithResponse A SKU's books, both stores' figures and its last audit (operators)
+//
+// MySQL's books in one consistent read: the stock put in (the initial stock and
+// every admin change), the buyers' rows by status and by cancellation reason, and
+// what they sold, paid and returned. `ledger_mismatch` is put_in − (mysql_available
+// + sold): 0 while the books balance. `held` and `drift` are Redis's, as GET
+// /admin/skus/{sku}/stock gives them. `last_audit` is the sweeper's last audit of
+// the SKU (absent until its first).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /admin/skus/{sku}/report (the `ReportSku` operationId).
+func (c *ClientWithResponses) ReportSkuWithResponse(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*ReportSkuResponse, error) {
+	rsp, err := c.ReportSku(ctx, sku, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReportSkuResponse(rsp)
+}
+
 // InspectStockWithResponse Both stores' view of a SKU (operators)
 //
 // Returns a wrapper object for the known response body format(s).
@@ -3593,6 +3835,80 @@ func (c *ClientWithResponses) GetSkuWithResponse(ctx context.Context, sku Sku, r
 		return nil, err
 	}
 	return ParseGetSkuResponse(rsp)
+}
+
+// ParseReportSkuResponse parses an HTTP response from a ReportSkuWithResponse call
+func ParseReportSkuResponse(rsp *http.Response) (*ReportSkuResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ReportSkuResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SkuReport
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest UnknownSku
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Outage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers ReportSkuResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
 }
 
 // ParseInspectStockResponse parses an HTTP response from a InspectStockWithResponse call

@@ -57,6 +57,7 @@ var emittedBy = map[string][]string{
 	"cancelled_dead_letter": {"compensate"},
 	"transfer_failed":       {"reserve", "sweeper"},
 	"drift_units":           {"sweeper"}, "drift_healed": {"sweeper"}, "swept_expired": {"sweeper"}, "sweep_errors": {"sweeper"},
+	"ledger_mismatch": {"sweeper"},
 }
 
 // stat is a CloudWatch statistic a widget or alarm may use.

@@ -7,6 +7,7 @@ package reservation
 import (
 	"context"
 	"errors"
+	"sort"
 	"time"
 )
 
@@ -171,4 +172,42 @@ func (s *Service) Account(ctx context.Context, sku string) (SKUAccount, error) {
 		return SKUAccount{}, err
 	}
 	return acc, nil
+}
+
+// ByStatus is the buyers' rows summed by status, in status order.
+func (t Tally) ByStatus() []RowTally { return t.sum(func(r RowTally) RowTally { return RowTally{Status: r.Status} }) }
+
+// ByReason is the cancelled rows summed by reason, in reason order.
+func (t Tally) ByReason() []RowTally {
+	var cancelled Tally
+	for _, r := range t.Rows {
+		if r.Status == StatusCancelled {
+			cancelled.Rows = append(cancelled.Rows, r)
+		}
+	}
+	return cancelled.sum(func(r RowTally) RowTally { return RowTally{Status: r.Status, Reason: r.Reason} })
+}
+
+// sum adds up the rows of each key.
+func (t Tally) sum(key func(RowTally) RowTally) []RowTally {
+	var out []RowTally
+	at := map[RowTally]int{}
+	for _, r := range t.Rows {
+		k := key(r)
+		i, ok := at[k]
+		if !ok {
+			i = len(out)
+			at[k] = i
+			out = append(out, k)
+		}
+		out[i].Count += r.Count
+		out[i].Units += r.Units
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Status != out[j].Status {
+			return out[i].Status < out[j].Status
+		}
+		return out[i].Reason < out[j].Reason
+	})
+	return out
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/holdfast/holdfast/internal/testkit/devstacktest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
+	"github.com/holdfast/holdfast/shared/reservation"
 )
 
 const document = "../../api/openapi.yaml"
@@ -547,6 +548,7 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		{token: ann, method: "GET", path: "/groups/" + gid, header: pad}, {token: ann, method: "GET", path: "/skus/" + sku, header: pad},
 		{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"add":1}`, header: pad},
 		{method: "GET", path: "/admin/skus/" + sku + "/stock", header: pad},
+		{method: "GET", path: "/admin/skus/" + sku + "/report", header: pad},
 	} {
 		if r := k.do(c); r.Status != 431 || r.Body["message"] != "Request Header Fields Too Large" {
 			t.Errorf("%s %s with a 10 KiB header = %d %v, want API Gateway's 431", c.method, c.path, r.Status, r.Body)
@@ -557,6 +559,18 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	k.do(call{token: ann, method: "GET", path: "/reservations"})
 	k.do(call{token: ann, method: "PATCH", path: "/reservations/" + id})
 	k.do(call{method: "DELETE", path: "/admin/skus/" + sku + "/stock"})
+	// --- admin: the report, before and after an audit (the sweeper's, recorded here directly).
+	report := func(sku string) reply { return k.do(call{method: "GET", path: "/admin/skus/" + sku + "/report"}) }
+	if r := report(sku); r.Status != 200 || r.Body["last_audit"] != nil || r.Body["ledger_mismatch"] != float64(0) {
+		t.Errorf("report before an audit = %d %v, want 200, balanced, no last_audit", r.Status, r.Body)
+	}
+	if err := mysqlstore.New(db).RecordAudit(ctx, reservation.AuditResult{SKU: sku, At: time.Now(), PutIn: 7, Available: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if r := report(sku); r.Status != 200 || r.Body["last_audit"] == nil {
+		t.Errorf("report after an audit = %d %v, want 200 with last_audit", r.Status, r.Body)
+	}
+	expect(report(testservices.Name("nosuch")), 404, "unknown_sku")
 	k.do(call{token: ann, method: "GET", path: "/skus/" + sku + "/"})
 	k.do(call{token: ann, method: "POST", path: "/reservations/", body: `{"sku":"` + sku + `","qty":1}`})
 
@@ -573,6 +587,7 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		{token: ann, method: "GET", path: "/groups/" + gid}, {token: ann, method: "GET", path: "/skus/" + sku},
 		{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"add":1}`},
 		{method: "GET", path: "/admin/skus/" + sku + "/stock"},
+		{method: "GET", path: "/admin/skus/" + sku + "/report"},
 	} {
 		if r := k.do(c); r.Status != 503 || r.str("error") != "unavailable" {
 			t.Errorf("%s %s with the stores down = %d %v, want 503 unavailable", c.method, c.path, r.Status, r.Body)

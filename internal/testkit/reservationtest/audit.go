@@ -50,8 +50,8 @@ func Audit(t *testing.T, newLedger LedgerFactory) {
 				tally, tally.Taken(), tally.Returned(), tally.Mismatch())
 		}
 		want := map[reservation.RowTally]bool{
-			{Status: reservation.StatusConfirmed, Count: 2, Units: 3}: true,
-			{Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer, Refunded: true, Count: 1, Units: 3}:   true,
+			{Status: reservation.StatusConfirmed, Count: 2, Units: 3}:                                                     true,
+			{Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer, Refunded: true, Count: 1, Units: 3}:    true,
 			{Status: reservation.StatusCancelled, Reason: reservation.ReasonExpired, Refunded: false, Count: 1, Units: 4}: true,
 		}
 		for _, r := range tally.Rows {

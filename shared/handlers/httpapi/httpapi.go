@@ -32,6 +32,7 @@ type Service interface {
 	SKU(ctx context.Context, sku string) (reservation.SKUState, error)
 	ChangeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error)
 	InspectStock(ctx context.Context, sku string) (reservation.StockReport, error)
+	Account(ctx context.Context, sku string) (reservation.SKUAccount, error)
 }
 
 // Handler is the API Gateway handler of functions/reserve.
@@ -153,6 +154,13 @@ var routes = map[string]route{
 		resp := reply(http.StatusOK, body)
 		resp.Headers["ETag"] = etag(r.Version)
 		return resp
+	},
+	"GET /admin/skus/{sku}/report": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		a, err := h.svc.Account(ctx, p["sku"])
+		if err != nil {
+			return h.fail(ctx, err)
+		}
+		return reply(http.StatusOK, accountBody(a))
 	},
 }
 

@@ -70,6 +70,20 @@ func (s *stub) InspectStock(_ context.Context, sku string) (reservation.StockRep
 	return reservation.StockReport{SKU: sku, MySQLAvailable: 10, RedisAvailable: 7, Held: 2}, s.err
 }
 
+func (s *stub) Account(_ context.Context, sku string) (reservation.SKUAccount, error) {
+	s.calls++
+	return reservation.SKUAccount{
+		Tally: reservation.Tally{SKU: sku, PutIn: 10, Available: 6, Rows: []reservation.RowTally{
+			{Status: reservation.StatusConfirmed, Count: 2, Units: 3},
+			{Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer, Refunded: true, Count: 1, Units: 2},
+			{Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer, Count: 1, Units: 1},
+		}},
+		Stock:     reservation.StockReport{SKU: sku, MySQLAvailable: 6, RedisAvailable: 5, Held: 0},
+		LastAudit: reservation.AuditResult{SKU: sku, At: time.Unix(60, 0), PutIn: 10, Available: 6, Taken: 3, Mismatch: 1, Drift: 1},
+		Audited:   true,
+	}, s.err
+}
+
 // request is a v2 event as API Gateway passes it for buyer "u" (its JWT
 // authorizer's claims); anonymous drops them.
 func request(method, path, body string, headers map[string]string) events.APIGatewayV2HTTPRequest {
@@ -228,6 +242,7 @@ func TestRoutes(t *testing.T) {
 		{"GET", "/skus/s", "", 200, "sku", "s"},
 		{"PUT", "/admin/skus/s/stock", `{"stock":9,"per_user_limit":1}`, 200, "sku", "s"},
 		{"GET", "/admin/skus/s/stock", "", 200, "sku", "s"},
+		{"GET", "/admin/skus/s/report", "", 200, "sku", "s"},
 	} {
 		if code, body := do(t, svc, request(c.method, c.path, c.body, nil)); code != c.status || body[c.key] != c.want {
 			t.Errorf("%s %s = %d %v, want %d with %s=%s", c.method, c.path, code, body, c.status, c.key, c.want)
@@ -235,6 +250,21 @@ func TestRoutes(t *testing.T) {
 	}
 	if svc.groupUser != "u" {
 		t.Errorf("POST /groups opened the group for %q, want the token's subject %q", svc.groupUser, "u")
+	}
+}
+
+// The report sums the rows by status and by reason, and names the last
+// audit's result.
+func TestReportSumsRowsAndNamesTheLastAudit(t *testing.T) {
+	code, body := do(t, &stub{}, anonymous("GET", "/admin/skus/s/report", "", nil))
+	got, _ := json.Marshal(body)
+	want := `{"by_reason":[{"count":2,"reason":"buyer_cancelled","units":3}],` +
+		`"by_status":[{"count":2,"status":"CANCELLED","units":3},{"count":2,"status":"CONFIRMED","units":3}],` +
+		`"drift":1,"held":0,"in_transfer":0,` +
+		`"last_audit":{"at":"1970-01-01T00:01:00Z","clean":false,"drift":1,"ledger_mismatch":1,"mysql_available":6,"put_in":10,"sold":3},` +
+		`"ledger_mismatch":1,"mysql_available":6,"paid":0,"put_in":10,"redis_available":5,"returned":2,"sku":"s","sold":3}`
+	if code != 200 || string(got) != want {
+		t.Errorf("report = %d %s\nwant %s", code, got, want)
 	}
 }
 

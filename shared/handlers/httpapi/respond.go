@@ -322,3 +322,32 @@ func groupBody(g reservation.Group) map[string]any {
 		"remaining": g.Remaining, "members": g.Members, "deadline": g.Deadline.UTC().Format(time.RFC3339Nano),
 	}
 }
+
+// accountBody is GET /admin/skus/{sku}/report's answer.
+func accountBody(a reservation.SKUAccount) map[string]any {
+	t := a.Tally
+	rows := func(rs []reservation.RowTally, key func(reservation.RowTally) (string, string)) []map[string]any {
+		out := make([]map[string]any, 0, len(rs))
+		for _, r := range rs {
+			name, value := key(r)
+			out = append(out, map[string]any{name: value, "count": r.Count, "units": r.Units})
+		}
+		return out
+	}
+	var paid int64 // no paid status yet
+	body := map[string]any{
+		"sku": t.SKU, "put_in": t.PutIn, "mysql_available": t.Available, "redis_available": a.Stock.RedisAvailable,
+		"sold": t.Taken(), "paid": paid, "returned": t.Returned(), "held": a.Stock.Held, "in_transfer": t.InTransfer,
+		"drift": a.Stock.Drift(), "ledger_mismatch": t.Mismatch(),
+		"by_status": rows(t.ByStatus(), func(r reservation.RowTally) (string, string) { return "status", string(r.Status) }),
+		"by_reason": rows(t.ByReason(), func(r reservation.RowTally) (string, string) { return "reason", string(r.Reason) }),
+	}
+	if a.Audited {
+		la := a.LastAudit
+		body["last_audit"] = map[string]any{
+			"at": timestamp(la.At), "clean": la.Clean(), "ledger_mismatch": la.Mismatch, "drift": la.Drift,
+			"put_in": la.PutIn, "mysql_available": la.Available, "sold": la.Taken,
+		}
+	}
+	return body
+}
