@@ -175,7 +175,9 @@ func (s *Service) Account(ctx context.Context, sku string) (SKUAccount, error) {
 }
 
 // ByStatus is the buyers' rows summed by status, in status order.
-func (t Tally) ByStatus() []RowTally { return t.sum(func(r RowTally) RowTally { return RowTally{Status: r.Status} }) }
+func (t Tally) ByStatus() []RowTally {
+	return t.sum(func(r RowTally) RowTally { return RowTally{Status: r.Status} })
+}
 
 // ByReason is the cancelled rows summed by reason, in reason order.
 func (t Tally) ByReason() []RowTally {
