@@ -109,6 +109,11 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 			version = results[j].Version
 		}
 		s.followAll(ctx, confirmed, version)
+		ids := make([]string, len(confirmed))
+		for i, r := range confirmed {
+			ids[i] = r.ID
+		}
+		s.publish(ctx, ids...) // their ReservationConfirmed events, written by the commit
 	}
 	return errs
 }
@@ -177,6 +182,9 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 			// may have died before recording it).
 			s.formGroup(ctx, Group{ID: r.GroupID, SKU: r.SKU}, time.Time{}, false)
 		}
+		// Its ReservationConfirmed, and the GroupFormed of a join that took
+		// the group's last slot in MySQL: both written by the commit.
+		s.publish(ctx, r.ID, r.GroupID)
 		return r, nil
 	case AlreadyConfirmed, AlreadyCancelled:
 		// A redelivery, a fenced reservation, or a stray: take nothing and
