@@ -135,9 +135,9 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 	var notifier reservation.Notifier
 	switch {
 	case cfg.EventBusName != "":
-		notifier = eventbus.NewEventBridge(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName, opt.Clock.Now)
+		notifier = eventbus.NewEventBridge(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName)
 	case cfg.EventsQueueURL != "":
-		notifier = eventbus.NewQueue(a.SQS, cfg.EventsQueueURL, opt.Clock.Now)
+		notifier = eventbus.NewQueue(a.SQS, cfg.EventsQueueURL)
 	default:
 		_ = a.Close()
 		return nil, cfg.NeedsEvents()

@@ -194,7 +194,9 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 			s.metrics.Count("strays", 1)
 		}
 		s.followStray(ctx, res.Row, r.Bucket)
-		return s.carryOut(ctx, res.Row, 0), nil
+		row := s.carryOut(ctx, res.Row, 0)
+		s.publish(ctx, row.ID) // what the outbox still owes of the row (its decider may have died before publishing)
+		return row, nil
 	default:
 		return s.fence(ctx, r, reasonOf(res.Result))
 	}

@@ -59,7 +59,9 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		s.formBeforeLeaving(ctx, row)
 		return s.refund(ctx, id, ReasonBuyer)
 	}
-	return s.carryOut(ctx, row, 0), nil
+	row = s.carryOut(ctx, row, 0)
+	s.publish(ctx, row.ID) // a repeat: what the outbox still owes of the row
+	return row, nil
 }
 
 // fence is the one decision every cancelling path shares: write the
@@ -79,8 +81,10 @@ func (s *Service) fence(ctx context.Context, r Reservation, reason Reason) (Rese
 	}
 	s.followStray(ctx, row, r.Bucket)
 	row = s.carryOut(ctx, row, 0)
-	if inserted && !row.Transfer {
-		s.publish(ctx, row.ID) // the fence wrote its ReservationCancelled
+	if !row.Transfer {
+		// Its ReservationCancelled, or what the outbox still owes of the row
+		// the fence found (its decider may have died before publishing).
+		s.publish(ctx, row.ID)
 	}
 	return row, nil
 }

@@ -17,7 +17,7 @@ CREATE TABLE events (
   PRIMARY KEY (seq),
   UNIQUE KEY events_id (event_id),
   KEY events_aggregate (aggregate_id, version),
-  KEY events_unpublished (published_at, occurred_at)
+  KEY events_unpublished (published_at, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
 -- The row's notified flag was the cancellations' outbox until now: the
