@@ -100,6 +100,7 @@ func (f *fixture) hold(id string) Reservation {
 	h, _ := f.holds.hold(id)
 	return h
 }
+
 // events counts the ReservationCancelled events published.
 func (f *fixture) events() int { return len(f.notes.cancellations()) }
 

@@ -24,7 +24,7 @@ type SweepReport struct {
 	// OutboxLagSeconds is how long ago the oldest event still unpublished
 	// after the drain occurred (0: none left).
 	OutboxLagSeconds int `json:"outbox_lag_seconds"`
-	Healed          int  `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
+	Healed           int `json:"healed"` // SKUs whose persistent drift was corrected in Redis
 	// Drift (MySQL available − (Redis available + held)) over the SKUs the
 	// sweep visited: the total of its sizes, how many SKUs drift, and the
 	// worst of them by name — never a map of the whole catalog.
