@@ -20,7 +20,7 @@ func (s *Service) publish(ctx context.Context, aggregates ...string) {
 		_, err = s.send(ctx, evs)
 	}
 	if err != nil {
-		s.metrics.Count("publish_failed", 1)
+		s.metrics.Count("events_unpublished", 1)
 		s.log.WarnContext(ctx, "events not published yet; the sweeper publishes them", "aggregates", len(aggregates), "error", err)
 	}
 }
