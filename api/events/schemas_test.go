@@ -1,4 +1,4 @@
-package eventschema_test
+package events_test
 
 import (
 	"encoding/json"
