@@ -382,19 +382,25 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if err := addUserUnits(ctx, tx, sku, added); err != nil {
 		return nil, err
 	}
-	evs := make([]reservation.Event, 0, len(fresh)-len(refused))
-	for _, i := range fresh {
-		if out[i].Result == reservation.Applied {
-			evs = append(evs, reservation.ConfirmedEvent(rs[i], now))
-		}
-	}
-	if err := writeEvents(ctx, tx, evs); err != nil { // one statement for the batch's confirmations
+	if err := writeEvents(ctx, tx, confirmations(rs, fresh, out, now)); err != nil { // one statement for the batch's
 		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, translate("batch commit", err)
 	}
 	return out, nil
+}
+
+// confirmations are the ReservationConfirmed events of the batch's fresh
+// reservations that were Applied.
+func confirmations(rs []reservation.Reservation, fresh []int, out []reservation.BatchResult, now time.Time) []reservation.Event {
+	evs := make([]reservation.Event, 0, len(fresh))
+	for _, i := range fresh {
+		if out[i].Result == reservation.Applied {
+			evs = append(evs, reservation.ConfirmedEvent(rs[i], now))
+		}
+	}
+	return evs
 }
 
 // joinGroup takes a slot of r's group inside the persist transaction. A
