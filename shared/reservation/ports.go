@@ -427,7 +427,8 @@ type Enqueuer interface {
 }
 
 // Notifier publishes the outbox's events to the order service (EventBridge
-// in production), in the order given. Delivery is at least once: consumers
+// in production), in no particular order: Service.send gives one call at
+// most one event per aggregate. Delivery is at least once: consumers
 // deduplicate by Event.ID. errs[i] is events[i]'s: nil once the bus took it.
 type Notifier interface {
 	Publish(ctx context.Context, events []Event) (errs []error)

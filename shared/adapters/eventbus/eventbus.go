@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -30,14 +31,28 @@ const DetailTypeCancelled = string(reservation.EventCancelled)
 // perCall is the most entries one PutEvents or SendMessageBatch call takes.
 const perCall = 10
 
-// publishInChunks calls put on runs of at most perCall events and collects
-// one error per event.
+// callsAtOnce bounds the calls one Publish makes at the same time: a
+// persist batch's 500 confirmations are 50 calls, not 50 round trips in a row.
+const callsAtOnce = 8
+
+// publishInChunks calls put on runs of at most perCall events, callsAtOnce
+// at a time, and collects one error per event. The service never gives one
+// Publish two events of one aggregate, so the runs need no order.
 func publishInChunks(evs []reservation.Event, put func([]reservation.Event) []error) []error {
 	errs := make([]error, len(evs))
+	sem := make(chan struct{}, callsAtOnce)
+	var wg sync.WaitGroup
 	for lo := 0; lo < len(evs); lo += perCall {
 		hi := min(len(evs), lo+perCall)
-		copy(errs[lo:hi], put(evs[lo:hi]))
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			copy(errs[lo:hi], put(evs[lo:hi]))
+			<-sem
+		}()
 	}
+	wg.Wait()
 	return errs
 }
 
