@@ -27,11 +27,12 @@ CREATE TABLE events (
 INSERT INTO events (event_id, aggregate_id, version, type, payload, occurred_at)
   SELECT CONCAT('reservation/', reservation_id, '/', IF(refunded = 1, 2, 1)), reservation_id, IF(refunded = 1, 2, 1),
     'ReservationCancelled',
-    JSON_OBJECT('event_id', CONCAT('reservation/', reservation_id, '/', IF(refunded = 1, 2, 1)),
+    JSON_MERGE_PATCH(JSON_OBJECT('event_id', CONCAT('reservation/', reservation_id, '/', IF(refunded = 1, 2, 1)),
       'type', 'ReservationCancelled', 'aggregate_id', reservation_id, 'version', IF(refunded = 1, 2, 1),
       'occurred_at', DATE_FORMAT(updated_at, '%Y-%m-%dT%H:%i:%s.%fZ'),
-      'reservation_id', reservation_id, 'sku', sku, 'qty', qty, 'user_id', user_id,
-      'group_id', COALESCE(group_id, ''), 'reason', COALESCE(reason, ''), 'refunded', refunded = 1),
+      'reservation_id', reservation_id, 'sku', sku, 'qty', qty, 'user_id', user_id, 'reason', reason),
+      IF(group_id IS NULL, '{}', JSON_OBJECT('group_id', group_id)),
+      IF(refunded = 1, JSON_OBJECT('refunded', TRUE), '{}')),
     updated_at
   FROM reservations
   WHERE notified = 0 AND status = 'CANCELLED' AND into_bucket IS NULL
