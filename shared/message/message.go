@@ -20,6 +20,20 @@ import (
 // message attribute "type".
 const Type = "ReservationHeld"
 
+// TransferType names the message of a transfer between two buckets of one
+// SKU (units a refill took out of bucket "bucket" and credited to
+// "into_bucket"), which persist records like a reservation. It has no user
+// and no group.
+const TransferType = "TransferHeld"
+
+// TypeOf returns the type of r's message.
+func TypeOf(r reservation.Reservation) string {
+	if r.Transfer {
+		return TransferType
+	}
+	return Type
+}
+
 // Version is the message schema version this code writes and reads.
 const Version = 1
 
@@ -40,6 +54,8 @@ type Body struct {
 	// Bucket is the bucket of the SKU the hold is in (absent: 0, the only
 	// one of a SKU without buckets).
 	Bucket int `json:"bucket,omitempty"`
+	// IntoBucket is a transfer's receiving bucket (TransferHeld only).
+	IntoBucket *int `json:"into_bucket,omitempty"`
 }
 
 // ErrPoison marks a message that can never be processed: it is reported as
@@ -52,11 +68,15 @@ const maxQty = 1_000_000
 
 // Encode returns the message body for r.
 func Encode(r reservation.Reservation) ([]byte, error) {
-	return json.Marshal(Body{
-		Version: Version, Type: Type, ReservationID: r.ID, SKU: r.SKU, Qty: r.Qty,
+	b := Body{
+		Version: Version, Type: TypeOf(r), ReservationID: r.ID, SKU: r.SKU, Qty: r.Qty,
 		UserID: r.UserID, GroupID: r.GroupID, HoldToken: r.Token, ExpiresAt: r.ExpiresAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
 		Bucket: r.Bucket,
-	})
+	}
+	if r.Transfer {
+		b.IntoBucket = &r.Into
+	}
+	return json.Marshal(b)
 }
 
 // Decode parses and validates a message body. Any error wraps ErrPoison.
@@ -70,8 +90,14 @@ func Decode(body []byte) (reservation.Reservation, error) {
 	if dec.More() {
 		return reservation.Reservation{}, fmt.Errorf("%w: trailing data", ErrPoison)
 	}
-	if m.Version != Version || m.Type != Type {
+	if m.Version != Version || (m.Type != Type && m.Type != TransferType) {
 		return reservation.Reservation{}, fmt.Errorf("%w: version %d type %q not understood", ErrPoison, m.Version, m.Type)
+	}
+	if m.Type == TransferType {
+		return decodeTransfer(m)
+	}
+	if m.IntoBucket != nil {
+		return reservation.Reservation{}, fmt.Errorf("%w: into_bucket in a %s message", ErrPoison, m.Type)
 	}
 	r := reservation.Reservation{
 		ID: m.ReservationID, SKU: m.SKU, Qty: m.Qty, UserID: m.UserID, GroupID: m.GroupID, Token: m.HoldToken,
@@ -87,4 +113,27 @@ func Decode(body []byte) (reservation.Reservation, error) {
 		return reservation.Reservation{}, fmt.Errorf("%w: %v", ErrPoison, err)
 	}
 	return r, nil
+}
+
+// decodeTransfer validates a TransferHeld body: a hold token, two distinct
+// buckets in range, no user and no group. Whether the SKU has the buckets
+// is MySQL's to say (reservation.ErrNotATransfer).
+func decodeTransfer(m Body) (reservation.Reservation, error) {
+	switch {
+	case m.UserID != "" || m.GroupID != "":
+		return reservation.Reservation{}, fmt.Errorf("%w: a transfer has no user and no group", ErrPoison)
+	case m.IntoBucket == nil || *m.IntoBucket == m.Bucket || *m.IntoBucket < 0 || *m.IntoBucket >= reservation.MaxBuckets ||
+		m.Bucket < 0 || m.Bucket >= reservation.MaxBuckets:
+		return reservation.Reservation{}, fmt.Errorf("%w: a transfer names two distinct buckets in range", ErrPoison)
+	case m.HoldToken == "":
+		return reservation.Reservation{}, fmt.Errorf("%w: a transfer has a hold token", ErrPoison)
+	case !reservation.ValidReservationID(m.ReservationID, m.SKU):
+		return reservation.Reservation{}, fmt.Errorf("%w: reservation_id must be the sku, a dot and 26 base32 characters", ErrPoison)
+	case m.Qty < 1 || m.Qty > maxQty:
+		return reservation.Reservation{}, fmt.Errorf("%w: qty must be 1 to %d", ErrPoison, maxQty)
+	}
+	return reservation.Reservation{
+		ID: m.ReservationID, SKU: m.SKU, Qty: m.Qty, Token: m.HoldToken, Status: reservation.StatusHeld,
+		ExpiresAt: m.ExpiresAt, CreatedAt: m.CreatedAt, Bucket: m.Bucket, Transfer: true, Into: *m.IntoBucket,
+	}, nil
 }

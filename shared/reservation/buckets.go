@@ -25,33 +25,27 @@ import (
 	"time"
 )
 
-// transferTTL is how long a transfer's hold may wait for MySQL before the
-// sweeper fences it and its units return to the giving bucket. The
-// transfer itself takes milliseconds.
+// transferTTL is how long a transfer's hold waits for persist to record it
+// before the sweeper records it instead (it is completed forward, never
+// fenced). Persist takes milliseconds to seconds.
 const transferTTL = 10 * time.Second
 
 // maxRefills bounds the rounds of refill and retry one reserve makes.
 const maxRefills = 3
 
 // transitWait and transitWaits bound how long a refill waits for units on
-// their way between buckets that it needs (a transfer takes milliseconds;
-// behind persist's batch on the stock row, longer): past it the buyer hears
-// 503 and retries.
+// their way between buckets that it needs: another instance's transfer,
+// between its take-out and its credit (two Redis round trips). Past it the
+// buyer hears 503 and retries.
 const (
-	transitWait  = 5 * time.Millisecond
-	transitWaits = 20
+	transitWait  = time.Millisecond
+	transitWaits = 50
 )
 
-// transferTimeout bounds one transfer, which runs to its end even when the
-// buyer who started it goes away: a transfer left half-way holds units until
-// the sweeper decides it.
+// transferTimeout bounds one transfer's Redis calls and send, which run to
+// their end even when the buyer who started it goes away: a transfer left
+// half-way holds units until persist or the sweeper records it.
 const transferTimeout = 5 * time.Second
-
-// transferPause is how long an instance makes no transfer after MySQL
-// failed to record one: each attempt holds units in the giving bucket until
-// a fence decides them, so a MySQL outage must not freeze the stock one
-// buyer at a time. Buyers of a dry bucket hear 503 meanwhile.
-const transferPause = time.Second
 
 // refill moves units into bucket home of sku from the other buckets, the
 // fullest first, until home has need units: at least need from a bucket,
@@ -60,11 +54,12 @@ const transferPause = time.Second
 // time. Nothing moves when all the buckets together have fewer than need
 // units (a request that cannot be served costs no transfer); with need 0
 // (cover: home owes units) whatever the others have moves. Units on their
-// way between buckets (another transfer, not decided yet) count: while they
-// would make up the need it waits for them briefly, then answers 503, never
-// sold out. A donor drained between the read and the move is read again: up
-// to maxRefills passes. It reports whether home has need units now; an
-// error (a store failed, or units still on their way) ends it.
+// way between buckets (another instance's transfer, taken out and not
+// credited yet: a round trip) count: while they would make up the need it
+// waits for them briefly, then answers 503, never sold out. A donor drained
+// between the read and the move is read again: up to maxRefills passes,
+// then 503 (the buckets had the units). It reports whether home has need
+// units now; an error (a store failed, or units still on their way) ends it.
 func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bool, error) {
 	mu := s.refilling(BucketName(sku, home))
 	mu.Lock()
@@ -129,6 +124,12 @@ func (s *Service) refill(ctx context.Context, sku string, home, k, need int) (bo
 			}
 		}
 	}
+	if need > 0 {
+		// The buckets had the units, but their donors drained (or the
+		// moves did not land) faster than this refill could move them:
+		// not sold out, a retry may be served.
+		return false, Unavailable("refill", errors.New("the buckets drained while refilling"))
+	}
 	return false, nil
 }
 
@@ -181,16 +182,17 @@ func (s *Service) bucketFigures(ctx context.Context, sku string, b int) (RedisSt
 	return rs, err
 }
 
-// transfer moves n units of sku from bucket from to bucket into: the giving
-// bucket holds them (TakeOut), MySQL records the move (Transfer), and Redis
-// follows it — the hold confirmed, the units credited to into once. A crash
-// anywhere leaves a hold the sweeper fences (its units go back) or a row
-// whose credit the outbox completes. moved is false when the giving bucket
-// no longer had n units.
+// transfer moves n units of sku from bucket from to bucket into without
+// MySQL: the giving bucket holds them (TakeOut), the receiving bucket is
+// credited at once (Credit, ahead of the record) and the giving bucket told
+// they landed, and the transfer goes to persist like a buyer's reservation,
+// which records it in MySQL (Ledger.Transfer) and confirms the hold. A
+// transfer is completed forward, never fenced: the units are in the
+// receiving bucket already. If the send fails it is recorded here; if that
+// fails too, or the process dies on the way, the sweeper records it at the
+// hold's deadline (completeTransfer). moved is false when the giving bucket
+// no longer had n units, or the credit did not land.
 func (s *Service) transfer(ctx context.Context, sku string, from, into int, n int64) (moved bool, err error) {
-	if until, ok := s.transfersPaused.Load().(time.Time); ok && s.clock.Now().Before(until) {
-		return false, Unavailable("transfer", errors.New("paused after mysql failed to record one"))
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), transferTimeout)
 	defer cancel()
 	t := Reservation{
@@ -202,43 +204,131 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 		return false, nil // drained, or lost, since it was read: read again
 	}
 	if err != nil {
-		s.abandon(ctx, t) // the script may have run: its hold, if any, goes back now
+		// The script may have run: its hold, if any, is recorded by the
+		// sweeper at its deadline and its units then credited.
 		return false, fmt.Errorf("transfer %s: take out: %w", t.ID, err)
 	}
-	row, err := s.ledger.Transfer(ctx, held, s.clock.Now())
-	if err != nil {
-		// The record's outcome is unknown (it may have committed): decide
-		// it through the fence at once, as an abandoned hold is, so the
-		// units go back now rather than at the hold's deadline — or, if
-		// MySQL cannot be asked either, the sweeper's.
-		s.abandon(ctx, held)
-		s.transfersPaused.Store(s.clock.Now().Add(transferPause))
-		return false, fmt.Errorf("transfer %s: record: %w", t.ID, err)
-	}
-	if err := s.carryOutTransfer(ctx, row, row.TransferVersion); err != nil {
-		// MySQL moved the units; the outbox completes the move in Redis.
+	moved, err = s.creditAhead(ctx, held)
+	switch {
+	case err != nil:
 		s.metrics.Count("follow_failed", 1)
-		return false, fmt.Errorf("transfer %s: follow: %w", t.ID, err)
+		s.log.WarnContext(ctx, "a transfer's credit did not land; its record credits it", "transfer_id", held.ID, "error", err)
+	case !moved:
+		// The receiving shard's clock is past the hold's deadline already
+		// (shard clocks apart by more than transferTTL): no credit ahead,
+		// so the record now, with MySQL on this path, credits it.
+		_, err := s.completeTransfer(ctx, held)
+		if err != nil {
+			s.log.WarnContext(ctx, "a transfer is not recorded yet; the sweeper records it", "transfer_id", held.ID, "error", err)
+		}
+		moved = err == nil
+		return moved, nil
 	}
-	if row.Status != StatusConfirmed {
-		return false, nil // fenced first: the units went back
+	if s.queue == nil || s.queue.Enqueue(ctx, held) != nil {
+		// No queue here (persist, the sweeper: MySQL is at hand), or the
+		// send failed: record it now. If MySQL fails too, the sweeper does.
+		if _, err := s.completeTransfer(ctx, held); err != nil {
+			s.log.WarnContext(ctx, "a transfer is not recorded yet; the sweeper records it", "transfer_id", held.ID, "error", err)
+		}
+	}
+	if !moved {
+		return false, nil
 	}
 	s.metrics.Count("transfers", 1)
 	s.soldOut.Delete(sku)
 	return true, nil
 }
 
+// creditAhead credits a transfer's units to its receiving bucket before
+// MySQL records it, warming the bucket if Redis lost it, then tells the
+// giving bucket they landed. credited is false when the credit came too
+// late (the hold's deadline passed: its record credits it).
+func (s *Service) creditAhead(ctx context.Context, held Reservation) (credited bool, err error) {
+	ahead := held
+	ahead.TransferVersion = 0
+	credited, err = s.holds.Credit(ctx, ahead)
+	if errors.Is(err, ErrUnknownSKU) {
+		if _, err = s.warm(ctx, held.SKU, held.Into); err == nil {
+			credited, err = s.holds.Credit(ctx, ahead)
+		}
+	}
+	if err != nil || !credited {
+		return false, err
+	}
+	// Landed failing only leaves the units counted as on their way until
+	// the record's confirm: a refill short of them answers 503 meanwhile.
+	if err := s.holds.Landed(ctx, held); err != nil {
+		s.log.WarnContext(ctx, "a transfer's giving bucket did not hear it landed; its confirm tells it", "transfer_id", held.ID, "error", err)
+	}
+	return true, nil
+}
+
+// persistTransfer completes the transfer a message names (persist and
+// compensate) when Redis backs it: its giving bucket holds it under the
+// message's token, quantity and receiving bucket. A transfer MySQL recorded
+// already is carried out again (a redelivery). One neither Redis nor MySQL
+// knows is dropped, nothing moved: a forged message, or a transfer whose
+// giving bucket forgot the hold before anything else happened — if its units
+// were credited ahead, the receiving bucket's sweep records it from there.
+func (s *Service) persistTransfer(ctx context.Context, t Reservation) (Reservation, error) {
+	h, err := s.holds.Hold(ctx, t.ID, t.Bucket)
+	if err == nil && h.Transfer && h.Token == t.Token && h.Into == t.Into && h.Qty == t.Qty {
+		return s.completeTransfer(ctx, t)
+	}
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return t, fmt.Errorf("transfer %s: read its hold: %w", t.ID, err)
+	}
+	row, err := s.ledger.Reservation(ctx, t.ID)
+	if errors.Is(err, ErrNotFound) || (err == nil && !row.Transfer) {
+		s.metrics.Count("transfers_unbacked", 1)
+		s.log.WarnContext(ctx, "a transfer message no hold backs; dropped, nothing moved", "transfer_id", t.ID)
+		return t, nil
+	}
+	if err != nil {
+		return t, fmt.Errorf("transfer %s: read its row: %w", t.ID, err)
+	}
+	if err := s.carryOutTransfer(ctx, row, 0); err != nil {
+		s.metrics.Count("follow_failed", 1)
+		s.log.WarnContext(ctx, "redis did not follow a recorded transfer yet; the sweeper retries", "transfer_id", row.ID, "error", err)
+	}
+	return row, nil
+}
+
+// completeTransfer records the transfer t in MySQL (a repeat finds its row)
+// and makes Redis follow the row: persist, compensate and the sweeper
+// complete every transfer forward this way. An error means MySQL did not
+// record it (the message is redelivered, or the next sweep tries again); a
+// failure of Redis to follow is left to the outbox.
+func (s *Service) completeTransfer(ctx context.Context, t Reservation) (Reservation, error) {
+	row, recorded, err := s.ledger.Transfer(ctx, t, s.clock.Now())
+	if err != nil {
+		return t, fmt.Errorf("record transfer %s: %w", t.ID, err)
+	}
+	var version int64
+	if recorded {
+		// Right after the commit the giving bucket's hold is HELD, or lost
+		// with its bucket (then its units are taken from stock, as persist's
+		// confirm does); later, from a repeat, it may be gone with retention.
+		version = row.TransferVersion
+	}
+	if err := s.carryOutTransfer(ctx, row, version); err != nil {
+		s.metrics.Count("follow_failed", 1)
+		s.log.WarnContext(ctx, "redis did not follow a recorded transfer yet; the sweeper retries", "transfer_id", row.ID, "error", err)
+	}
+	return row, nil
+}
+
 // carryOutTransfer makes Redis follow a transfer's row: the units credited
-// to the receiving bucket once, then its hold in the giving bucket confirmed
-// (or, fenced, its units returned there); the row is released when both are
-// done. The credit comes first: until the hold is decided its units count as
-// on their way (meta.moving), so at no moment are they counted nowhere —
-// for an instant they count twice, which only makes a refill wait. version
-// is the record's commit version right after the commit (a hold the giving
-// bucket lost is then taken from its stock, as persist's confirm does), 0
-// later: from the outbox the hold may be gone for having finished
-// (retention), not for having been lost, and taking again would take twice;
-// reconciliation repairs the rare loss instead.
+// to the receiving bucket once (a no-op after the credit ahead of the
+// record, unless that bucket lost it), then its hold in the giving bucket
+// confirmed; the row is released when both are done. A transfer row fenced
+// CANCELLED (only a release before transfers were completed forward wrote
+// one) has its units returned to the giving bucket and credits nothing.
+// version is the record's commit version right after the commit (a hold
+// the giving bucket lost is then taken from its stock, as persist's confirm
+// does), 0 later: from the outbox or a repeat the hold may be gone for
+// having finished (retention), not for having been lost, and taking again
+// would take twice; reconciliation repairs the rare loss instead.
 func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version int64) error {
 	if row.Status == StatusConfirmed && row.Release == ReleaseOwed {
 		_, err := s.holds.Credit(ctx, row)

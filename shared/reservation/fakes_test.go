@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -43,6 +44,9 @@ type memHold struct {
 	transfer                bool   // a transfer's hold (field into)
 	into                    int
 	credited                bool // a transfer's mark in the receiving bucket (credit.lua)
+	ahead                   bool // the mark's state is AHEAD: credited ahead of the record
+	wn                      int64
+	landed                  bool // a transfer's units were credited (landed.lua's field landed)
 	sent                    bool // a join's message is sent (group_accept.lua's field sent)
 }
 
@@ -420,7 +424,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 	var old memHold // HMGET's answer: the hold before this call
 	unhold := func(n int64) {
 		m.metaOf(sku)["held"] -= n
-		if old.transfer {
+		if old.transfer && !old.landed {
 			m.metaOf(sku)["moving"] -= n
 		}
 		delete(m.exp[sku], id)
@@ -458,6 +462,9 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 	h := m.holds[key]
 
 	if row.Status == StatusConfirmed {
+		if _, stocked := m.stock[sku]; state == "" && version > 0 && !stocked && version > m.metaOf(sku)["cver"] {
+			m.metaOf(sku)["cver"] = version // a warm-up reading MySQL now must not load a level before it
+		}
 		if _, stocked := m.stock[sku]; state == "" && version > 0 && stocked && version > m.metaOf(sku)["wver"] {
 			m.stock[sku] -= qty // Redis lost the hold: take the units the commit took
 			if m.users[sku] == nil {
@@ -561,7 +568,7 @@ func (m *memHolds) Stock(_ context.Context, sku string) (RedisStock, error) {
 	}
 	meta := m.meta[sku]
 	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"],
-		OpensAt: fromMS(meta["opens"]), ClosesAt: fromMS(meta["closes"])}, nil
+		OpensAt: fromMS(meta["opens"]), ClosesAt: fromMS(meta["closes"]), Ahead: meta["ahead"]}, nil
 }
 
 // Sync mirrors stock.lua (admin changes of a SKU Redis knows).
@@ -667,6 +674,8 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	m.stock[level.SKU] = level.Available - held
 	meta["ver"], meta["added"], meta["limit"], meta["wver"] = level.Version, level.AdminDelta, int64(level.PerUserLimit), level.Version
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
+	meta["ahead"] = 0
+	meta["wn"]++
 	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
 	return SyncWarmed, nil
 }
@@ -756,18 +765,74 @@ func (m *memHolds) Credit(_ context.Context, t Reservation) (bool, error) {
 		return false, err
 	}
 	name := BucketName(t.SKU, t.Into)
-	if _, ok := m.holds[holdKey(name, t.ID)]; ok {
-		return false, nil
+	key := holdKey(name, t.ID)
+	mark, marked := m.holds[key]
+	if marked && (!mark.ahead || t.TransferVersion == 0) {
+		return false, nil // credited by its record, or a repeat of the credit ahead
 	}
 	if _, ok := m.stock[name]; !ok {
 		return false, ErrUnknownSKU
 	}
-	credited := m.metaOf(name)["wver"] < t.TransferVersion
-	if credited {
+	meta := m.metaOf(name)
+	if t.TransferVersion == 0 {
+		if m.nowMS() >= t.ExpiresAt.UnixMilli() {
+			return false, nil // too late to credit ahead of the record
+		}
 		m.stock[name] += int64(t.Qty)
+		meta["ahead"] += int64(t.Qty)
+		m.holds[key] = &memHold{sku: t.SKU, qty: int64(t.Qty), credited: true, ahead: true, wn: meta["wn"],
+			bucket: t.Into, into: t.Bucket, token: t.Token, deadline: t.ExpiresAt.UnixMilli()}
+		return true, nil
 	}
-	m.holds[holdKey(name, t.ID)] = &memHold{sku: t.SKU, qty: int64(t.Qty), credited: true, bucket: t.Into}
+	credited := false
+	switch {
+	case marked && mark.wn == meta["wn"]:
+		meta["ahead"] -= int64(t.Qty) // counted since the credit ahead
+	case meta["wver"] < t.TransferVersion:
+		m.stock[name] += int64(t.Qty)
+		credited = true
+	}
+	m.holds[key] = &memHold{sku: t.SKU, qty: int64(t.Qty), credited: true, bucket: t.Into}
 	return credited, nil
+}
+
+// CreditsAhead mirrors redisstore's listing of credit.lua's ahead index
+// (a mark's into field holds its giving bucket here).
+func (m *memHolds) CreditsAhead(_ context.Context, bucket string, grace time.Duration, limit int) ([]Reservation, error) {
+	err := m.enter("CreditsAhead")
+	defer m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	sku, into := ParseBucket(bucket)
+	cutoff := m.nowMS() - grace.Milliseconds()
+	var out []Reservation
+	for key, h := range m.holds {
+		if !h.ahead || h.bucket != into || h.sku != sku || h.deadline > cutoff || len(out) == limit {
+			continue
+		}
+		out = append(out, Reservation{ID: strings.TrimPrefix(key, holdKey(bucket, "")), SKU: sku, Qty: int(h.qty), Bucket: h.into,
+			Transfer: true, Into: into, Token: h.token, Status: StatusHeld, ExpiresAt: time.UnixMilli(h.deadline).UTC()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ExpiresAt.Before(out[j].ExpiresAt) })
+	return out, nil
+}
+
+// Landed mirrors landed.lua.
+func (m *memHolds) Landed(_ context.Context, t Reservation) error {
+	err := m.enter("Landed")
+	defer m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	name := BucketName(t.SKU, t.Bucket)
+	h, ok := m.holds[holdKey(name, t.ID)]
+	if !ok || h.state != StatusHeld || h.token != t.Token || !h.transfer || h.landed {
+		return nil
+	}
+	m.metaOf(name)["moving"] -= h.qty
+	h.landed = true
+	return nil
 }
 
 // FollowAll mirrors redisstore's pipeline of follow.lua calls.
@@ -1638,18 +1703,24 @@ func moveShare(st *StockLevel, b int, n int64) {
 }
 
 // Transfer mirrors mysqlstore's transfer transaction.
-func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (Reservation, error) {
+func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (Reservation, bool, error) {
 	err := l.enter("Transfer")
 	defer l.mu.Unlock()
 	if err != nil {
-		return Reservation{}, err
+		return Reservation{}, false, err
+	}
+	if !t.Transfer || t.Bucket == t.Into || t.Qty < 1 || t.Bucket < 0 || t.Into < 0 {
+		return Reservation{}, false, ErrNotATransfer
 	}
 	if row, ok := l.rows[t.ID]; ok {
-		return row.r, nil
+		return row.r, false, nil
 	}
 	st, ok := l.stock[t.SKU]
 	if !ok {
-		return Reservation{}, ErrUnknownSKU
+		return Reservation{}, false, ErrUnknownSKU
+	}
+	if k := max(st.Buckets, 1); t.Bucket >= k || t.Into >= k {
+		return Reservation{}, false, ErrNotATransfer
 	}
 	row := l.insert(t, StatusConfirmed, "", now)
 	st.Version++
@@ -1658,7 +1729,7 @@ func (l *memLedger) Transfer(_ context.Context, t Reservation, now time.Time) (R
 	r := &l.rows[t.ID].r
 	r.Release, r.TransferVersion = ReleaseOwed, st.Version
 	row.Release, row.TransferVersion = ReleaseOwed, st.Version
-	return row, nil
+	return row, true, nil
 }
 
 // Stock mirrors `SELECT … FROM product_stock WHERE sku = ?`.

@@ -15,6 +15,9 @@ import (
 // An error means the message must be redelivered (MySQL unreachable, or
 // even the locking attempt deadlocked); it is never a reason to cancel.
 func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, error) {
+	if r.Transfer {
+		return s.persistTransfer(ctx, r)
+	}
 	for attempt := 1; ; attempt++ {
 		lock := Optimistic
 		if attempt == s.cfg.PersistAttempts {
@@ -44,8 +47,9 @@ func (s *Service) Persist(ctx context.Context, r Reservation) (Reservation, erro
 // ApplyBatch — one transaction, one version-checked update for the summed
 // quantity under the row lock — retried on a conflict; exactly the
 // reservations that fit (stock and per-user limits, in message order) are
-// confirmed and the rest are cancelled through the fence. Group joins, and a
-// batch that keeps conflicting, go through Persist one by one. It returns
+// confirmed and the rest are cancelled through the fence. Group joins,
+// transfers between buckets, and a batch that keeps conflicting, go through
+// Persist one by one. It returns
 // one error per message: nil once decided, else the message must be
 // redelivered.
 func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
@@ -53,7 +57,7 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 	bySKU := map[string][]int{}
 	var order []string
 	for i, r := range rs {
-		if r.GroupID != "" {
+		if r.GroupID != "" || r.Transfer {
 			_, errs[i] = s.Persist(ctx, r)
 			continue
 		}

@@ -83,17 +83,33 @@ type Holds interface {
 
 	// TakeOut holds t.Qty units of bucket t.Bucket for the transfer t (its
 	// id, token, Into) until ttl after Redis's now, as Reserve holds a
-	// buyer's: stock down, held up, the hold indexed by deadline. A hold
-	// with t.ID is returned as it is and nothing is taken. ErrSoldOut if
-	// the bucket has fewer units, ErrUnknownSKU if it has no stock figure.
+	// buyer's: stock down, held up, the hold indexed by deadline, and the
+	// units counted as on their way (moving) until they land. A hold with
+	// t.ID is returned as it is and nothing is taken. ErrSoldOut if the
+	// bucket has fewer units, ErrUnknownSKU if it has no stock figure.
 	TakeOut(ctx context.Context, t Reservation, ttl time.Duration) (Reservation, error)
 
-	// Credit adds the units of the transfer t, which MySQL recorded at
-	// version t.TransferVersion, to bucket t.Into once: not again for a
-	// repeat, nor when the bucket was warmed from a level at or past that
-	// version. credited reports whether stock moved. ErrUnknownSKU if the
-	// bucket has no stock figure: nothing changed; warm it and credit again.
+	// Credit adds the units of the transfer t to bucket t.Into once: not
+	// again for a repeat. With t.TransferVersion 0 it is the credit ahead of
+	// MySQL's record, refused (credited false) from the hold's deadline
+	// t.ExpiresAt on, when the sweeper may record it; with the version
+	// MySQL recorded it at, it credits nothing into a bucket warmed from a
+	// level at or past that version. credited reports whether stock moved.
+	// ErrUnknownSKU if the bucket has no stock figure: nothing changed;
+	// warm it and credit again.
 	Credit(ctx context.Context, t Reservation) (credited bool, err error)
+
+	// CreditsAhead returns up to limit transfers credited to bucket (a
+	// bucket name) ahead of MySQL's record whose hold's deadline passed more
+	// than grace ago by Redis's clock, with no record's credit yet: the
+	// sweeper records them (their giving bucket may have lost its hold, and
+	// their message may be lost). Each names its giving bucket and token.
+	CreditsAhead(ctx context.Context, bucket string, grace time.Duration, limit int) ([]Reservation, error)
+
+	// Landed tells the giving bucket t.Bucket that the units of its HELD
+	// transfer hold (of t's token) were credited: they are no longer on
+	// their way (moving), once. The hold stays HELD until MySQL's record.
+	Landed(ctx context.Context, t Reservation) error
 }
 
 // StockFigures is a bucket's figures in Redis: read, warmed from MySQL,
@@ -233,9 +249,13 @@ type RedisStock struct {
 	Held       int64 // units HELD, not yet decided
 	AdminDelta int64 // the admin changes applied (StockLevel.AdminDelta)
 	Version    int64 // the MySQL version of the last level applied
-	// Moving is the units of transfers out of this bucket not decided yet
-	// (part of Held): on their way to another bucket.
+	// Moving is the units of transfers out of this bucket taken out and not
+	// credited yet (part of Held): on their way to another bucket.
 	Moving int64
+	// Ahead is the units of transfers into this bucket credited ahead of
+	// MySQL's record (part of Available): until the record, MySQL's share
+	// lacks them, so the bucket's drift is theirs and is not healed.
+	Ahead int64
 	// OpensAt and ClosesAt are the sale window the bucket's figures carry
 	// (zero: no such bound), the one its reserves are judged by.
 	OpensAt, ClosesAt time.Time
@@ -337,12 +357,15 @@ type Ledger interface {
 	// this call did it.
 	Refund(ctx context.Context, id string, reason Reason, now time.Time) (row Reservation, refunded bool, err error)
 	// Transfer records the transfer t, whose units bucket t.Bucket holds
-	// (TakeOut), in one transaction: its row CONFIRMED with its release owed
-	// (the credit to bucket t.Into), the two buckets' shares moved, the stock
-	// row's version moved on (the returned row's TransferVersion). If a row
-	// with t.ID exists (the sweeper fenced the hold), it is returned as it
-	// stands and nothing moves.
-	Transfer(ctx context.Context, t Reservation, now time.Time) (Reservation, error)
+	// (TakeOut), in one transaction: its row CONFIRMED and unreleased (its
+	// release owed: the credit to bucket t.Into), the two buckets' shares moved, the stock
+	// row's version moved on (the returned row's TransferVersion); recorded
+	// reports that this call wrote it. If a row with t.ID exists (recorded
+	// before, or fenced by a release before transfers were completed
+	// forward), it is returned as it stands and nothing moves. A transfer
+	// between buckets the SKU does not have is ErrNotATransfer, and
+	// ErrUnknownSKU if MySQL has no such SKU: nothing is written.
+	Transfer(ctx context.Context, t Reservation, now time.Time) (row Reservation, recorded bool, err error)
 	// Reservation returns the row for id, or ErrNotFound.
 	Reservation(ctx context.Context, id string) (Reservation, error)
 	// MarkReleased records that Redis followed the row of id: an owed

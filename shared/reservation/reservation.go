@@ -268,6 +268,9 @@ var (
 	ErrPreconditionFailed = errors.New("version mismatch")
 	// ErrInsufficient: a stock change would take available below zero.
 	ErrInsufficient = errors.New("insufficient stock")
+	// ErrNotATransfer: a transfer message or record that names no two
+	// buckets the SKU has (only a forged one can): nothing is written.
+	ErrNotATransfer = errors.New("not a transfer between two buckets of the sku")
 	// ErrUnavailable marks a failure of a store or queue: the request may be
 	// retried, and nothing was held.
 	ErrUnavailable = errors.New("dependency unavailable")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -56,29 +55,26 @@ func DefaultConfig() Config {
 
 // Service runs the protocol. Its methods are what the handlers call.
 type Service struct {
-	cfg      Config
-	holds    Holds        // Redis, by role: the holds,
-	figures  StockFigures // the buckets' figures,
-	slots    GroupSlots   // the groups' slots,
-	marks    LiveMarks    // what the sweeper visits
-	ledger   Ledger
-	queue    Enqueuer
-	notifier Notifier
-	metrics  Metrics
-	clock    Clock
-	log      *slog.Logger
-	hooks    Hooks
-	sleep    func(context.Context, time.Duration)
-	soldOut  sync.Map // sku -> time.Time until which this instance answers sold_out
-	touched  touches  // SKUs this instance marked live, and until when it need not again
-	layouts  layouts  // each SKU's layout (K, group-buys) as Redis had it lately
-	unknown  unknowns // SKUs MySQL said it does not have, lately
-	refills  sync.Map // bucket name -> *sync.Mutex: one refill of a bucket at a time here
-	// transfersPaused holds the time.Time until which this instance makes
-	// no transfer (MySQL failed to record one).
-	transfersPaused atomic.Value
-	unknownGroups   unknowns // group ids MySQL said it does not have, lately
-	idSecret        []byte   // the key of ids derived from an Idempotency-Key
+	cfg           Config
+	holds         Holds        // Redis, by role: the holds,
+	figures       StockFigures // the buckets' figures,
+	slots         GroupSlots   // the groups' slots,
+	marks         LiveMarks    // what the sweeper visits
+	ledger        Ledger
+	queue         Enqueuer
+	notifier      Notifier
+	metrics       Metrics
+	clock         Clock
+	log           *slog.Logger
+	hooks         Hooks
+	sleep         func(context.Context, time.Duration)
+	soldOut       sync.Map // sku -> time.Time until which this instance answers sold_out
+	touched       touches  // SKUs this instance marked live, and until when it need not again
+	layouts       layouts  // each SKU's layout (K, group-buys) as Redis had it lately
+	unknown       unknowns // SKUs MySQL said it does not have, lately
+	refills       sync.Map // bucket name -> *sync.Mutex: one refill of a bucket at a time here
+	unknownGroups unknowns // group ids MySQL said it does not have, lately
+	idSecret      []byte   // the key of ids derived from an Idempotency-Key
 }
 
 // Deps are the Service's collaborators.

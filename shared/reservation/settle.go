@@ -9,9 +9,21 @@ import (
 // Compensate decides a reservation whose message reached the dead-letter
 // queue. MySQL first: a CONFIRMED row (persist committed after all) only
 // marks the hold confirmed; otherwise the reservation is fenced CANCELLED,
-// its hold released once, and the cancellation published. Idempotent, also
-// days later: a decided row moves nothing a second time.
+// its hold released once, and the cancellation published. A transfer
+// between buckets is completed forward instead (its units are in the
+// receiving bucket already), as persist does; one nothing backs (forged)
+// is dropped, nothing moved. Idempotent, also days later: a
+// decided row moves nothing a second time.
 func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, error) {
+	if r.Transfer {
+		row, err := s.persistTransfer(ctx, r)
+		if errors.Is(err, ErrNotATransfer) || errors.Is(err, ErrUnknownSKU) {
+			s.metrics.Count("poison_messages", 1)
+			s.log.ErrorContext(ctx, "compensate: a transfer MySQL refuses; dropped, nothing moved", "transfer_id", r.ID, "error", err)
+			return r, nil
+		}
+		return row, err
+	}
 	return s.fence(ctx, r, ReasonDeadLetter)
 }
 

@@ -124,10 +124,14 @@ type StockReport struct {
 	SKU            string
 	MySQLAvailable int64
 	RedisAvailable int64
-	Held           int64 // units HELD in Redis, not yet decided
-	Version        int64
-	PerUserLimit   int
-	Buckets        int // K: the Redis figures are summed over the buckets
+	// Held is the units HELD in Redis, not yet decided. A transfer between
+	// buckets credited ahead of its record holds its units in the giving
+	// bucket and offers them in the receiving one: they count once, as
+	// available, until the record.
+	Held         int64
+	Version      int64
+	PerUserLimit int
+	Buckets      int // K: the Redis figures are summed over the buckets
 	// OpensAt and ClosesAt are MySQL's sale window (zero: no such bound).
 	OpensAt, ClosesAt time.Time
 }
@@ -160,7 +164,7 @@ func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, er
 			return StockReport{}, err
 		}
 		rep.RedisAvailable += rs.Available
-		rep.Held += rs.Held
+		rep.Held += rs.Held - rs.Ahead
 	}
 	return rep, nil
 }

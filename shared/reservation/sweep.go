@@ -339,7 +339,7 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 		}
 		failed := 0
 		for _, h := range expired {
-			row, err := s.fence(ctx, h, ReasonExpired)
+			row, err := s.decideExpired(ctx, h)
 			if err != nil {
 				failed++
 				rep.Errors++
@@ -358,10 +358,57 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 			break // all listed, or failing: the next sweep goes on
 		}
 	}
+	decided += s.recordCreditsAhead(ctx, sku, rep)
 	if decided > 0 || !synced {
 		return false // holds are being decided right now, or Redis lacks the level: measure next time
 	}
 	return s.reconcile(ctx, level, b, rep)
+}
+
+// recordCreditsAhead records the transfers credited to bucket (a bucket
+// name) ahead of MySQL's record whose deadline passed: persist has not
+// recorded them (their message was lost, or its send failed with MySQL),
+// and their giving bucket may have lost its hold, so the receiving side
+// completes them. It returns how many it recorded.
+func (s *Service) recordCreditsAhead(ctx context.Context, bucket string, rep *SweepReport) int {
+	ahead, err := s.holds.CreditsAhead(ctx, bucket, s.cfg.SweepGrace, s.cfg.SweepBatch)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: list credits ahead of their record", "sku", bucket, "error", err)
+		return 0
+	}
+	n := 0
+	for _, t := range ahead {
+		row, err := s.completeTransfer(ctx, t)
+		if err != nil {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: record a transfer credited ahead", "transfer_id", t.ID, "error", err)
+			continue
+		}
+		if row.Status == StatusConfirmed && row.Release == ReleaseDone {
+			// Recorded and released, yet this bucket's mark is still ahead:
+			// a failover brought back a copy from before the record's
+			// credit. The record's credit again turns the mark (counting its
+			// units once, or again after a warm-up without them).
+			if _, err := s.holds.Credit(ctx, row); err != nil {
+				rep.Errors++
+				s.log.ErrorContext(ctx, "sweep: credit a recorded transfer again", "transfer_id", t.ID, "error", err)
+				continue
+			}
+		}
+		n++
+	}
+	return n
+}
+
+// decideExpired decides a hold whose deadline passed: a buyer's is fenced
+// (expired), a transfer's is completed forward (persist has not recorded it
+// yet: its message was lost, or its send failed with MySQL).
+func (s *Service) decideExpired(ctx context.Context, h Reservation) (Reservation, error) {
+	if h.Transfer {
+		return s.completeTransfer(ctx, h)
+	}
+	return s.fence(ctx, h, ReasonExpired)
 }
 
 // reconcile heals Redis when a drift is real: the same value across sweeps
@@ -386,11 +433,16 @@ func (s *Service) reconcile(ctx context.Context, whole StockLevel, b int, rep *S
 		return false
 	}
 	quiet = rs.Held == 0
-	drift := level.Available - (rs.Available + rs.Held)
+	// Units credited ahead of a transfer's record are not in MySQL's share
+	// yet, and are held in the giving bucket: an in-flight transfer is no drift.
+	drift := level.Available - (rs.Available - rs.Ahead + rs.Held)
 	rep.addDrift(sku, drift)
 	if drift != 0 {
 		if rs.Held != 0 || rs.AdminDelta != level.AdminDelta {
 			return quiet // live holds may be mid-decision, or an admin change is on its way
+		}
+		if rs.Ahead != 0 {
+			return quiet // a transfer credited here waits for its record
 		}
 		n, err := s.ledger.Unreleased(ctx, whole.SKU)
 		if err != nil || n > 0 {

@@ -8,9 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"time"
 
-	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -32,12 +30,6 @@ func (s *stack) bucketAvail(sku string, b int) int64 {
 		s.t.Fatalf("stock of bucket %d: %v", b, err)
 	}
 	return n
-}
-
-// waitBucket waits until bucket b of sku has want units in Redis.
-func (s *stack) waitBucket(sku string, b int, want int64) {
-	s.t.Helper()
-	testservices.Eventually(s.t, 5*time.Second, "bucket reaches its figure", func() bool { return s.bucketAvail(sku, b) == want })
 }
 
 // lockRow holds a MySQL row lock (query … FOR UPDATE) until the test ends or

@@ -262,6 +262,8 @@ type modelMachine struct {
 	pending []modelMsg
 	done    []modelMsg // delivered or dead-lettered: for redeliveries and late dead letters
 	nmsg    int
+	// transfersDone: the transfer messages persist has had (by id).
+	transfersDone map[string]bool
 }
 
 func newModelMachine(t *rapid.T, s *stack, rec *recordingEnqueuer, sku string, k int) *modelMachine {
@@ -269,7 +271,7 @@ func newModelMachine(t *rapid.T, s *stack, rec *recordingEnqueuer, sku string, k
 	rec.msgs = nil
 	rec.mu.Unlock()
 	m := &modelMachine{
-		s: s, rec: rec, sku: sku, exact: true, k: k,
+		s: s, rec: rec, sku: sku, exact: true, k: k, transfersDone: map[string]bool{},
 		buyers:  []string{"u1", "u2", "u3"},
 		units:   map[string]int{},
 		res:     map[string]*modelRes{},
@@ -321,6 +323,7 @@ func (m *modelMachine) actions(skip []string) map[string]func(*rapid.T) {
 		{"groupJoinFormationFails", 2, m.actGroupJoinFormationFails},
 		{"deliver", 5, m.actDeliver},
 		{"deliverBatch", 2, m.actDeliverBatch},
+		{"deliverTransfers", 2, m.actDeliverTransfers},
 		{"redeliver", 1, m.actRedeliver},
 		{"deadLetter", 2, m.actDeadLetter},
 		{"cancel", 3, m.actCancel},
@@ -448,10 +451,75 @@ func (m *modelMachine) sent() int {
 	return len(m.rec.msgs)
 }
 
+// sentSince returns the reservation messages sent since the nth; transfer
+// messages between buckets are persist's too, but no buyer's: they wait in
+// the queue for actDeliverTransfers (or the sweeper, at their deadline).
 func (m *modelMachine) sentSince(n int) []reservation.Reservation {
 	m.rec.mu.Lock()
 	defer m.rec.mu.Unlock()
-	return slices.Clone(m.rec.msgs[n:])
+	var out []reservation.Reservation
+	for _, r := range m.rec.msgs[n:] {
+		if !r.Transfer {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// transfersSent returns every transfer message sent in this case.
+func (m *modelMachine) transfersSent() []reservation.Reservation {
+	m.rec.mu.Lock()
+	defer m.rec.mu.Unlock()
+	var out []reservation.Reservation
+	for _, r := range m.rec.msgs {
+		if r.Transfer {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// actDeliverTransfers hands persist the transfer messages it has not had
+// (and, sometimes, one again: a redelivery). A transfer moves no unit the
+// model sees: MySQL records it once, and Redis's figures stay the sum.
+func (m *modelMachine) actDeliverTransfers(t *rapid.T) {
+	all := m.transfersSent()
+	var batch []reservation.Reservation
+	for _, r := range all {
+		if !m.transfersDone[r.ID] {
+			batch = append(batch, r)
+		}
+	}
+	if len(all) > 0 && rapid.IntRange(0, 3).Draw(t, "redeliverTransfer") == 0 {
+		batch = append(batch, all[rapid.IntRange(0, len(all)-1).Draw(t, "transfer")])
+	}
+	if len(batch) == 0 {
+		t.SkipNow() // no transfer sent
+	}
+	m.deliverTransfers(t, batch)
+}
+
+// deliverAllTransfers hands persist every transfer message it has not had.
+func (m *modelMachine) deliverAllTransfers(t *rapid.T) {
+	var batch []reservation.Reservation
+	for _, r := range m.transfersSent() {
+		if !m.transfersDone[r.ID] {
+			batch = append(batch, r)
+		}
+	}
+	if len(batch) > 0 {
+		m.deliverTransfers(t, batch)
+	}
+}
+
+func (m *modelMachine) deliverTransfers(t *rapid.T, batch []reservation.Reservation) {
+	for i, err := range m.s.app.Service.PersistBatch(context.Background(), batch) {
+		if err != nil {
+			m.fatalf(t, "persist transfer %s: %v", batch[i].ID, err)
+		}
+		m.transfersDone[batch[i].ID] = true
+	}
+	t.Logf("persist %d transfer messages", len(batch))
 }
 
 // keys lists every Redis key of the SKU, in all its buckets (on every
@@ -579,6 +647,18 @@ func (m *modelMachine) redisFigures(t *rapid.T) (stock, held int64, ok bool) {
 			m.fatalf(t, "redis held: %v", err)
 		}
 		stock, held = stock+n, held+h
+	}
+	// A transfer's hold keeps its units in held (and credited to the
+	// receiving bucket's stock) until MySQL records it: the buyers' held
+	// units are the rest.
+	for _, tr := range m.transfersSent() {
+		f, err := m.s.redis().HMGet(ctx, "hf:{"+reservation.BucketName(m.sku, tr.Bucket)+"}:r:"+tr.ID, "state", "token").Result()
+		if err != nil {
+			m.fatalf(t, "redis transfer hold: %v", err)
+		}
+		if f[0] == string(reservation.StatusHeld) && f[1] == tr.Token {
+			held -= int64(tr.Qty)
+		}
 	}
 	return stock, held, true
 }
@@ -1834,8 +1914,10 @@ func (m *modelMachine) quiesce(t *rapid.T) {
 	for len(m.pending) > 0 {
 		m.deliver(t, "deliver", []modelMsg{m.takePending(0)})
 	}
+	m.deliverAllTransfers(t)
 	m.advance(t, 3*time.Minute) // past every hold (60 s) and group (≤ 90 s) deadline
 	m.sweep(t, "sweep")
+	m.deliverAllTransfers(t) // a sweep's cover may have moved units
 	for _, g := range m.groups {
 		g.recordFailed = false // the sweep past the deadline records every formation
 	}
@@ -1856,6 +1938,7 @@ func (m *modelMachine) quiesce(t *rapid.T) {
 	for range 3 {
 		m.advance(t, 2*time.Second) // past HOLDFAST_RECONCILE_AFTER
 		rep := m.sweep(t, "sweep")
+		m.deliverAllTransfers(t)
 		if m.exact && driftOf(rep, m.sku) != 0 {
 			m.fatalf(t, "quiescent: drift %d without a Redis fault", driftOf(rep, m.sku))
 		}

@@ -642,12 +642,23 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 
 		move := reservation.Reservation{ID: "t", SKU: "s", Qty: 1, Bucket: 0, Into: 1, Transfer: true, Token: "t-t",
 			Status: reservation.StatusHeld, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
-		moved, err := s.Transfer(ctx, move, now)
-		if err != nil || moved.Release != reservation.ReleaseOwed || moved.TransferVersion == 0 || moved.RefundVersion != 0 {
+		moved, recorded, err := s.Transfer(ctx, move, now)
+		if err != nil || !recorded || moved.Release != reservation.ReleaseOwed || moved.TransferVersion == 0 || moved.RefundVersion != 0 {
 			t.Fatalf("Transfer = %+v %v, want its credit owed, its version a transfer's", moved, err)
 		}
 		if again, err := s.Reservation(ctx, "t"); err != nil || again.TransferVersion != moved.TransferVersion || again.RefundVersion != 0 {
 			t.Errorf("transfer read back = %+v %v, want TransferVersion %d", again, err, moved.TransferVersion)
+		}
+		if again, recorded, err := s.Transfer(ctx, move, now); err != nil || recorded || again.TransferVersion != moved.TransferVersion {
+			t.Errorf("Transfer again = %+v recorded %v %v, want the row as it stands, not recorded again", again, recorded, err)
+		}
+		forged := move
+		forged.ID, forged.Into = "v", 5
+		if _, _, err := s.Transfer(ctx, forged, now); !errors.Is(err, reservation.ErrNotATransfer) {
+			t.Errorf("Transfer into bucket 5 of 2 = %v, want ErrNotATransfer", err)
+		}
+		if _, err := s.Reservation(ctx, "v"); !errors.Is(err, reservation.ErrNotFound) {
+			t.Errorf("a refused transfer left a row: %v", err)
 		}
 		check("transfer", "t", states{reservation.NotCancelled, reservation.ReleaseOwed, ""})
 		mark("t")

@@ -55,21 +55,27 @@ func intoBucket(r reservation.Reservation) sql.NullInt64 {
 
 // Transfer implements reservation.Ledger. Lock order as Apply's:
 // reservations, product_stock, stock_buckets.
-func (s *Store) Transfer(ctx context.Context, t reservation.Reservation, now time.Time) (row reservation.Reservation, err error) {
+func (s *Store) Transfer(ctx context.Context, t reservation.Reservation, now time.Time) (row reservation.Reservation, recorded bool, err error) {
 	err = retryDeadlocks(ctx, func() error {
-		row, err = s.transfer(ctx, t, now)
+		row, recorded, err = s.transfer(ctx, t, now)
 		return err
 	})
-	return row, err
+	return row, recorded, err
 }
 
-func (s *Store) transfer(ctx context.Context, t reservation.Reservation, now time.Time) (reservation.Reservation, error) {
-	if !t.Transfer || t.Bucket == t.Into || t.Qty < 1 {
-		return reservation.Reservation{}, fmt.Errorf("transfer %s: not a transfer between two buckets", t.ID)
+func (s *Store) transfer(ctx context.Context, t reservation.Reservation, now time.Time) (reservation.Reservation, bool, error) {
+	if !t.Transfer || t.Bucket == t.Into || t.Qty < 1 || t.Bucket < 0 || t.Into < 0 {
+		return reservation.Reservation{}, false, fmt.Errorf("transfer %s: %w", t.ID, reservation.ErrNotATransfer)
+	}
+	if t.CreatedAt.IsZero() {
+		// Recorded from its receiving bucket's credit (the giving bucket
+		// lost the hold): the mark keeps no creation time, and MySQL
+		// refuses a zero date.
+		t.CreatedAt = now
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return reservation.Reservation{}, translate("transfer begin", err)
+		return reservation.Reservation{}, false, translate("transfer begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
@@ -79,36 +85,39 @@ func (s *Store) transfer(ctx context.Context, t reservation.Reservation, now tim
 		t.ID, t.SKU, t.Qty, t.Bucket, t.Into, nullString(t.Token), nullTime(t.ExpiresAt), utc(t.CreatedAt), utc(now))
 	if isDuplicate(err) {
 		_ = tx.Rollback()
-		return s.Reservation(ctx, t.ID) // the sweeper fenced it first
+		row, err := s.Reservation(ctx, t.ID) // recorded before (a redelivery, or the sweeper's completion)
+		return row, false, err
 	}
 	if err != nil {
-		return reservation.Reservation{}, translate("transfer insert", err)
-	}
-	res, err := tx.ExecContext(ctx, `UPDATE product_stock SET version = version + 1 WHERE sku = ?`, t.SKU)
-	if err != nil {
-		return reservation.Reservation{}, translate("transfer version", err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return reservation.Reservation{}, translate("transfer version", err)
-	} else if n == 0 {
-		return reservation.Reservation{}, reservation.ErrUnknownSKU
+		return reservation.Reservation{}, false, translate("transfer insert", err)
 	}
 	var version int64
-	if err := tx.QueryRowContext(ctx, `SELECT version FROM product_stock WHERE sku = ?`, t.SKU).Scan(&version); err != nil {
-		return reservation.Reservation{}, translate("transfer read version", err)
+	var k int
+	err = tx.QueryRowContext(ctx, `SELECT version + 1, buckets FROM product_stock WHERE sku = ? FOR UPDATE`, t.SKU).Scan(&version, &k)
+	if errors.Is(err, sql.ErrNoRows) {
+		return reservation.Reservation{}, false, reservation.ErrUnknownSKU
+	}
+	if err != nil {
+		return reservation.Reservation{}, false, translate("transfer read version", err)
+	}
+	if !inBuckets(t, k) || t.Into >= max(k, 1) {
+		return reservation.Reservation{}, false, fmt.Errorf("transfer %s between buckets %d and %d of %d: %w", t.ID, t.Bucket, t.Into, k, reservation.ErrNotATransfer)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE product_stock SET version = ? WHERE sku = ?`, version, t.SKU); err != nil {
+		return reservation.Reservation{}, false, translate("transfer version", err)
 	}
 	if err := moveShares(ctx, tx, t.SKU, map[int]int64{t.Bucket: -int64(t.Qty), t.Into: int64(t.Qty)}); err != nil {
-		return reservation.Reservation{}, err
+		return reservation.Reservation{}, false, err
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE reservations SET refund_version = ? WHERE reservation_id = ?`, version, t.ID); err != nil {
-		return reservation.Reservation{}, translate("transfer version", err)
+		return reservation.Reservation{}, false, translate("transfer version", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return reservation.Reservation{}, translate("transfer commit", err)
+		return reservation.Reservation{}, false, translate("transfer commit", err)
 	}
 	row := t
 	row.UserID, row.GroupID, row.Status, row.Release, row.TransferVersion = "", "", reservation.StatusConfirmed, reservation.ReleaseOwed, version
-	return row, nil
+	return row, true, nil
 }
 
 // withShares fills in the bucket shares of the levels of SKUs with more

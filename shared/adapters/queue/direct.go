@@ -108,10 +108,12 @@ type attributeValue struct {
 	StringValue string `json:"StringValue"`
 }
 
-// attributes are the message attributes every reservation message carries.
-var attributes = map[string]attributeValue{
-	"type":    {DataType: "String", StringValue: message.Type},
-	"version": {DataType: "Number", StringValue: strconv.Itoa(message.Version)},
+// attributes are the message attributes of r's message: its type and version.
+func attributes(r reservation.Reservation) map[string]attributeValue {
+	return map[string]attributeValue{
+		"type":    {DataType: "String", StringValue: message.TypeOf(r)},
+		"version": {DataType: "Number", StringValue: strconv.Itoa(message.Version)},
+	}
 }
 
 // skewCodes are the refusals of a signature whose time is too far from
@@ -149,7 +151,7 @@ func (p *DirectPublisher) Enqueue(ctx context.Context, r reservation.Reservation
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", r.ID, err)
 	}
-	payload, err := json.Marshal(sendMessage{QueueURL: p.c.QueueURL, MessageBody: string(body), MessageAttributes: attributes})
+	payload, err := json.Marshal(sendMessage{QueueURL: p.c.QueueURL, MessageBody: string(body), MessageAttributes: attributes(r)})
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", r.ID, err)
 	}

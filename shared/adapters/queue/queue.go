@@ -43,7 +43,7 @@ func (p *Publisher) Enqueue(ctx context.Context, r reservation.Reservation) erro
 		QueueUrl:    aws.String(p.url),
 		MessageBody: aws.String(string(body)),
 		MessageAttributes: map[string]sqstypes.MessageAttributeValue{
-			"type":    {DataType: aws.String("String"), StringValue: aws.String(message.Type)},
+			"type":    {DataType: aws.String("String"), StringValue: aws.String(message.TypeOf(r))},
 			"version": {DataType: aws.String("Number"), StringValue: aws.String(fmt.Sprint(message.Version))},
 		},
 	})

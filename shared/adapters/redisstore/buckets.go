@@ -70,13 +70,68 @@ func (s *Store) TakeOut(ctx context.Context, t reservation.Reservation, ttl time
 // Credit implements reservation.Holds.
 func (s *Store) Credit(ctx context.Context, t reservation.Reservation) (bool, error) {
 	k := keysOf(reservation.BucketName(t.SKU, t.Into))
-	n, err := creditScript.Run(ctx, s.rdb, []string{k.stock(), k.meta(), k.hold(t.ID)},
-		t.Qty, t.TransferVersion, int64(s.retention.Seconds()), t.SKU, t.Bucket).Int()
+	n, err := creditScript.Run(ctx, s.rdb, []string{k.stock(), k.meta(), k.hold(t.ID), k.ahead()},
+		t.Qty, t.TransferVersion, int64(s.retention.Seconds()), t.SKU, t.Bucket, t.ExpiresAt.UnixMilli(), s.now(), t.Token, t.ID).Int()
 	if err != nil {
 		return false, reservation.Unavailable("redis credit", err)
 	}
 	if n == 2 {
 		return false, fmt.Errorf("redis credit %s: %w", t.ID, reservation.ErrUnknownSKU)
 	}
-	return n == 1, nil
+	return n == 1, nil // 3: too late for a credit ahead of the record, which credits it
+}
+
+// Landed implements reservation.Holds.
+func (s *Store) Landed(ctx context.Context, t reservation.Reservation) error {
+	k := keysOfHold(t)
+	if err := landedScript.Run(ctx, s.rdb, []string{k.meta(), k.hold(t.ID)}, t.Token).Err(); err != nil {
+		return reservation.Unavailable("redis landed", err)
+	}
+	return nil
+}
+
+// CreditsAhead implements reservation.Holds.
+func (s *Store) CreditsAhead(ctx context.Context, bucket string, grace time.Duration, limit int) ([]reservation.Reservation, error) {
+	k := keysOf(bucket)
+	sku, into := reservation.ParseBucket(bucket)
+	ids, err := expiredScript.Run(ctx, s.rdb, []string{k.ahead()}, grace.Milliseconds(), limit, s.now()).StringSlice()
+	if err != nil {
+		return nil, reservation.Unavailable("redis credits ahead", err)
+	}
+	cmds := make([]*redis.SliceCmd, len(ids))
+	if len(ids) > 0 {
+		_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range ids {
+				cmds[i] = p.HMGet(ctx, k.hold(id), "state", "qty", "from", "token", "deadline")
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, reservation.Unavailable("redis credits ahead", err)
+		}
+	}
+	var out []reservation.Reservation
+	for i, id := range ids {
+		f := cmds[i].Val()
+		state, _ := f[0].(string)
+		if state != "AHEAD" {
+			// The mark is gone (data loss, or its retention) or was credited
+			// by its record: drop the index entry so the sweep does not spin.
+			s.rdb.ZRem(ctx, k.ahead(), id)
+			continue
+		}
+		qty, _ := strconv.Atoi(str(f[1]))
+		from, _ := strconv.Atoi(str(f[2]))
+		deadline, _ := strconv.ParseInt(str(f[4]), 10, 64)
+		out = append(out, reservation.Reservation{
+			ID: id, SKU: sku, Qty: qty, Bucket: from, Transfer: true, Into: into, Token: str(f[3]),
+			Status: reservation.StatusHeld, ExpiresAt: time.UnixMilli(deadline).UTC(),
+		})
+	}
+	return out, nil
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
 }

@@ -299,7 +299,7 @@ func (s *Store) Hold(ctx context.Context, id string, bucket int) (reservation.Re
 	if err != nil {
 		return reservation.Reservation{}, reservation.Unavailable("redis hold", err)
 	}
-	if len(m) == 0 || m["state"] == "CREDITED" {
+	if len(m) == 0 || m["state"] == "CREDITED" || m["state"] == "AHEAD" { // a transfer's mark, not a hold
 		return reservation.Reservation{}, reservation.ErrNotFound
 	}
 	return holdFromMap(id, bucket, m)

@@ -21,6 +21,7 @@ func keysOfHold(r reservation.Reservation) keys {
 func (k keys) stock() string             { return k.tag + ":stock" }
 func (k keys) meta() string              { return k.tag + ":meta" }
 func (k keys) exp() string               { return k.tag + ":exp" }
+func (k keys) ahead() string             { return k.tag + ":ahead" }
 func (k keys) users() string             { return k.tag + ":users" }
 func (k keys) hold(id string) string     { return k.tag + ":r:" + id }
 func (k keys) group(gid string) string   { return k.tag + ":g:" + gid }

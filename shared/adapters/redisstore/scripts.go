@@ -46,6 +46,8 @@ var (
 	takeoutLua string
 	//go:embed lua/credit.lua
 	creditLua string
+	//go:embed lua/landed.lua
+	landedLua string
 	//go:embed lua/charge.lua
 	chargeLua string
 	//go:embed lua/budget.lua
@@ -87,7 +89,8 @@ var (
 	touchScript       = redis.NewScript(clockLua + touchLua)
 	unmarkScript      = redis.NewScript(clockLua + unmarkLua)
 	takeoutScript     = redis.NewScript(clockLua + takeoutLua)
-	creditScript      = redis.NewScript(creditLua)
+	creditScript      = redis.NewScript(clockLua + creditLua)
+	landedScript      = redis.NewScript(landedLua)
 	chargeScript      = redis.NewScript(clockLua + budgetLua + chargeLua)
 )
 

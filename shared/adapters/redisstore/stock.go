@@ -24,7 +24,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 	var meta *redis.SliceCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		stock = p.Get(ctx, k.stock())
-		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver", "moving", "opens", "closes")
+		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver", "moving", "opens", "closes", "ahead")
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -39,7 +39,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 		return reservation.RedisStock{}, fmt.Errorf("redis stock %s: %w", sku, err)
 	}
 	var opens, closes int64
-	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version, &rs.Moving, &opens, &closes} {
+	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version, &rs.Moving, &opens, &closes, &rs.Ahead} {
 		if v, ok := meta.Val()[i].(string); ok {
 			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
 				return reservation.RedisStock{}, fmt.Errorf("redis meta %s: %w", sku, err)

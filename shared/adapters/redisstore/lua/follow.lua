@@ -33,7 +33,9 @@
 --                               (MySQL never took it: its join never counted)
 --   CONFIRMED: HELD          -> CONFIRMED, its units leave held; meta.cver = version
 --   CONFIRMED, hold missing (Redis lost it), a commit newer than the level the stock was warmed
---   from (version > meta.wver)  -> the units are taken from stock now (Redis never took them)
+--   from (version > meta.wver)  -> the units are taken from stock now (Redis never took them);
+--   with no stock figure at all  -> meta.cver = version, so a warm-up from a level before the
+--                                   commit is refused as stale and reads MySQL again
 --   CANCELLED: HELD          -> CANCELLED, stock, per-user units and group slot returned (the slot
 --                               only to a group still OPEN, and before its deadline unless the join
 --                               never counted: after formation or the deadline the group is decided
@@ -44,7 +46,8 @@
 --                               (meta.wver >= ARGV[13]): that level has the units already
 --   anything else            -> nothing moves; a missing hold becomes a tombstone of the row
 -- A transfer's row (user "") is followed in its giving bucket like a buy without a user: no
--- per-user units move, and its units leave meta.moving (takeout.lua) with held.
+-- per-user units move, and its units leave meta.moving (takeout.lua) with held, unless they
+-- left it already when the receiving bucket was credited (landed.lua: the hold's landed field).
 -- Idempotent: the hold's state and its rel field (the token whose release was applied)
 -- make a repeat a no-op; MySQL's released flag ends the retries. A stray is replaced when
 -- it is returned, so a repeat finds the row's tombstone and frees no slot again.
@@ -74,16 +77,16 @@ local function give_back(n, who, group, counted)
   if group ~= '' and group == gid then reopen(KEYS[6], KEYS[7], who, never_counted) end
 end
 
-local is_transfer = false -- the hold is a transfer's (field into): set below
+local in_transit = false -- the hold is a transfer's (field into) whose units have not landed: set below
 local function unhold(n)
   redis.call('HINCRBY', KEYS[2], 'held', -n)
-  if is_transfer then redis.call('HINCRBY', KEYS[2], 'moving', -n) end
+  if in_transit then redis.call('HINCRBY', KEYS[2], 'moving', -n) end
   redis.call('ZREM', KEYS[3], id)
 end
 
 local returned = 0
-local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel', 'into', 'sent')
-is_transfer = h[7] ~= false and h[7] ~= nil
+local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel', 'into', 'sent', 'landed')
+in_transit = h[7] ~= false and h[7] ~= nil and not h[9]
 if reason == 'expired' and h[1] == 'HELD' and not h[8] then never_counted = true end
 local state = h[1]
 if state and token ~= '' and (h[5] or '') ~= token then
@@ -115,6 +118,12 @@ if status == 'CONFIRMED' then
       and version > tonumber(redis.call('HGET', KEYS[2], 'wver') or '0') then
     redis.call('DECRBY', KEYS[1], qty)
     if user ~= '' then redis.call('HINCRBY', KEYS[4], user, qty) end
+  end
+  if not state and version > 0 and redis.call('EXISTS', KEYS[1]) == 0
+      and version > tonumber(redis.call('HGET', KEYS[2], 'cver') or '0') then
+    -- Redis has no figure to take from: a warm-up may be reading MySQL right now, so it must
+    -- not load a level from before this commit (warm.lua refuses a level older than cver)
+    redis.call('HSET', KEYS[2], 'cver', version)
   end
   if state == 'HELD' then
     unhold(tonumber(h[2]))

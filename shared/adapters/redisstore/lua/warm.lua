@@ -17,7 +17,9 @@
 --   1  warmed: stock = available - held + the qty of the listed holds MySQL confirmed that are
 --      still HELD with MySQL's token (their confirm not in Redis yet; a HELD hold of another token
 --      is a stray and stays counted as held); meta.wver = version, so a refund MySQL made at or
---      before it is not given back again, and a confirm after it is taken (follow.lua)
+--      before it is not given back again, and a confirm after it is taken (follow.lua); meta.ahead = 0
+--      and meta.wn + 1: units credited ahead of a transfer's record are not in MySQL's level, so the
+--      record's credit adds them again (credit.lua)
 -- While the stock key is missing no reserve can take a hold (reserve.lua answers UNKNOWN_SKU), so
 -- the listed holds are all the HELD ones.
 local available, version, limit, delta = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
@@ -41,5 +43,6 @@ for i = 3, #KEYS do
 end
 redis.call('SET', KEYS[1], available - held)
 redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'wver', version, 'rate', ARGV[5], 'burst', ARGV[6], 'k', ARGV[7],
-  'opens', ARGV[8], 'closes', ARGV[9])
+  'opens', ARGV[8], 'closes', ARGV[9], 'ahead', 0)
+redis.call('HINCRBY', KEYS[2], 'wn', 1)
 return 1
