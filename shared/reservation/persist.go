@@ -98,7 +98,11 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 			// took again) that is its first copy, followed once.
 			r := results[j].Row
 			if followed[r.ID] {
-				s.followStray(ctx, r, rs[i].Bucket) // a twin held in another bucket
+				// A twin held in another bucket: it follows the row MySQL
+				// confirmed (its hold returned, its tombstone CONFIRMED, so a
+				// keyed retry there is answered the row, not a cancel).
+				r.Status = StatusConfirmed
+				s.followStray(ctx, r, rs[i].Bucket)
 				continue
 			}
 			followed[r.ID] = true
