@@ -130,8 +130,8 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	if n := count(`SELECT COUNT(*) FROM reservations WHERE reservation_id = ? AND status = 'CANCELLED' AND reason = 'dead_letter'`, lostID); n != 1 {
 		t.Errorf("dead letter not fenced: %d rows", n)
 	}
-	if got := depth(t, client, q.EventsURL); got != 1 {
-		t.Errorf("events = %d, want 1 ReservationCancelled", got)
+	if got := depth(t, client, q.EventsURL); got != 2 {
+		t.Errorf("events = %d, want 2 (the persisted one's ReservationConfirmed, the dead letter's ReservationCancelled)", got)
 	}
 
 	if body := api("reserve-delete.json", 200); body["status"] != "CANCELLED" {

@@ -56,7 +56,7 @@ var emittedBy = map[string][]string{
 	"item_failures": {"persist", "compensate"}, "poison_messages": {"persist", "compensate"},
 	"cancelled_dead_letter": {"compensate"},
 	"transfer_failed":       {"reserve", "sweeper"},
-	"drift_units":           {"sweeper"}, "drift_healed": {"sweeper"}, "swept_expired": {"sweeper"}, "sweep_errors": {"sweeper"},
+	"drift_units":           {"sweeper"}, "drift_healed": {"sweeper"}, "outbox_lag_seconds": {"sweeper"}, "swept_expired": {"sweeper"}, "sweep_errors": {"sweeper"},
 	"ledger_mismatch": {"sweeper"},
 }
 

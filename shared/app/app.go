@@ -64,6 +64,9 @@ type Options struct {
 	// Enqueuer, when set, wraps or replaces the SQS publisher (tests inject
 	// lost messages and failed sends). Production wiring leaves it nil.
 	Enqueuer func(sqs reservation.Enqueuer) reservation.Enqueuer
+	// Notifier, when set, wraps the event publisher (tests inject a bus
+	// that fails for a while).
+	Notifier func(bus reservation.Notifier) reservation.Notifier
 	// Hooks are crash points for fault-injection tests; nil in production.
 	Hooks reservation.Hooks
 	// Metrics, when set, also receives every count the service makes
@@ -135,12 +138,15 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 	var notifier reservation.Notifier
 	switch {
 	case cfg.EventBusName != "":
-		notifier = eventbus.NewEventBridge(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName, opt.Clock.Now)
+		notifier = eventbus.NewEventBridge(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName)
 	case cfg.EventsQueueURL != "":
-		notifier = eventbus.NewQueue(a.SQS, cfg.EventsQueueURL, opt.Clock.Now)
+		notifier = eventbus.NewQueue(a.SQS, cfg.EventsQueueURL)
 	default:
 		_ = a.Close()
 		return nil, cfg.NeedsEvents()
+	}
+	if opt.Notifier != nil {
+		notifier = opt.Notifier(notifier)
 	}
 
 	holdOpts := []redisstore.Option{redisstore.WithUserRate(cfg.UserRate, cfg.UserBurst), redisstore.WithLedger(database)}

@@ -362,7 +362,7 @@ func (s *Service) followStray(ctx context.Context, row Reservation, b int) {
 		return
 	}
 	stray := row
-	stray.Bucket, stray.Release, stray.Event = b, ReleaseDone, EventSent // the row's own give-back and event are not this bucket's
+	stray.Bucket, stray.Release = b, ReleaseDone // the row's own give-back is not this bucket's
 	if _, err := s.holds.Follow(ctx, stray, 0); err != nil {
 		s.log.WarnContext(ctx, "a stray in another bucket did not follow mysql; the sweeper retries",
 			"reservation_id", row.ID, "bucket", b, "error", err)

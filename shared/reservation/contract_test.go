@@ -42,8 +42,17 @@ func TestFakeQueueAndNotifierKeepTheContracts(t *testing.T) {
 		q := reservation.NewFakeQueue()
 		return q, func(t *testing.T, n int) []reservation.Reservation { return first(t, q.Sent(), n) }
 	})
-	reservationtest.Notifier(t, func(t *testing.T) (reservation.Notifier, reservationtest.Delivered) {
+	reservationtest.Notifier(t, func(t *testing.T) (reservation.Notifier, reservationtest.Published) {
 		nt := reservation.NewFakeNotifier()
-		return nt, func(t *testing.T, n int) []reservation.Reservation { return first(t, nt.Events(), n) }
+		return nt, func(t *testing.T, n int) []reservationtest.PublishedEvent {
+			var out []reservationtest.PublishedEvent
+			for _, e := range nt.Events() {
+				out = append(out, reservationtest.PublishedEvent{DetailType: string(e.Type), Event: e})
+			}
+			if len(out) < n {
+				t.Fatalf("%d published, want %d", len(out), n)
+			}
+			return out[:n]
+		}
 	})
 }

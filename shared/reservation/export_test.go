@@ -35,11 +35,11 @@ func (q *memQueue) Sent() []Reservation {
 
 func NewFakeNotifier() *memNotifier { return &memNotifier{} }
 
-// Events returns the cancellations the fake notifier was given, in order.
-func (n *memNotifier) Events() []Reservation {
+// Events returns the events the fake notifier was given, in order.
+func (n *memNotifier) Events() []Event {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return append([]Reservation(nil), n.events...)
+	return append([]Event(nil), n.events...)
 }
 
 // UserUnits reads a buyer's per-user units in a bucket (the Reactions suite).

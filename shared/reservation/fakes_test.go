@@ -1086,8 +1086,14 @@ type memGroupRow struct {
 	settled bool
 }
 
+// memEvent is a row of events.
+type memEvent struct {
+	e         Event
+	published bool
+}
+
 // memLedger models the MySQL schema: product_stock, reservations,
-// user_units, stock_change_keys, group_buys and group_members.
+// user_units, stock_change_keys, group_buys, group_members and events.
 type memLedger struct {
 	mu        sync.Mutex
 	stock     map[string]*StockLevel       // product_stock
@@ -1096,6 +1102,7 @@ type memLedger struct {
 	keys      map[string]string            // stock_change_keys: sku + "\x00" + key -> the change it recorded
 	groups    map[string]*memGroupRow      // group_buys
 	members   map[string]map[string]string // group_members: group -> user -> reservation id
+	events    []*memEvent                  // events, in seq order
 	fail      map[string]error             // method -> error returned before anything runs
 	conflicts int                          // Apply/ApplyBatch answer ErrVersionConflict this many times first (even when locking: a deadlock)
 	locked    []Locking                    // the mode of each Apply that reached the stock row
@@ -1161,14 +1168,26 @@ func (l *memLedger) insert(r Reservation, status Status, reason Reason, now time
 		ExpiresAt: msNullTime(r.ExpiresAt), CreatedAt: msUTC(r.CreatedAt),
 		Bucket: r.Bucket, Transfer: r.Transfer, Into: r.Into,
 	}
-	if status == StatusCancelled { // a fence: release owed, event owed (none for a transfer)
+	if status == StatusCancelled { // a fence: release owed, its event written (none for a transfer)
 		row.Cancellation, row.Release = Fenced, ReleaseOwed
 		if !r.Transfer {
-			row.Event = EventOwed
+			l.write(CancelledEvent(r, reason, false, now))
 		}
+	} else if !r.Transfer {
+		l.write(ConfirmedEvent(r, now))
 	}
 	l.rows[r.ID] = &memRow{r: row, updated: msUTC(now)}
 	return row
+}
+
+// write mirrors writeEvents: INSERT INTO events … ON DUPLICATE KEY (event_id) no-op.
+func (l *memLedger) write(e Event) {
+	for _, have := range l.events {
+		if have.e.ID == e.ID {
+			return
+		}
+	}
+	l.events = append(l.events, &memEvent{e: e})
 }
 
 func (l *memLedger) addUnits(sku, user string, n int64) {
@@ -1246,6 +1265,9 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 			}
 		}
 		g.g.Members++
+		if g.g.Status == GroupFormed && g.g.Members >= g.g.Capacity { // formedByJoin
+			l.write(GroupEvent(g.g, GroupFormed, now))
+		}
 	}
 	out.Result, out.Version = Applied, st.Version
 	return out, nil
@@ -1339,7 +1361,7 @@ func (l *memLedger) ApplyBatch(_ context.Context, sku string, rs []Reservation, 
 	return out, nil
 }
 
-// Fence mirrors mysqlstore's fence (INSERT … 'CANCELLED', released 0, notified 0 … ON DUPLICATE KEY no-op).
+// Fence mirrors mysqlstore's fence (INSERT … 'CANCELLED', released 0 … ON DUPLICATE KEY no-op, its event).
 func (l *memLedger) Fence(_ context.Context, r Reservation, reason Reason, now time.Time) (Reservation, bool, error) {
 	if hook := l.beforeFence; hook != nil {
 		l.beforeFence = nil
@@ -1371,7 +1393,8 @@ func (l *memLedger) Refund(_ context.Context, id string, reason Reason, now time
 		return row.r, false, nil
 	}
 	r := &row.r
-	r.Status, r.Reason, r.Cancellation, r.Release, r.Event = StatusCancelled, reason, Refunded, ReleaseOwed, EventOwed
+	l.write(CancelledEvent(*r, reason, true, now))
+	r.Status, r.Reason, r.Cancellation, r.Release = StatusCancelled, reason, Refunded, ReleaseOwed
 	row.updated = msUTC(now)
 	r.RefundVersion = 0 // SELECT version after the UPDATE: NULL (0) if the stock row is gone
 	if st, ok := l.stock[r.SKU]; ok {
@@ -1424,50 +1447,105 @@ func (l *memLedger) MarkReleased(_ context.Context, id string) error {
 	return nil
 }
 
-// MarkNotified mirrors `UPDATE reservations SET notified = 1 WHERE reservation_id = ? AND notified = 0`.
-func (l *memLedger) MarkNotified(_ context.Context, id string) error {
-	err := l.enter("MarkNotified")
+// EventsOf mirrors mysqlstore's EventsOf (unpublished, aggregate_id IN …, by seq).
+func (l *memLedger) EventsOf(_ context.Context, aggregates []string) ([]Event, error) {
+	err := l.enter("EventsOf")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	want := map[string]bool{}
+	for _, id := range aggregates {
+		want[id] = id != ""
+	}
+	var out []Event
+	for _, e := range l.events {
+		if !e.published && want[e.e.AggregateID] {
+			out = append(out, e.e)
+		}
+	}
+	return out, nil
+}
+
+// Unpublished mirrors mysqlstore's Unpublished (published_at IS NULL AND occurred_at < t, by seq).
+func (l *memLedger) Unpublished(_ context.Context, t time.Time, limit int) ([]Event, error) {
+	err := l.enter("Unpublished")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []Event
+	for _, e := range l.events {
+		if !e.published && e.e.OccurredAt.Before(msUTC(t)) && len(out) < limit {
+			out = append(out, e.e)
+		}
+	}
+	return out, nil
+}
+
+// MarkPublished mirrors `UPDATE events SET published_at = ? WHERE event_id IN (…)`.
+func (l *memLedger) MarkPublished(_ context.Context, ids []string, _ time.Time) error {
+	err := l.enter("MarkPublished")
 	defer l.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if row, ok := l.rows[id]; ok && row.r.Event == EventOwed {
-		row.r.Event = EventSent
+	for _, id := range ids {
+		for _, e := range l.events {
+			if e.e.ID == id {
+				e.published = true
+			}
+		}
 	}
 	return nil
 }
 
-// Outbox mirrors mysqlstore's Outbox (released = 0, then notified = 0, CANCELLED, updated_at < t; merged).
+// OldestUnpublished mirrors mysqlstore's OldestUnpublished (the first unpublished by seq).
+func (l *memLedger) OldestUnpublished(_ context.Context) (time.Time, bool, error) {
+	err := l.enter("OldestUnpublished")
+	defer l.mu.Unlock()
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	for _, e := range l.events {
+		if !e.published {
+			return e.e.OccurredAt, true, nil
+		}
+	}
+	return time.Time{}, false, nil
+}
+
+// unpublished returns the events not published yet, for assertions.
+func (l *memLedger) unpublished() []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Event
+	for _, e := range l.events {
+		if !e.published {
+			out = append(out, e.e)
+		}
+	}
+	return out
+}
+
+// Outbox mirrors mysqlstore's Outbox (released = 0, updated_at < t).
 func (l *memLedger) Outbox(_ context.Context, t time.Time, limit int) ([]Reservation, error) {
 	err := l.enter("Outbox")
 	defer l.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	pick := func(want func(Reservation) bool) []Reservation {
-		var out []Reservation
-		for _, row := range l.rows {
-			if (row.r.Status == StatusCancelled || row.r.Transfer) && row.updated.Before(msUTC(t)) && want(row.r) {
-				out = append(out, row.r)
-			}
-		}
-		sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-		if len(out) > limit {
-			out = out[:limit]
-		}
-		return out
-	}
-	unreleased := pick(func(r Reservation) bool { return r.Release == ReleaseOwed })
-	seen := map[string]bool{}
-	for _, r := range unreleased {
-		seen[r.ID] = true
-	}
-	for _, r := range pick(func(r Reservation) bool { return r.Event == EventOwed }) {
-		if !seen[r.ID] {
-			unreleased = append(unreleased, r)
+	var out []Reservation
+	for _, row := range l.rows {
+		if (row.r.Status == StatusCancelled || row.r.Transfer) && row.updated.Before(msUTC(t)) && row.r.Release == ReleaseOwed {
+			out = append(out, row.r)
 		}
 	}
-	return unreleased, nil
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
 }
 
 // Unreleased mirrors `SELECT COUNT(*) FROM reservations WHERE released = 0 AND sku = ?`.
@@ -1847,6 +1925,7 @@ func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) 
 	}
 	if g.g.Status == GroupOpen && !pending {
 		g.g.Status, g.g.FormedAt = GroupFormed, msUTC(formedAt)
+		l.write(GroupEvent(g.g, GroupFormed, formedAt))
 	}
 	return g.g.Status == GroupFormed, nil
 }
@@ -1864,6 +1943,7 @@ func (l *memLedger) FailGroup(_ context.Context, id string, now time.Time) (Grou
 	}
 	if g.g.Status == GroupOpen && !g.g.Deadline.After(msUTC(now)) {
 		g.g.Status = GroupFailed
+		l.write(GroupEvent(g.g, GroupFailed, now))
 	}
 	return g.g, nil
 }
@@ -1897,6 +1977,7 @@ func (l *memLedger) FailEmptyGroups(_ context.Context, ids []string, now time.Ti
 	for _, id := range ids {
 		if g, ok := l.groups[id]; ok && g.g.Status == GroupOpen && g.g.Members == 0 && !g.g.Deadline.After(msUTC(now)) {
 			g.g.Status, g.settled = GroupFailed, true
+			l.write(GroupEvent(g.g, GroupFailed, now))
 			n++
 		}
 	}
@@ -1956,19 +2037,35 @@ func (q *memQueue) Enqueue(_ context.Context, r Reservation) error {
 // memNotifier stands in for EventBridge.
 type memNotifier struct {
 	mu     sync.Mutex
-	events []Reservation
+	events []Event
 	err    error
 }
 
-// Cancelled mirrors an EventBridge PutEvents.
-func (n *memNotifier) Cancelled(_ context.Context, r Reservation) error {
+func (n *memNotifier) Publish(_ context.Context, evs []Event) []error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.err != nil {
-		return n.err
+	errs := make([]error, len(evs))
+	for i, e := range evs {
+		if n.err != nil {
+			errs[i] = n.err
+			continue
+		}
+		n.events = append(n.events, e)
 	}
-	n.events = append(n.events, r)
-	return nil
+	return errs
+}
+
+// cancellations returns the ReservationCancelled events published.
+func (n *memNotifier) cancellations() []Event {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []Event
+	for _, e := range n.events {
+		if e.Type == EventCancelled {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // memMetrics counts what the service counts.

@@ -180,6 +180,9 @@ func (s *Service) endGroups(ctx context.Context, cutoff time.Time, rep *SweepRep
 			if err != nil {
 				tally(false, Group{}, fmt.Errorf("fail empty groups: %w", err))
 			}
+			if n > 0 {
+				s.publish(ctx, empty...) // their GroupFailed events
+			}
 			mu.Lock()
 			rep.GroupsFailed += n
 			mu.Unlock()
@@ -234,6 +237,7 @@ func (s *Service) endGroup(ctx context.Context, g Group, c GroupClosing) (bool, 
 	case c.Status == GroupFormed:
 		formed, err := s.ledger.FormGroup(ctx, g.ID, orDeadline(c.FormedAt))
 		if err == nil && formed {
+			s.publish(ctx, g.ID)
 			err = s.ledger.GroupSettled(ctx, g.ID) // Redis has it FORMED already
 		}
 		return false, err
@@ -254,6 +258,7 @@ func (s *Service) endGroup(ctx context.Context, g Group, c GroupClosing) (bool, 
 	if g.Status != GroupFailed {
 		return false, nil
 	}
+	s.publish(ctx, g.ID) // its GroupFailed, before its members' cancellations
 	rows, err := s.ledger.GroupMembers(ctx, g.ID)
 	if err != nil {
 		return true, err
@@ -381,6 +386,7 @@ func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error
 	if err != nil || !formed {
 		return err
 	}
+	s.publish(ctx, g.ID) // its GroupFormed, if this call or a join's commit wrote it
 	g.FormedAt = at
 	return s.formedReachesRedis(ctx, g)
 }

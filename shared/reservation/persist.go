@@ -98,7 +98,11 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 			// took again) that is its first copy, followed once.
 			r := results[j].Row
 			if followed[r.ID] {
-				s.followStray(ctx, r, rs[i].Bucket) // a twin held in another bucket
+				// A twin held in another bucket: it follows the row MySQL
+				// confirmed (its hold returned, its tombstone CONFIRMED, so a
+				// keyed retry there is answered the row, not a cancel).
+				r.Status = StatusConfirmed
+				s.followStray(ctx, r, rs[i].Bucket)
 				continue
 			}
 			followed[r.ID] = true
@@ -113,6 +117,11 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 			version = results[j].Version
 		}
 		s.followAll(ctx, confirmed, version)
+		ids := make([]string, len(confirmed))
+		for i, r := range confirmed {
+			ids[i] = r.ID
+		}
+		s.publish(ctx, ids...) // their ReservationConfirmed events, written by the commit
 	}
 	return errs
 }
@@ -181,6 +190,9 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 			// may have died before recording it).
 			s.formGroup(ctx, Group{ID: r.GroupID, SKU: r.SKU}, time.Time{}, false)
 		}
+		// Its ReservationConfirmed, and the GroupFormed of a join that took
+		// the group's last slot in MySQL: both written by the commit.
+		s.publish(ctx, r.ID, r.GroupID)
 		return r, nil
 	case AlreadyConfirmed, AlreadyCancelled:
 		// A redelivery, a fenced reservation, or a stray: take nothing and
@@ -190,7 +202,9 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 			s.metrics.Count("strays", 1)
 		}
 		s.followStray(ctx, res.Row, r.Bucket)
-		return s.carryOut(ctx, res.Row, 0), nil
+		row := s.carryOut(ctx, res.Row, 0)
+		s.publish(ctx, row.ID) // what the outbox still owes of the row (its decider may have died before publishing)
+		return row, nil
 	default:
 		return s.fence(ctx, r, reasonOf(res.Result))
 	}

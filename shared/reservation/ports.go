@@ -323,8 +323,11 @@ type BatchResult struct {
 // fate, and every unit that moves in either store is the effect of one of its
 // transitions: none → CONFIRMED (Apply), none → CANCELLED (Fence),
 // CONFIRMED → CANCELLED (Refund). A CANCELLED transition leaves the row's
-// release owed until Redis has followed it (MarkReleased), and its event owed
-// until it went out (MarkNotified): Reservation's sub-states.
+// release owed until Redis has followed it (MarkReleased): Reservation's
+// sub-states. Every transition of a reservation's row or a group's writes
+// its Event to the event outbox in the same transaction (ConfirmedEvent,
+// CancelledEvent, GroupEvent; a transfer has none), unpublished until
+// MarkPublished: no event without its decision, no decision without its event.
 type Ledger interface {
 	// Apply makes one attempt, in one transaction, to insert r's row
 	// CONFIRMED and take its stock with a version-checked update (and its
@@ -343,12 +346,13 @@ type Ledger interface {
 	// deadlock): nothing written, try again.
 	ApplyBatch(ctx context.Context, sku string, rs []Reservation, now time.Time) ([]BatchResult, error)
 	// Fence inserts r's row CANCELLED with reason unless a row exists
-	// (Fenced, its release owed, its event owed unless a transfer's), and
+	// (Fenced, its release owed, its CancelledEvent written unless a
+	// transfer's), and
 	// returns the row as it stands; inserted reports whether this call
 	// wrote it.
 	Fence(ctx context.Context, r Reservation, reason Reason, now time.Time) (row Reservation, inserted bool, err error)
-	// Refund turns a CONFIRMED row CANCELLED (Refunded, release and event
-	// owed) and returns its stock, per-user units and — unless the group
+	// Refund turns a CONFIRMED row CANCELLED (Refunded, release owed, its
+	// CancelledEvent written) and returns its stock, per-user units and — unless the group
 	// formed — its group slot in one transaction; refunded reports whether
 	// this call did it.
 	Refund(ctx context.Context, id string, reason Reason, now time.Time) (row Reservation, refunded bool, err error)
@@ -367,13 +371,22 @@ type Ledger interface {
 	// MarkReleased records that Redis followed the row of id: an owed
 	// release becomes ReleaseDone.
 	MarkReleased(ctx context.Context, id string) error
-	// MarkNotified records that the cancellation event of id went out: an
-	// owed event becomes EventSent.
-	MarkNotified(ctx context.Context, id string) error
-	// Outbox returns rows last changed before t whose release or event is
-	// owed (ReleaseOwed: CANCELLED rows Redis has not followed yet, and
-	// transfers not credited yet; EventOwed), for the sweeper to drain.
+	// Outbox returns rows last changed before t whose release is owed
+	// (ReleaseOwed: CANCELLED rows Redis has not followed yet, and
+	// transfers not credited yet), for the sweeper to drain.
 	Outbox(ctx context.Context, t time.Time, limit int) ([]Reservation, error)
+	// EventsOf returns the unpublished events of the named aggregates
+	// (reservation or group ids), in the order they were written.
+	EventsOf(ctx context.Context, aggregates []string) ([]Event, error)
+	// Unpublished returns up to limit unpublished events that occurred
+	// before t, in the order they were written (an aggregate's in version
+	// order): the event outbox the sweeper drains.
+	Unpublished(ctx context.Context, t time.Time, limit int) ([]Event, error)
+	// MarkPublished records that the events of ids went out at at.
+	MarkPublished(ctx context.Context, ids []string, at time.Time) error
+	// OldestUnpublished returns when the oldest unpublished event occurred;
+	// ok false when every event is published (the outbox's lag).
+	OldestUnpublished(ctx context.Context) (at time.Time, ok bool, err error)
 	// Unreleased counts the SKU's rows Redis has not followed yet
 	// (cancellations and transfers).
 	Unreleased(ctx context.Context, sku string) (int, error)
@@ -438,11 +451,12 @@ type Enqueuer interface {
 	Enqueue(ctx context.Context, r Reservation) error
 }
 
-// Notifier tells the order service that a reservation was cancelled
-// (EventBridge in production). Delivery is at least once: consumers
-// deduplicate by reservation id.
+// Notifier publishes the outbox's events to the order service (EventBridge
+// in production), in no particular order: Service.send gives one call at
+// most one event per aggregate. Delivery is at least once: consumers
+// deduplicate by Event.ID. errs[i] is events[i]'s: nil once the bus took it.
 type Notifier interface {
-	Cancelled(ctx context.Context, r Reservation) error
+	Publish(ctx context.Context, events []Event) (errs []error)
 }
 
 // Metrics counts protocol events (CloudWatch EMF in production).

@@ -12,7 +12,7 @@ func TestReact(t *testing.T) {
 	join.GroupID = "g"
 	confirmed := func(r Reservation) Reservation { r.Status = StatusConfirmed; return r }
 	cancelled := func(r Reservation, why Reason) Reservation {
-		r.Status, r.Reason, r.Cancellation, r.Release, r.Event = StatusCancelled, why, Fenced, ReleaseOwed, EventOwed
+		r.Status, r.Reason, r.Cancellation, r.Release = StatusCancelled, why, Fenced, ReleaseOwed
 		return r
 	}
 	refunded := func(r Reservation, at int64) Reservation {

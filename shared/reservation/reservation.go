@@ -65,21 +65,6 @@ const (
 	ReleaseDone ReleaseState = "done" // Redis followed the row (a transfer's: credited it)
 )
 
-// EventState is a CANCELLED reservation's cancellation event: MySQL's
-// event outbox, which the sweeper drains. EventNone (the zero value): no
-// event, as on a row not cancelled or a transfer's (no buyer to tell).
-//
-//	EventNone → EventOwed  Ledger.Fence (not a transfer's), Ledger.Refund
-//	EventOwed → EventSent  Ledger.MarkNotified, once the event went out
-type EventState string
-
-// The states of the event outbox.
-const (
-	EventNone EventState = ""     // no event
-	EventOwed EventState = "owed" // the event has not gone out yet
-	EventSent EventState = "sent" // the event went out
-)
-
 // Reason says why a reservation was cancelled.
 type Reason string
 
@@ -128,22 +113,23 @@ type Reservation struct {
 	Token  string
 	Status Status
 	Reason Reason // set when CANCELLED
-	// Cancellation, Release and Event are the row's sub-states: how it was
-	// cancelled, its give-back to Redis, its event. Only these combinations
-	// occur (→: the outbox drained):
+	// Cancellation and Release are the row's sub-states: how it was
+	// cancelled, its give-back to Redis. Only these combinations occur
+	// (→: the outbox drained):
 	//
-	//	row                        Cancellation  Release      Event
-	//	HELD (not in MySQL yet)    NotCancelled  None         None
-	//	CONFIRMED buy or join      NotCancelled  None         None
-	//	CANCELLED, fenced          Fenced        Owed → Done  Owed → Sent
-	//	CANCELLED, refunded        Refunded      Owed → Done  Owed → Sent
-	//	transfer, CONFIRMED        NotCancelled  Owed → Done  None
-	//	transfer, fenced           Fenced        Owed → Done  None
+	//	row                        Cancellation  Release
+	//	HELD (not in MySQL yet)    NotCancelled  None
+	//	CONFIRMED buy or join      NotCancelled  None
+	//	CANCELLED, fenced          Fenced        Owed → Done
+	//	CANCELLED, refunded        Refunded      Owed → Done
+	//	transfer, CONFIRMED        NotCancelled  Owed → Done
+	//	transfer, fenced           Fenced        Owed → Done
 	//
 	// A hold read from Redis has its Status and Cancellation, no outbox.
+	// Its events are not the row's: the decision writes them to the event
+	// outbox (Event) in the same transaction.
 	Cancellation Cancellation
 	Release      ReleaseState
-	Event        EventState
 	// RefundVersion is the stock row's version right after a refund (0
 	// otherwise): Redis warmed from a level at or past it already has the
 	// refunded units, so the release gives nothing back a second time. A

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -100,11 +101,9 @@ func (f *fixture) hold(id string) Reservation {
 	h, _ := f.holds.hold(id)
 	return h
 }
-func (f *fixture) events() int {
-	f.notes.mu.Lock()
-	defer f.notes.mu.Unlock()
-	return len(f.notes.events)
-}
+
+// events counts the ReservationCancelled events published.
+func (f *fixture) events() int { return len(f.notes.cancellations()) }
 
 // --------------------------------------------------------------- reserve
 
@@ -701,7 +700,7 @@ func TestCompensateIsIdempotentAndNotifiesOnce(t *testing.T) {
 }
 
 // MySQL's decision stands when the event cannot go out: the call succeeds,
-// and the row's notified flag is the outbox the sweeper drains.
+// and the event outbox keeps it for the sweeper to drain.
 func TestCompensateEventFailureIsResentBySweeper(t *testing.T) {
 	f := newFixture(t)
 	f.stock(t, "s", 5)
@@ -711,8 +710,8 @@ func TestCompensateEventFailureIsResentBySweeper(t *testing.T) {
 	if err != nil || out.Status != StatusCancelled {
 		t.Fatalf("Compensate = %v %v, want CANCELLED (the decision stands)", out.Status, err)
 	}
-	if row := f.row(r.ID); f.redis("s") != 5 || row.Release != ReleaseDone || row.Event != EventOwed {
-		t.Errorf("redis %d row %+v, want the stock back, released, event pending", f.redis("s"), row)
+	if row := f.row(r.ID); f.redis("s") != 5 || row.Release != ReleaseDone || len(f.ledger.unpublished()) != 1 {
+		t.Errorf("redis %d row %+v outbox %+v, want the stock back, released, event pending", f.redis("s"), row, f.ledger.unpublished())
 	}
 	f.notes.err = nil
 	if rep := f.sweep(t); rep.EventsResent != 0 {
@@ -720,8 +719,8 @@ func TestCompensateEventFailureIsResentBySweeper(t *testing.T) {
 	}
 	f.afterGrace()
 	rep := f.sweep(t)
-	if rep.EventsResent != 1 || rep.Released != 0 || f.events() != 1 || f.row(r.ID).Event != EventSent {
-		t.Errorf("sweep = %+v, events %d; want 1 resent, nothing released", rep, f.events())
+	if rep.EventsResent != 1 || rep.Released != 0 || f.events() != 1 || len(f.ledger.unpublished()) != 0 || rep.OutboxLagSeconds != 0 {
+		t.Errorf("sweep = %+v, events %d; want 1 resent, nothing released, the outbox empty", rep, f.events())
 	}
 	if rep := f.sweep(t); rep.EventsResent != 0 || f.events() != 1 || f.redis("s") != 5 {
 		t.Errorf("second sweep = %+v events %d redis %d; want nothing more", rep, f.events(), f.redis("s"))
@@ -896,8 +895,8 @@ func TestSweeperDrainsTheReleaseOutboxOnce(t *testing.T) {
 		t.Fatalf("drain = %+v, redis %d held %d events %d; want 2 released, none re-notified, 10 0 2", rep, f.redis("s"), f.held("s"), f.events())
 	}
 	for _, id := range []string{held.ID, confirmed.ID} {
-		if row := f.row(id); row.Release != ReleaseDone || row.Event != EventSent {
-			t.Errorf("row %s = %+v, want released and notified", id, row)
+		if row := f.row(id); row.Release != ReleaseDone {
+			t.Errorf("row %s = %+v, want released", id, row)
 		}
 	}
 	f.clock.advance(time.Hour)
@@ -1771,4 +1770,88 @@ func TestKeyedJoinInAnotherGroupWaitsForMySQL(t *testing.T) {
 	if _, _, err := f.svc.Reserve(bg, ReserveRequest{SKU: "s", Qty: 1, UserID: "u", GroupID: g2.ID, IdempotencyKey: "k"}); !errors.Is(err, ErrIdempotencyMismatch) {
 		t.Errorf("the same join with MySQL back = %v, want ErrIdempotencyMismatch", err)
 	}
+}
+
+// An aggregate's events go out in version order, whoever publishes them: a
+// refund whose confirmation the bus refused waits for it, and the drain
+// sends the confirmation first, the refund after, each once.
+func TestEventsGoOutInOrderPerAggregate(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 5)
+	r := f.reserve(t, "s", "u", 2)
+	f.notes.err = errInjected
+	f.persist(t, r)
+	f.notes.err = nil
+	// The refund's deciding path finds the confirmation unpublished: both
+	// go out, in order, one call each.
+	if _, err := f.svc.Cancel(bg, r.ID, "u"); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range f.notes.Events() {
+		got = append(got, e.ID)
+	}
+	want := []string{"reservation/" + r.ID + "/1", "reservation/" + r.ID + "/2"}
+	if !slices.Equal(got, want) || len(f.ledger.unpublished()) != 0 {
+		t.Fatalf("published %v (outbox %v), want %v", got, f.ledger.unpublished(), want)
+	}
+	f.afterGrace()
+	if rep := f.sweep(t); rep.EventsResent != 0 || len(f.notes.Events()) != 2 {
+		t.Errorf("sweep = %+v, events %d: want nothing sent again", rep, len(f.notes.Events()))
+	}
+}
+
+// A bus that refuses one aggregate's earlier event holds back its later
+// one; the other aggregates' events go out.
+func TestSendHoldsBackAnAggregateWhoseEarlierEventFailed(t *testing.T) {
+	f := newFixture(t)
+	at := f.clock.Now()
+	a := Reservation{ID: "a", SKU: "s", Qty: 1, UserID: "u"}
+	b := Reservation{ID: "b", SKU: "s", Qty: 1, UserID: "v"}
+	bus := &refusingBus{refuse: "reservation/a/1", next: f.notes}
+	f.svc.notifier = bus
+	evs := []Event{ConfirmedEvent(a, at), ConfirmedEvent(b, at), CancelledEvent(a, ReasonBuyer, true, at), CancelledEvent(b, ReasonBuyer, true, at)}
+	for _, e := range evs {
+		f.ledger.write(e)
+	}
+	n, err := f.svc.send(bg, evs)
+	if n != 2 || err == nil {
+		t.Fatalf("send = %d %v, want b's two sent and a's failure", n, err)
+	}
+	var got []string
+	for _, e := range f.notes.Events() {
+		got = append(got, e.ID)
+	}
+	if !slices.Equal(got, []string{"reservation/b/1", "reservation/b/2"}) || bus.calls != 2 {
+		t.Errorf("published %v in %d calls, want b's in order in two calls and nothing of a", got, bus.calls)
+	}
+	if left := f.ledger.unpublished(); len(left) != 2 || left[0].ID != "reservation/a/1" {
+		t.Errorf("outbox = %v, want a's two events", left)
+	}
+}
+
+// refusingBus refuses one event id and passes the rest on.
+type refusingBus struct {
+	refuse string
+	next   Notifier
+	calls  int
+}
+
+func (b *refusingBus) Publish(ctx context.Context, evs []Event) []error {
+	b.calls++
+	var pass []Event
+	var at []int
+	errs := make([]error, len(evs))
+	for i, e := range evs {
+		if e.ID == b.refuse {
+			errs[i] = errInjected
+			continue
+		}
+		pass = append(pass, e)
+		at = append(at, i)
+	}
+	for j, err := range b.next.Publish(ctx, pass) {
+		errs[at[j]] = err
+	}
+	return errs
 }

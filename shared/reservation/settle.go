@@ -71,7 +71,9 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		s.formBeforeLeaving(ctx, row)
 		return s.refund(ctx, id, ReasonBuyer)
 	}
-	return s.carryOut(ctx, row, 0), nil
+	row = s.carryOut(ctx, row, 0)
+	s.publish(ctx, row.ID) // a repeat: what the outbox still owes of the row
+	return row, nil
 }
 
 // fence is the one decision every cancelling path shares: write the
@@ -90,7 +92,13 @@ func (s *Service) fence(ctx context.Context, r Reservation, reason Reason) (Rese
 		s.metrics.Count("cancelled_"+string(row.Reason), 1)
 	}
 	s.followStray(ctx, row, r.Bucket)
-	return s.carryOut(ctx, row, 0), nil
+	row = s.carryOut(ctx, row, 0)
+	if !row.Transfer {
+		// Its ReservationCancelled, or what the outbox still owes of the row
+		// the fence found (its decider may have died before publishing).
+		s.publish(ctx, row.ID)
+	}
+	return row, nil
 }
 
 // refund cancels a CONFIRMED reservation: stock back to MySQL, then Redis.
@@ -102,21 +110,25 @@ func (s *Service) refund(ctx context.Context, id string, reason Reason) (Reserva
 	if refunded {
 		s.metrics.Count("cancelled_"+string(reason), 1)
 	}
-	return s.carryOut(ctx, row, 0), nil
+	row = s.carryOut(ctx, row, 0)
+	if refunded {
+		s.publish(ctx, row.ID) // the refund wrote its ReservationCancelled
+	}
+	return row, nil
 }
 
-// carryOut carries out MySQL's decided row in everything that must hear of
-// it. Redis follows the row (Holds.Follow: the hold is confirmed or released,
-// a give-back at most once), the row is marked released once Redis
-// acknowledged (the release outbox), and a cancellation's event goes out
-// once and is marked notified (the event outbox). What fails here is left to
-// the sweeper, which drains both outboxes; MySQL's decision stands either
-// way, so carryOut reports no error. version is the stock row's version
-// after a confirm's commit (0 when unknown).
+// carryOut carries out MySQL's decided row in Redis. Redis follows the row
+// (Holds.Follow: the hold is confirmed or released, a give-back at most
+// once), and the row is marked released once Redis acknowledged (the release
+// outbox). What fails here is left to the sweeper, which drains the outbox;
+// MySQL's decision stands either way, so carryOut reports no error. version
+// is the stock row's version after a confirm's commit (0 when unknown). The
+// decision's event is not carryOut's: the deciding path publishes it
+// (publish), and the sweeper drains what that left (drainEvents).
 func (s *Service) carryOut(ctx context.Context, row Reservation, version int64) Reservation {
 	if err := s.carryOutNow(ctx, row, version); err != nil {
 		s.metrics.Count("follow_failed", 1)
-		s.log.WarnContext(ctx, "redis or the event bus did not follow mysql yet; the sweeper retries",
+		s.log.WarnContext(ctx, "redis did not follow mysql yet; the sweeper retries",
 			"reservation_id", row.ID, "status", row.Status, "error", err)
 	}
 	return row
@@ -154,22 +166,5 @@ func (s *Service) carryOutNow(ctx context.Context, row Reservation, version int6
 		s.metrics.Count("released", 1)
 		s.coverAfterReturn(ctx, row.SKU)
 	}
-	// The event does not wait for Redis: the order service hears of MySQL's
-	// decision even while Redis is down.
-	if row.Event == EventOwed {
-		if err := s.notify(ctx, row); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	return errors.Join(errs...)
-}
-
-func (s *Service) notify(ctx context.Context, row Reservation) error {
-	if err := s.notifier.Cancelled(ctx, row); err != nil {
-		return fmt.Errorf("publish cancellation %s: %w", row.ID, err)
-	}
-	if err := s.ledger.MarkNotified(ctx, row.ID); err != nil {
-		return fmt.Errorf("mark notified %s: %w", row.ID, err)
-	}
-	return nil
 }

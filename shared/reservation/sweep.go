@@ -20,8 +20,11 @@ type SweepReport struct {
 	Released        int  `json:"released"`      // holds cancelled with their stock returned, and outbox releases
 	Confirmed       int  `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
 	GroupsFailed    int  `json:"groups_failed"` // groups past their deadline, now FAILED and settled
-	EventsResent    int  `json:"events_resent"` // cancellation events sent from the outbox
-	Healed          int  `json:"healed"`        // SKUs whose persistent drift was corrected in Redis
+	EventsResent    int  `json:"events_resent"` // events the sweep published from the event outbox
+	// OutboxLagSeconds is how long ago the oldest event still unpublished
+	// after the drain occurred (0: none left).
+	OutboxLagSeconds int `json:"outbox_lag_seconds"`
+	Healed           int `json:"healed"` // SKUs whose persistent drift was corrected in Redis
 	// Drift (MySQL available − (Redis available + held)) over the SKUs the
 	// sweep visited: the total of its sizes, how many SKUs drift, and the
 	// worst of them by name — never a map of the whole catalog.
@@ -105,7 +108,7 @@ func (r *SweepReport) addDrift(sku string, d int64) {
 // compensate, and measures Redis–MySQL drift. It ends groups past their
 // deadline (FORMED if their last slot went in time, else FAILED with all
 // their stock returned) and drains the outboxes (Redis releases and
-// cancellation events a failure left pending). Every step is idempotent, so
+// events a failure left unpublished). Every step is idempotent, so
 // two sweeps at once do no harm. An error in one item is logged and counted;
 // the sweep goes on and the next one retries.
 func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
@@ -128,10 +131,8 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		if row.Release == ReleaseOwed {
 			rep.Released++
 		}
-		if row.Event == EventOwed {
-			rep.EventsResent++
-		}
 	}
+	s.drainEvents(ctx, cutoff, &rep)
 
 	visited := s.sweepLive(ctx, &rep)
 	s.sweepOpening(ctx, visited, &rep)

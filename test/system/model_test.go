@@ -299,7 +299,7 @@ func (m *modelMachine) retire() {
 	for _, q := range []string{
 		`DELETE FROM product_stock WHERE sku = ?`,
 		`DELETE FROM group_buys WHERE sku = ?`,
-		`UPDATE reservations SET notified = 1 WHERE sku = ?`,
+		`UPDATE events SET published_at = CURRENT_TIMESTAMP(3) WHERE published_at IS NULL AND JSON_VALUE(payload, '$.sku') = ?`,
 	} {
 		_, _ = m.s.db.ExecContext(ctx, q, m.sku)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/eventsource"
 	"github.com/holdfast/holdfast/internal/testkit/apievent"
+	"github.com/holdfast/holdfast/internal/testkit/eventschema"
 	"github.com/holdfast/holdfast/internal/testkit/faultproxy"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
@@ -203,6 +204,7 @@ func newStack(t *testing.T, opts ...stackOption) *stack {
 	s.sqs = env.SQS(t)
 	s.env = env
 	s.queues = env.CreateQueues(t, s.sqs, 3)
+	t.Cleanup(func() { s.drain() }) // every event the test emitted meets its schema
 	dsn := env.Database(t)
 	vars := map[string]string{
 		"HOLDFAST_REDIS_ADDR":       env.RedisAddr,
@@ -443,8 +445,24 @@ func (s *stack) sweep() reservation.SweepReport {
 	return rep
 }
 
-// events returns the cancellation events published so far, draining the queue.
+// events returns the cancellation events published since the last drain
+// (drain: every event, each validated against its schema in api/events).
 func (s *stack) events() []eventbus.Envelope {
+	s.t.Helper()
+	var out []eventbus.Envelope
+	for _, e := range s.drain() {
+		if e.DetailType == eventbus.DetailTypeCancelled {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// drain receives every event published so far, validates each against the
+// JSON Schema of its detail-type, and returns them in the order received.
+// Each stack drains what is left when its test ends, so every event the
+// system tests emit is validated.
+func (s *stack) drain() []eventbus.Envelope {
 	s.t.Helper()
 	var out []eventbus.Envelope
 	for {
@@ -458,9 +476,20 @@ func (s *stack) events() []eventbus.Envelope {
 			return out
 		}
 		for _, m := range res.Messages {
+			body := []byte(aws.ToString(m.Body))
+			var raw struct {
+				DetailType string          `json:"detail-type"`
+				Detail     json.RawMessage `json:"detail"`
+			}
 			var e eventbus.Envelope
-			if err := json.Unmarshal([]byte(aws.ToString(m.Body)), &e); err != nil {
-				s.t.Fatalf("event %q: %v", aws.ToString(m.Body), err)
+			if err := json.Unmarshal(body, &raw); err != nil {
+				s.t.Fatalf("event %s: %v", body, err)
+			}
+			if err := eventschema.Validate(raw.DetailType, raw.Detail); err != nil {
+				s.t.Errorf("event against api/events: %v", err)
+			}
+			if err := json.Unmarshal(body, &e); err != nil {
+				s.t.Fatalf("event %s: %v", body, err)
 			}
 			out = append(out, e)
 			_, _ = s.sqs.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(s.queues.EventsURL), ReceiptHandle: m.ReceiptHandle})

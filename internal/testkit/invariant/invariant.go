@@ -56,8 +56,8 @@ func Violations(vs []Violation) string {
 // none: it is not a confirmed reservation here.
 //   - I3 at most once: no reservation id is confirmed twice; with I1 and I2,
 //     each id took stock once per store.
-//   - I4 termination (quiescent): every accepted id has a final row; every
-//     CANCELLED row's event went out.
+//   - I4 termination (quiescent): every accepted id has a final row, and
+//     each of its transitions its event in the outbox, published.
 //   - I5 groups (of the SKUs in Expect.Sellable): members ≤ capacity, members =
 //     confirmed members, one join per user, a FAILED group keeps no confirmed member.
 //   - I6 per-user limits: for a SKU with a per_user_limit, the count persist
@@ -167,15 +167,46 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 	if e.Quiescent {
 		for _, id := range e.Accepted {
 			var status string
-			var notified bool
-			err := db.QueryRowContext(ctx, `SELECT status, notified FROM reservations WHERE reservation_id = ?`, id).Scan(&status, &notified)
+			var refunded bool
+			err := db.QueryRowContext(ctx, `SELECT status, refunded FROM reservations WHERE reservation_id = ?`, id).Scan(&status, &refunded)
 			switch {
 			case err == sql.ErrNoRows:
 				add("I4", "accepted %s has no decision", id)
 			case err != nil:
 				return nil, err
-			case status == "CANCELLED" && !notified:
-				add("I4", "cancelled %s: its event did not go out", id)
+			}
+			if err != nil {
+				continue
+			}
+			// The row's transitions, each with its event, all published.
+			want := map[int]string{1: "ReservationConfirmed"}
+			switch {
+			case status == "CANCELLED" && refunded:
+				want[2] = "ReservationCancelled"
+			case status == "CANCELLED":
+				want[1] = "ReservationCancelled"
+			}
+			rows, err := db.QueryContext(ctx, `SELECT version, type, published_at IS NOT NULL FROM events WHERE aggregate_id = ? AND event_id LIKE 'reservation/%'`, id)
+			if err != nil {
+				return nil, err
+			}
+			got := map[int]string{}
+			for rows.Next() {
+				var v int
+				var typ string
+				var published bool
+				if err := rows.Scan(&v, &typ, &published); err != nil {
+					_ = rows.Close()
+					return nil, err
+				}
+				got[v] = typ
+				if !published {
+					add("I4", "%s: its %s (version %d) did not go out", id, typ, v)
+				}
+			}
+			_ = rows.Close()
+			if len(got) != len(want) || got[1] != want[1] || got[2] != want[2] {
+				add("I4", "%s (%s, refunded %v): events %v, want %v", id, status, refunded, got, want)
 			}
 		}
 	}

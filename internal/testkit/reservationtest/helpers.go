@@ -25,11 +25,11 @@ func hold(sku, id, user string, qty int) reservation.Reservation {
 }
 
 // row is MySQL's decided row for a hold, as Fence (or, refunded, Refund)
-// writes it: a CANCELLED row's release and event are owed.
+// writes it: a CANCELLED row's release is owed.
 func row(h reservation.Reservation, status reservation.Status, refunded bool) reservation.Reservation {
 	h.Status = status
 	if status == reservation.StatusCancelled {
-		h.Reason, h.Cancellation, h.Release, h.Event = reservation.ReasonBuyer, reservation.Fenced, reservation.ReleaseOwed, reservation.EventOwed
+		h.Reason, h.Cancellation, h.Release = reservation.ReasonBuyer, reservation.Fenced, reservation.ReleaseOwed
 		if refunded {
 			h.Cancellation = reservation.Refunded
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,6 +48,7 @@ func ptr[T any](v T) *T { return &v }
 // MySQL adapter on MariaDB and against the in-memory fake.
 func Ledger(t *testing.T, newLedger LedgerFactory) {
 	Audit(t, newLedger)
+	ledgerEvents(t, newLedger)
 	t.Run("the catalog pages in SKU order; levels are read by name", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)
@@ -204,8 +206,11 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Errorf("refunded %d times, available %d; want once and 5", refunded.Load(), available(t, s, "s"))
 		}
 		row, _ := s.Reservation(ctx, "a")
-		if row.Status != reservation.StatusCancelled || row.Cancellation != reservation.Refunded || row.Event != reservation.EventOwed {
-			t.Errorf("row = %+v, want CANCELLED, refunded, event pending", row)
+		if row.Status != reservation.StatusCancelled || row.Cancellation != reservation.Refunded {
+			t.Errorf("row = %+v, want CANCELLED, refunded", row)
+		}
+		if got := unpublished(t, s, "a"); strings.Join(got, " ") != "ReservationConfirmed/1 ReservationCancelled/2" {
+			t.Errorf("events of a = %v, want its confirmation and one refund", got)
 		}
 	})
 
@@ -528,8 +533,8 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Fatal(err)
 		}
 		row, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now)
-		if err != nil || row.Release != reservation.ReleaseOwed || row.Event != reservation.EventOwed {
-			t.Fatalf("fence = %+v %v, want its release and event owed", row, err)
+		if err != nil || row.Release != reservation.ReleaseOwed {
+			t.Fatalf("fence = %+v %v, want its release owed", row, err)
 		}
 		if n, err := s.Unreleased(ctx, "s"); err != nil || n != 1 {
 			t.Errorf("Unreleased = %d %v, want 1", n, err)
@@ -540,11 +545,8 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		if err := s.MarkReleased(ctx, "f"); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.MarkNotified(ctx, "f"); err != nil {
-			t.Fatal(err)
-		}
 		if got, _ := s.Outbox(ctx, now.Add(time.Second), 10); len(got) != 0 {
-			t.Errorf("Outbox after both marks = %+v", got)
+			t.Errorf("Outbox after the mark = %+v", got)
 		}
 
 		g := reservation.Group{ID: "g", SKU: "s", Capacity: 2, Status: reservation.GroupOpen, Deadline: now.Add(time.Hour), CreatedAt: now}
@@ -586,7 +588,7 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		}
 	})
 
-	t.Run("each transition moves the row's sub-states, and the marks move them once", func(t *testing.T) {
+	t.Run("each transition moves the row's sub-states and writes its event, and the marks move them once", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)
 		if _, err := s.ChangeStock(ctx, reservation.StockChange{SKU: "s", Set: ptr(int64(10)), Buckets: ptr(2)}); err != nil {
@@ -595,12 +597,12 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		type states struct {
 			c reservation.Cancellation
 			r reservation.ReleaseState
-			e reservation.EventState
+			e string // the unpublished events of the row
 		}
 		check := func(what, id string, want states) {
 			t.Helper()
 			row, err := s.Reservation(ctx, id)
-			if got := (states{row.Cancellation, row.Release, row.Event}); err != nil || got != want {
+			if got := (states{row.Cancellation, row.Release, strings.Join(unpublished(t, s, id), " ")}); err != nil || got != want {
 				t.Errorf("%s: %s's sub-states = %+v %v, want %+v", what, id, got, err, want)
 			}
 		}
@@ -610,38 +612,40 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 				if err := s.MarkReleased(ctx, id); err != nil {
 					t.Fatal(err)
 				}
-				if err := s.MarkNotified(ctx, id); err != nil {
-					t.Fatal(err)
-				}
+				markPublished(t, s, id)
 			}
 		}
 		if _, err := apply(ctx, s, res("c", "s", 1)); err != nil {
 			t.Fatal(err)
 		}
-		check("confirmed", "c", states{})
+		check("confirmed", "c", states{e: "ReservationConfirmed/1"})
 		mark("c")
 		check("confirmed, marked", "c", states{})
 
 		if _, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now); err != nil {
 			t.Fatal(err)
 		}
-		check("fenced", "f", states{reservation.Fenced, reservation.ReleaseOwed, reservation.EventOwed})
+		check("fenced", "f", states{reservation.Fenced, reservation.ReleaseOwed, "ReservationCancelled/1"})
 		mark("f")
-		check("fenced, marked", "f", states{reservation.Fenced, reservation.ReleaseDone, reservation.EventSent})
+		check("fenced, marked", "f", states{reservation.Fenced, reservation.ReleaseDone, ""})
+		if _, inserted, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonBuyer, now); err != nil || inserted {
+			t.Fatalf("fence again = %v %v", inserted, err)
+		}
+		check("fenced again", "f", states{reservation.Fenced, reservation.ReleaseDone, ""})
 
 		if row, _, err := s.Refund(ctx, "c", reservation.ReasonBuyer, now); err != nil ||
-			(states{row.Cancellation, row.Release, row.Event}) != (states{reservation.Refunded, reservation.ReleaseOwed, reservation.EventOwed}) {
-			t.Fatalf("Refund = %+v %v, want Refunded, release and event owed", row, err)
+			row.Cancellation != reservation.Refunded || row.Release != reservation.ReleaseOwed {
+			t.Fatalf("Refund = %+v %v, want Refunded, release owed", row, err)
 		}
-		check("refunded", "c", states{reservation.Refunded, reservation.ReleaseOwed, reservation.EventOwed})
+		check("refunded", "c", states{reservation.Refunded, reservation.ReleaseOwed, "ReservationCancelled/2"})
 		mark("c")
-		check("refunded, marked", "c", states{reservation.Refunded, reservation.ReleaseDone, reservation.EventSent})
+		check("refunded, marked", "c", states{reservation.Refunded, reservation.ReleaseDone, ""})
 
 		move := reservation.Reservation{ID: "t", SKU: "s", Qty: 1, Bucket: 0, Into: 1, Transfer: true, Token: "t-t",
 			Status: reservation.StatusHeld, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
 		moved, recorded, err := s.Transfer(ctx, move, now)
-		if err != nil || !recorded || moved.Release != reservation.ReleaseOwed || moved.Event != reservation.EventNone || moved.TransferVersion == 0 || moved.RefundVersion != 0 {
-			t.Fatalf("Transfer = %+v %v, want its credit owed, no event, its version a transfer's", moved, err)
+		if err != nil || !recorded || moved.Release != reservation.ReleaseOwed || moved.TransferVersion == 0 || moved.RefundVersion != 0 {
+			t.Fatalf("Transfer = %+v %v, want its credit owed, its version a transfer's", moved, err)
 		}
 		if again, err := s.Reservation(ctx, "t"); err != nil || again.TransferVersion != moved.TransferVersion || again.RefundVersion != 0 {
 			t.Errorf("transfer read back = %+v %v, want TransferVersion %d", again, err, moved.TransferVersion)
@@ -657,18 +661,18 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		if _, err := s.Reservation(ctx, "v"); !errors.Is(err, reservation.ErrNotFound) {
 			t.Errorf("a refused transfer left a row: %v", err)
 		}
-		check("transfer", "t", states{reservation.NotCancelled, reservation.ReleaseOwed, reservation.EventNone})
+		check("transfer", "t", states{reservation.NotCancelled, reservation.ReleaseOwed, ""})
 		mark("t")
-		check("transfer, credited", "t", states{reservation.NotCancelled, reservation.ReleaseDone, reservation.EventNone})
+		check("transfer, credited", "t", states{reservation.NotCancelled, reservation.ReleaseDone, ""})
 
 		fenced := move
 		fenced.ID, fenced.Token = "u", "t-u"
 		if _, _, err := s.Fence(ctx, fenced, reservation.ReasonExpired, now); err != nil {
 			t.Fatal(err)
 		}
-		check("fenced transfer", "u", states{reservation.Fenced, reservation.ReleaseOwed, reservation.EventNone})
+		check("fenced transfer", "u", states{reservation.Fenced, reservation.ReleaseOwed, ""})
 		mark("u")
-		check("fenced transfer, returned", "u", states{reservation.Fenced, reservation.ReleaseDone, reservation.EventNone})
+		check("fenced transfer, returned", "u", states{reservation.Fenced, reservation.ReleaseDone, ""})
 	})
 
 	t.Run("form group waits for unreleased members", func(t *testing.T) {

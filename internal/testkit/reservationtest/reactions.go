@@ -256,9 +256,6 @@ func react(t *testing.T, newHolds HoldsFactory, tc reactionCase, batch bool) {
 
 	decided := r
 	decided.Status, decided.Reason, decided.Cancellation, decided.Release = tc.row.status, tc.row.reason, tc.row.how, tc.row.release
-	if tc.row.status == reservation.StatusCancelled {
-		decided.Event = reservation.EventOwed
-	}
 	decided.RefundVersion = tc.row.refundAt
 	want := reservation.React(facts, decided, tc.row.version)
 

@@ -1,44 +1,66 @@
-// Package eventbus publishes the protocol's events for the order service:
-// ReservationCancelled, on EventBridge in AWS and on an SQS queue locally.
-// Delivery is at least once; consumers deduplicate by reservation_id.
+// Package eventbus publishes the protocol's events for the order service
+// (reservation.Event: ReservationConfirmed, ReservationCancelled,
+// ReservationPaid, GroupFormed, GroupFailed), on EventBridge in AWS and on
+// an SQS queue locally. Delivery is at least once; consumers deduplicate by
+// the detail's event_id and order an aggregate's events by its version.
 package eventbus
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	ebtypes "github.com/aws/aws-sdk-go-v2/service/eventbridge/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
 // Source is the EventBridge source of every holdfast event.
 const Source = "holdfast.reservations"
 
-// DetailTypeCancelled is the detail-type of a cancellation.
-const DetailTypeCancelled = "ReservationCancelled"
+// DetailTypeCancelled is the detail-type of a cancellation; every event's
+// detail-type is its reservation.EventType.
+const DetailTypeCancelled = string(reservation.EventCancelled)
 
-// Cancelled is the detail of a ReservationCancelled event.
-type Cancelled struct {
-	ReservationID string    `json:"reservation_id"`
-	SKU           string    `json:"sku"`
-	Qty           int       `json:"qty"`
-	UserID        string    `json:"user_id"`
-	GroupID       string    `json:"group_id,omitempty"`
-	Reason        string    `json:"reason"`
-	Refunded      bool      `json:"refunded"`
-	At            time.Time `json:"at"`
+// perCall is the most entries one PutEvents or SendMessageBatch call takes.
+const perCall = 10
+
+// callsAtOnce bounds the calls one Publish makes at the same time: a
+// persist batch's 500 confirmations are 50 calls, not 50 round trips in a row.
+const callsAtOnce = 8
+
+// publishInChunks calls put on runs of at most perCall events, callsAtOnce
+// at a time, and collects one error per event. The service never gives one
+// Publish two events of one aggregate, so the runs need no order.
+func publishInChunks(evs []reservation.Event, put func([]reservation.Event) []error) []error {
+	errs := make([]error, len(evs))
+	sem := make(chan struct{}, callsAtOnce)
+	var wg sync.WaitGroup
+	for lo := 0; lo < len(evs); lo += perCall {
+		hi := min(len(evs), lo+perCall)
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			copy(errs[lo:hi], put(evs[lo:hi]))
+			<-sem
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
-func detail(r reservation.Reservation, at time.Time) Cancelled {
-	return Cancelled{
-		ReservationID: r.ID, SKU: r.SKU, Qty: r.Qty, UserID: r.UserID, GroupID: r.GroupID,
-		Reason: string(r.Reason), Refunded: r.Cancellation == reservation.Refunded, At: at.UTC(),
+func fill(errs []error, err error) []error {
+	for i := range errs {
+		errs[i] = err
 	}
+	return errs
 }
 
 // PutEventsAPI is the part of the EventBridge client the publisher uses.
@@ -50,51 +72,61 @@ type PutEventsAPI interface {
 type EventBridge struct {
 	client PutEventsAPI
 	bus    string
-	now    func() time.Time
 }
 
 var _ reservation.Notifier = (*EventBridge)(nil)
 
 // NewEventBridge returns a publisher to the named bus.
-func NewEventBridge(client PutEventsAPI, bus string, now func() time.Time) *EventBridge {
-	return &EventBridge{client: client, bus: bus, now: now}
+func NewEventBridge(client PutEventsAPI, bus string) *EventBridge {
+	return &EventBridge{client: client, bus: bus}
 }
 
-// Cancelled implements reservation.Notifier.
-func (p *EventBridge) Cancelled(ctx context.Context, r reservation.Reservation) error {
-	body, err := json.Marshal(detail(r, p.now()))
-	if err != nil {
-		return fmt.Errorf("encode event %s: %w", r.ID, err)
-	}
-	out, err := p.client.PutEvents(ctx, &eventbridge.PutEventsInput{Entries: []ebtypes.PutEventsRequestEntry{{
-		EventBusName: aws.String(p.bus), Source: aws.String(Source),
-		DetailType: aws.String(DetailTypeCancelled), Detail: aws.String(string(body)),
-	}}})
-	if err != nil {
-		return reservation.Unavailable("eventbridge put", err)
-	}
-	if out.FailedEntryCount > 0 {
-		code := ""
-		if len(out.Entries) > 0 && out.Entries[0].ErrorCode != nil {
-			code = *out.Entries[0].ErrorCode
+// Publish implements reservation.Notifier: PutEvents, ten entries a call,
+// each event's time its occurred_at.
+func (p *EventBridge) Publish(ctx context.Context, evs []reservation.Event) []error {
+	return publishInChunks(evs, func(chunk []reservation.Event) []error {
+		errs := make([]error, len(chunk))
+		entries := make([]ebtypes.PutEventsRequestEntry, len(chunk))
+		for i, e := range chunk {
+			body, err := json.Marshal(e)
+			if err != nil {
+				return fill(errs, fmt.Errorf("encode event %s: %w", e.ID, err))
+			}
+			entries[i] = ebtypes.PutEventsRequestEntry{
+				EventBusName: aws.String(p.bus), Source: aws.String(Source), Time: aws.Time(e.OccurredAt),
+				DetailType: aws.String(string(e.Type)), Detail: aws.String(string(body)),
+			}
 		}
-		return reservation.Unavailable("eventbridge put", fmt.Errorf("entry failed: %s", code))
-	}
-	return nil
+		out, err := p.client.PutEvents(ctx, &eventbridge.PutEventsInput{Entries: entries})
+		if err != nil {
+			return fill(errs, reservation.Unavailable("eventbridge put", err))
+		}
+		if out.FailedEntryCount == 0 {
+			return errs
+		}
+		for i := range errs { // Entries answers the request's entries in order
+			if i >= len(out.Entries) {
+				errs[i] = reservation.Unavailable("eventbridge put", fmt.Errorf("entry %d not answered", i))
+			} else if c := out.Entries[i].ErrorCode; c != nil {
+				errs[i] = reservation.Unavailable("eventbridge put", fmt.Errorf("entry failed: %s", *c))
+			}
+		}
+		return errs
+	})
 }
 
 // Envelope is what the SQS stand-in sends: the shape EventBridge delivers to
 // an SQS target.
 type Envelope struct {
-	Source     string    `json:"source"`
-	DetailType string    `json:"detail-type"`
-	Time       time.Time `json:"time"`
-	Detail     Cancelled `json:"detail"`
+	Source     string            `json:"source"`
+	DetailType string            `json:"detail-type"`
+	Time       time.Time         `json:"time"`
+	Detail     reservation.Event `json:"detail"`
 }
 
 // SendAPI is the part of the SQS client the stand-in uses.
 type SendAPI interface {
-	SendMessage(ctx context.Context, in *sqs.SendMessageInput, opts ...func(*sqs.Options)) (*sqs.SendMessageOutput, error)
+	SendMessageBatch(ctx context.Context, in *sqs.SendMessageBatchInput, opts ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
 }
 
 // Queue publishes events to an SQS queue, standing in for EventBridge where
@@ -102,25 +134,36 @@ type SendAPI interface {
 type Queue struct {
 	client SendAPI
 	url    string
-	now    func() time.Time
 }
 
 var _ reservation.Notifier = (*Queue)(nil)
 
 // NewQueue returns a publisher to the queue at url.
-func NewQueue(client SendAPI, url string, now func() time.Time) *Queue {
-	return &Queue{client: client, url: url, now: now}
+func NewQueue(client SendAPI, url string) *Queue {
+	return &Queue{client: client, url: url}
 }
 
-// Cancelled implements reservation.Notifier.
-func (p *Queue) Cancelled(ctx context.Context, r reservation.Reservation) error {
-	at := p.now()
-	body, err := json.Marshal(Envelope{Source: Source, DetailType: DetailTypeCancelled, Time: at.UTC(), Detail: detail(r, at)})
-	if err != nil {
-		return fmt.Errorf("encode event %s: %w", r.ID, err)
-	}
-	if _, err := p.client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(p.url), MessageBody: aws.String(string(body))}); err != nil {
-		return reservation.Unavailable("events queue send", err)
-	}
-	return nil
+// Publish implements reservation.Notifier: SendMessageBatch, ten a call.
+func (p *Queue) Publish(ctx context.Context, evs []reservation.Event) []error {
+	return publishInChunks(evs, func(chunk []reservation.Event) []error {
+		errs := make([]error, len(chunk))
+		entries := make([]sqstypes.SendMessageBatchRequestEntry, len(chunk))
+		for i, e := range chunk {
+			body, err := json.Marshal(Envelope{Source: Source, DetailType: string(e.Type), Time: e.OccurredAt, Detail: e})
+			if err != nil {
+				return fill(errs, fmt.Errorf("encode event %s: %w", e.ID, err))
+			}
+			entries[i] = sqstypes.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(string(body))}
+		}
+		out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(p.url), Entries: entries})
+		if err != nil {
+			return fill(errs, reservation.Unavailable("events queue send", err))
+		}
+		for _, f := range out.Failed { // some servers leave Successful empty: Failed is what counts
+			if i, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && i >= 0 && i < len(errs) {
+				errs[i] = reservation.Unavailable("events queue send", fmt.Errorf("entry failed: %s", aws.ToString(f.Code)))
+			}
+		}
+		return errs
+	})
 }

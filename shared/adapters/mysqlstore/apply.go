@@ -94,6 +94,9 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 			return out, err
 		}
 	}
+	if err := writeEvents(ctx, tx, []reservation.Event{reservation.ConfirmedEvent(r, now)}); err != nil {
+		return out, err
+	}
 	if err := tx.Commit(); err != nil {
 		return out, translate("apply commit", err)
 	}
@@ -379,10 +382,25 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if err := addUserUnits(ctx, tx, sku, added); err != nil {
 		return nil, err
 	}
+	if err := writeEvents(ctx, tx, confirmations(rs, fresh, out, now)); err != nil { // one statement for the batch's
+		return nil, err
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, translate("batch commit", err)
 	}
 	return out, nil
+}
+
+// confirmations are the ReservationConfirmed events of the batch's fresh
+// reservations that were Applied.
+func confirmations(rs []reservation.Reservation, fresh []int, out []reservation.BatchResult, now time.Time) []reservation.Event {
+	evs := make([]reservation.Event, 0, len(fresh))
+	for _, i := range fresh {
+		if out[i].Result == reservation.Applied {
+			evs = append(evs, reservation.ConfirmedEvent(rs[i], now))
+		}
+	}
+	return evs
 }
 
 // joinGroup takes a slot of r's group inside the persist transaction. A
@@ -408,7 +426,7 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 	if n, err := res.RowsAffected(); err != nil {
 		return 0, translate("apply take slot", err)
 	} else if n == 1 {
-		return reservation.Applied, nil
+		return reservation.Applied, formedByJoin(ctx, tx, r, now)
 	}
 	var status string
 	err = tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ? AND sku = ?`, r.GroupID, r.SKU).Scan(&status)
@@ -419,4 +437,19 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 		return 0, translate("apply read group", err)
 	}
 	return reservation.GroupNoSlot, nil
+}
+
+// formedByJoin writes the group's GroupFormed when the join that just took
+// a slot (joinGroup) took its last one: FORMED with every slot a member's.
+// A group FormGroup recorded FORMED first has its event already; the write
+// then leaves it as it is.
+func formedByJoin(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time) error {
+	g, err := scanGroup(tx.QueryRowContext(ctx, `SELECT `+groupColumns+` FROM group_buys WHERE group_id = ?`, r.GroupID))
+	if err != nil {
+		return translate("apply read group", err)
+	}
+	if g.Status != reservation.GroupFormed || g.Members < g.Capacity {
+		return nil
+	}
+	return writeEvents(ctx, tx, []reservation.Event{reservation.GroupEvent(g, reservation.GroupFormed, now)})
 }

@@ -116,7 +116,7 @@ func (s *Store) transfer(ctx context.Context, t reservation.Reservation, now tim
 		return reservation.Reservation{}, false, translate("transfer commit", err)
 	}
 	row := t
-	row.UserID, row.GroupID, row.Status, row.Release, row.Event, row.TransferVersion = "", "", reservation.StatusConfirmed, reservation.ReleaseOwed, reservation.EventNone, version
+	row.UserID, row.GroupID, row.Status, row.Release, row.TransferVersion = "", "", reservation.StatusConfirmed, reservation.ReleaseOwed, version
 	return row, true, nil
 }
 

@@ -81,16 +81,18 @@ func (s *Store) UnsettledGroups(ctx context.Context, limit int) ([]reservation.G
 	return append(formed, failed...), nil
 }
 
-// FormGroup implements reservation.Ledger.
+// FormGroup implements reservation.Ledger: the transition and its
+// GroupFormed in one transaction.
 func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) (bool, error) {
-	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys g SET status = 'FORMED', formed_at = ?, updated_at = ?
+	err := s.endGroup(ctx, "form group", id, reservation.GroupFormed, formedAt, `UPDATE group_buys g SET status = 'FORMED', formed_at = ?, updated_at = ?
 		WHERE group_id = ? AND status = 'OPEN' AND NOT EXISTS (SELECT 1 FROM reservations r
 			WHERE r.group_id = g.group_id AND r.status = 'CANCELLED' AND r.released = 0)`,
-		utc(formedAt), utc(formedAt), id); err != nil {
-		return false, translate("form group", err)
+		utc(formedAt), utc(formedAt), id)
+	if err != nil {
+		return false, err
 	}
 	var status string
-	err := s.db.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ?`, id).Scan(&status)
+	err = s.db.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ?`, id).Scan(&status)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, reservation.ErrUnknownGroup
 	}
@@ -100,39 +102,92 @@ func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) (b
 	return status == string(reservation.GroupFormed), nil
 }
 
-// FailGroup implements reservation.Ledger.
+// endGroup runs update, the transition of group id to status, and writes
+// the group's event with it when the group moved.
+func (s *Store) endGroup(ctx context.Context, op, id string, status reservation.GroupStatus, at time.Time, update string, args ...any) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return translate(op+" begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	res, err := tx.ExecContext(ctx, update, args...)
+	if err != nil {
+		return translate(op, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return translate(op, err)
+	} else if n == 1 {
+		g, err := scanGroup(tx.QueryRowContext(ctx, `SELECT `+groupColumns+` FROM group_buys WHERE group_id = ?`, id))
+		if err != nil {
+			return translate(op+" read", err)
+		}
+		if err := writeEvents(ctx, tx, []reservation.Event{reservation.GroupEvent(g, status, at)}); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return translate(op+" commit", err)
+	}
+	return nil
+}
+
+// FailGroup implements reservation.Ledger: the transition and its
+// GroupFailed in one transaction.
 func (s *Store) FailGroup(ctx context.Context, id string, now time.Time) (reservation.Group, error) {
-	if _, err := s.db.ExecContext(ctx, `UPDATE group_buys SET status = 'FAILED', updated_at = ?
+	if err := s.endGroup(ctx, "fail group", id, reservation.GroupFailed, now, `UPDATE group_buys SET status = 'FAILED', updated_at = ?
 		WHERE group_id = ? AND status = 'OPEN' AND deadline <= ?`, utc(now), id, utc(now)); err != nil {
-		return reservation.Group{}, translate("fail group", err)
+		return reservation.Group{}, err
 	}
 	return s.Group(ctx, id)
 }
 
-// FailEmptyGroups implements reservation.Ledger: one statement per
-// inChunks-sized run of ids.
+// FailEmptyGroups implements reservation.Ledger: per inChunks-sized run of
+// ids, one transaction locks the groups it ends, ends them in one statement
+// and writes their GroupFailed events in another.
 func (s *Store) FailEmptyGroups(ctx context.Context, ids []string, now time.Time) (int, error) {
 	total := 0
 	err := inChunks(len(ids), func(lo, hi int) error {
-		args := make([]any, 0, hi-lo+3)
-		args = append(args, utc(now), utc(now))
-		for _, id := range ids[lo:hi] {
-			args = append(args, id)
-		}
-		args = append(args, utc(now))
-		res, err := s.db.ExecContext(ctx, `UPDATE group_buys SET status = 'FAILED', settled_at = ?, updated_at = ?
-			WHERE group_id IN (?`+strings.Repeat(",?", hi-lo-1)+`) AND status = 'OPEN' AND members = 0 AND deadline <= ?`, args...)
-		if err != nil {
-			return translate("fail empty groups", err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return translate("fail empty groups", err)
-		}
-		total += int(n)
-		return nil
+		n, err := s.failEmptyGroups(ctx, ids[lo:hi], now)
+		total += n
+		return err
 	})
 	return total, err
+}
+
+func (s *Store) failEmptyGroups(ctx context.Context, ids []string, now time.Time) (int, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, translate("fail empty groups begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	args := make([]any, 0, len(ids)+1)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	args = append(args, utc(now))
+	ending, err := queryAll(ctx, tx, "fail empty groups", scanGroup, `SELECT `+groupColumns+` FROM group_buys
+		WHERE group_id IN (?`+strings.Repeat(",?", len(ids)-1)+`) AND status = 'OPEN' AND members = 0 AND deadline <= ? FOR UPDATE`, args...)
+	if err != nil || len(ending) == 0 {
+		return 0, err
+	}
+	ended := make([]any, 0, len(ending)+2)
+	ended = append(ended, utc(now), utc(now))
+	evs := make([]reservation.Event, len(ending))
+	for i, g := range ending {
+		ended = append(ended, g.ID)
+		evs[i] = reservation.GroupEvent(g, reservation.GroupFailed, now)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE group_buys SET status = 'FAILED', settled_at = ?, updated_at = ?
+		WHERE group_id IN (?`+strings.Repeat(",?", len(ending)-1)+`)`, ended...); err != nil {
+		return 0, translate("fail empty groups", err)
+	}
+	if err := writeEvents(ctx, tx, evs); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, translate("fail empty groups commit", err)
+	}
+	return len(ending), nil
 }
 
 // GroupSettled implements reservation.Ledger.

@@ -1,6 +1,6 @@
 package mysqlstore
 
-// Cancellations and their outboxes: the fence, the refund, the release and event flags, the rows read back.
+// Cancellations and their release outbox: the fence, the refund, the released flag, the rows read back.
 
 import (
 	"context"
@@ -28,13 +28,18 @@ func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason res
 		// not exist) was never created anywhere: MySQL refuses a zero date.
 		created = now
 	}
-	// A fence's row is Fenced, its release owed, its event owed — but a
-	// transfer's, which has no event: notified from the start (subStates).
-	res, err := s.db.ExecContext(ctx, `INSERT INTO reservations
-		(reservation_id, sku, qty, user_id, group_id, bucket, into_bucket, hold_token, status, reason, released, notified, expires_at, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?, ?)
+	// A fence's row is Fenced, its release owed; its ReservationCancelled is
+	// written with it — but a transfer's, which has no event.
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return r, false, translate("fence begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	res, err := tx.ExecContext(ctx, `INSERT INTO reservations
+		(reservation_id, sku, qty, user_id, group_id, bucket, into_bucket, hold_token, status, reason, released, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?)
 		ON DUPLICATE KEY UPDATE reservation_id = reservation_id`,
-		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), r.Bucket, intoBucket(r), nullString(r.Token), string(reason), r.Transfer,
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), r.Bucket, intoBucket(r), nullString(r.Token), string(reason),
 		nullTime(r.ExpiresAt), utc(created), utc(now))
 	if err != nil {
 		return r, false, translate("fence", err)
@@ -42,6 +47,14 @@ func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason res
 	n, err := res.RowsAffected()
 	if err != nil {
 		return r, false, translate("fence", err)
+	}
+	if n == 1 && !r.Transfer {
+		if err := writeEvents(ctx, tx, []reservation.Event{reservation.CancelledEvent(r, reason, false, now)}); err != nil {
+			return r, false, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return r, false, translate("fence commit", err)
 	}
 	row, err := s.Reservation(ctx, r.ID)
 	if err != nil {
@@ -90,7 +103,7 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 		return reservation.Reservation{}, false, translate("refund read version", err)
 	}
 	stmts := []stmt{
-		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, refunded = 1, released = 0, refund_version = ?, notified = 0, updated_at = ?
+		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, refunded = 1, released = 0, refund_version = ?, updated_at = ?
 			WHERE reservation_id = ?`, []any{string(reason), version, utc(now), id}},
 	}
 	if limit > 0 {
@@ -116,10 +129,13 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 			return reservation.Reservation{}, false, translate("refund", err)
 		}
 	}
+	if err := writeEvents(ctx, tx, []reservation.Event{reservation.CancelledEvent(row, reason, true, now)}); err != nil {
+		return reservation.Reservation{}, false, err
+	}
 	if err := tx.Commit(); err != nil {
 		return reservation.Reservation{}, false, translate("refund commit", err)
 	}
-	row.Status, row.Reason, row.Cancellation, row.Release, row.Event = reservation.StatusCancelled, reason, reservation.Refunded, reservation.ReleaseOwed, reservation.EventOwed
+	row.Status, row.Reason, row.Cancellation, row.Release = reservation.StatusCancelled, reason, reservation.Refunded, reservation.ReleaseOwed
 	row.RefundVersion = version
 	return row, true, nil
 }
@@ -140,14 +156,6 @@ func (s *Store) reservation(ctx context.Context, q querier, id string) (reservat
 	return r, nil
 }
 
-// MarkNotified implements reservation.Ledger.
-func (s *Store) MarkNotified(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `UPDATE reservations SET notified = 1 WHERE reservation_id = ? AND notified = 0`, id); err != nil {
-		return translate("mark notified", err)
-	}
-	return nil
-}
-
 // MarkReleased implements reservation.Ledger.
 func (s *Store) MarkReleased(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `UPDATE reservations SET released = 1 WHERE reservation_id = ? AND released = 0`, id); err != nil {
@@ -156,29 +164,11 @@ func (s *Store) MarkReleased(ctx context.Context, id string) error {
 	return nil
 }
 
-// Outbox implements reservation.Ledger: two index range reads, merged.
+// Outbox implements reservation.Ledger: an index range read.
 func (s *Store) Outbox(ctx context.Context, t time.Time, limit int) ([]reservation.Reservation, error) {
 	// released = 0: a cancellation, or a transfer whose credit is owed.
-	unreleased, err := s.reservations(ctx, "release outbox", `SELECT `+reservationColumns+` FROM reservations
+	return s.reservations(ctx, "release outbox", `SELECT `+reservationColumns+` FROM reservations
 		WHERE released = 0 AND updated_at < ? LIMIT ?`, utc(t), limit)
-	if err != nil {
-		return nil, err
-	}
-	unnotified, err := s.reservations(ctx, "event outbox", `SELECT `+reservationColumns+` FROM reservations
-		WHERE notified = 0 AND updated_at < ? AND status = 'CANCELLED' LIMIT ?`, utc(t), limit)
-	if err != nil {
-		return nil, err
-	}
-	seen := make(map[string]bool, len(unreleased))
-	for _, r := range unreleased {
-		seen[r.ID] = true
-	}
-	for _, r := range unnotified {
-		if !seen[r.ID] {
-			unreleased = append(unreleased, r)
-		}
-	}
-	return unreleased, nil
 }
 
 // Unreleased implements reservation.Ledger.

@@ -87,7 +87,7 @@ func utc(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: utc(t), Valid: !t.IsZero()} }
 
-const reservationColumns = `reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, refunded, released, refund_version, notified, expires_at, created_at, bucket, into_bucket`
+const reservationColumns = `reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, refunded, released, refund_version, expires_at, created_at, bucket, into_bucket`
 
 func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservation, error) {
 	var r reservation.Reservation
@@ -95,8 +95,8 @@ func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservati
 	var expires sql.NullTime
 	var refundVersion, into sql.NullInt64
 	var status string
-	var refunded, released, notified bool
-	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &token, &status, &reason, &refunded, &released, &refundVersion, &notified, &expires, &r.CreatedAt,
+	var refunded, released bool
+	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &token, &status, &reason, &refunded, &released, &refundVersion, &expires, &r.CreatedAt,
 		&r.Bucket, &into); err != nil {
 		return r, err
 	}
@@ -107,23 +107,24 @@ func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservati
 		r.RefundVersion = refundVersion.Int64
 	}
 	r.GroupID, r.Token, r.Reason, r.Status = group.String, token.String, reservation.Reason(reason.String), reservation.Status(status)
-	r.Cancellation, r.Release, r.Event = subStates(r.Status, r.Transfer, refunded, released, notified)
+	r.Cancellation, r.Release = subStates(r.Status, r.Transfer, refunded, released)
 	if expires.Valid {
 		r.ExpiresAt = expires.Time
 	}
 	return r, nil
 }
 
-// subStates maps a row's refunded, released and notified columns (MySQL's
-// flags, unchanged since the first migrations) to the row's sub-states: the
-// one place that reads them. The statements that write them move them as
-// the states move (Fence, Refund, Transfer, MarkReleased, MarkNotified):
+// subStates maps a row's refunded and released columns (MySQL's flags,
+// unchanged since the first migrations) to the row's sub-states: the one
+// place that reads them. The statements that write them move them as the
+// states move (Fence, Refund, Transfer, MarkReleased). The notified column
+// was the cancellations' event outbox until migration 0010 moved it to the
+// events table; it is no longer read.
 //
 //	column    0                               1 (the column's default)
 //	refunded  Fenced on a CANCELLED row       Refunded
 //	released  ReleaseOwed                     ReleaseDone on a CANCELLED row or a transfer's, else ReleaseNone
-//	notified  EventOwed on a CANCELLED row    EventSent on a CANCELLED row but a transfer's, else EventNone
-func subStates(status reservation.Status, transfer, refunded, released, notified bool) (reservation.Cancellation, reservation.ReleaseState, reservation.EventState) {
+func subStates(status reservation.Status, transfer, refunded, released bool) (reservation.Cancellation, reservation.ReleaseState) {
 	cancelled := status == reservation.StatusCancelled
 	c := reservation.NotCancelled
 	switch {
@@ -139,12 +140,5 @@ func subStates(status reservation.Status, transfer, refunded, released, notified
 	case cancelled || transfer:
 		rel = reservation.ReleaseDone
 	}
-	ev := reservation.EventNone
-	switch {
-	case cancelled && !notified:
-		ev = reservation.EventOwed
-	case cancelled && !transfer:
-		ev = reservation.EventSent
-	}
-	return c, rel, ev
+	return c, rel
 }

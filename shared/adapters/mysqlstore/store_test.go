@@ -5,12 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
+	"github.com/holdfast/holdfast/internal/testkit/eventschema"
 	"github.com/holdfast/holdfast/internal/testkit/reservationtest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
@@ -300,4 +302,56 @@ func TestLedgerContract(t *testing.T) {
 		s, _ := open(t)
 		return s
 	})
+}
+
+// Migration 0010 moves the cancellations the notified flag still owed to the
+// event outbox, in the shape the code writes and its schema accepts; a
+// second run inserts nothing more.
+func TestMigrationMovesOwedCancellationsToTheOutbox(t *testing.T) {
+	ctx := context.Background()
+	_, db := open(t)
+	for _, q := range []string{
+		"INSERT INTO product_stock (sku, available) VALUES ('s1', 10)",
+		"INSERT INTO reservations (reservation_id, sku, qty, user_id, status, reason, notified, created_at, updated_at) VALUES ('s1.f', 's1', 1, 'u1', 'CANCELLED', 'expired', 0, NOW(3), NOW(3))",
+		"INSERT INTO reservations (reservation_id, sku, qty, user_id, group_id, status, reason, refunded, notified, created_at, updated_at) VALUES ('s1.r', 's1', 2, 'u2', 'g-1', 'CANCELLED', 'group_failed', 1, 0, NOW(3), NOW(3))",
+		"INSERT INTO reservations (reservation_id, sku, qty, user_id, status, reason, created_at, updated_at) VALUES ('s1.sent', 's1', 1, 'u3', 'CANCELLED', 'expired', NOW(3), NOW(3))",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for range 2 {
+		for _, q := range []string{"DELETE FROM schema_migration_steps", "DELETE FROM schema_migrations"} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := mysqlstore.Migrate(ctx, db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := db.QueryContext(ctx, `SELECT event_id, type, payload FROM events ORDER BY event_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id, typ string
+		var payload []byte
+		if err := rows.Scan(&id, &typ, &payload); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		if err := eventschema.Validate(typ, payload); err != nil {
+			t.Errorf("%s: %v", id, err)
+		}
+	}
+	if strings.Join(ids, " ") != "reservation/s1.f/1 reservation/s1.r/2" {
+		t.Errorf("events = %v, want the two owed cancellations", ids)
+	}
+	var owed int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE notified = 0`).Scan(&owed); err != nil || owed != 0 {
+		t.Errorf("rows still owing by the old flag = %d %v", owed, err)
+	}
 }
