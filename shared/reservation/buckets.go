@@ -246,12 +246,7 @@ func (s *Service) transfer(ctx context.Context, sku string, from, into int, n in
 func (s *Service) creditAhead(ctx context.Context, held Reservation) (credited bool, err error) {
 	ahead := held
 	ahead.TransferVersion = 0
-	credited, err = s.holds.Credit(ctx, ahead)
-	if errors.Is(err, ErrUnknownSKU) {
-		if _, err = s.warm(ctx, held.SKU, held.Into); err == nil {
-			credited, err = s.holds.Credit(ctx, ahead)
-		}
-	}
+	credited, err = s.credit(ctx, ahead)
 	if err != nil || !credited {
 		return false, err
 	}
@@ -261,6 +256,18 @@ func (s *Service) creditAhead(ctx context.Context, held Reservation) (credited b
 		s.log.WarnContext(ctx, "a transfer's giving bucket did not hear it landed; its confirm tells it", "transfer_id", held.ID, "error", err)
 	}
 	return true, nil
+}
+
+// credit credits the transfer t to its receiving bucket (Holds.Credit),
+// warming the bucket first if Redis lost it.
+func (s *Service) credit(ctx context.Context, t Reservation) (bool, error) {
+	credited, err := s.holds.Credit(ctx, t)
+	if errors.Is(err, ErrUnknownSKU) {
+		if _, err = s.warm(ctx, t.SKU, t.Into); err == nil {
+			credited, err = s.holds.Credit(ctx, t)
+		}
+	}
+	return credited, err
 }
 
 // persistTransfer completes the transfer a message names (persist and
@@ -331,13 +338,7 @@ func (s *Service) completeTransfer(ctx context.Context, t Reservation) (Reservat
 // would take twice; reconciliation repairs the rare loss instead.
 func (s *Service) carryOutTransfer(ctx context.Context, row Reservation, version int64) error {
 	if row.Status == StatusConfirmed && row.Release == ReleaseOwed {
-		_, err := s.holds.Credit(ctx, row)
-		if errors.Is(err, ErrUnknownSKU) {
-			if _, err = s.warm(ctx, row.SKU, row.Into); err == nil {
-				_, err = s.holds.Credit(ctx, row)
-			}
-		}
-		if err != nil {
+		if _, err := s.credit(ctx, row); err != nil {
 			return fmt.Errorf("credit transfer %s: %w", row.ID, err)
 		}
 	}

@@ -367,7 +367,9 @@ func (s *Service) sweepBucket(ctx context.Context, level StockLevel, b int, rep 
 			break // all listed, or failing: the next sweep goes on
 		}
 	}
-	decided += s.recordCreditsAhead(ctx, sku, rep)
+	if level.BucketCount() > 1 { // only a SKU over buckets moves units between them
+		decided += s.recordCreditsAhead(ctx, sku, rep)
+	}
 	if decided > 0 || !synced {
 		return false // holds are being decided right now, or Redis lacks the level: measure next time
 	}
@@ -399,7 +401,7 @@ func (s *Service) recordCreditsAhead(ctx context.Context, bucket string, rep *Sw
 			// a failover brought back a copy from before the record's
 			// credit. The record's credit again turns the mark (counting its
 			// units once, or again after a warm-up without them).
-			if _, err := s.holds.Credit(ctx, row); err != nil {
+			if _, err := s.credit(ctx, row); err != nil {
 				rep.Errors++
 				s.log.ErrorContext(ctx, "sweep: credit a recorded transfer again", "transfer_id", t.ID, "error", err)
 				continue
