@@ -18,7 +18,8 @@ type Tally struct {
 	// (product_stock.admin_delta, which the creating change sets).
 	PutIn     int64
 	Available int64
-	// Rows is the buyers' rows by status, cancellation reason and refund
+	// Rows is the buyers' rows by status as shown (PAID apart from
+	// CONFIRMED), cancellation reason and refund
 	// (transfers between buckets are not here: they move units between
 	// bucket shares, not out of the SKU).
 	Rows []RowTally
@@ -36,9 +37,20 @@ type RowTally struct {
 	Units    int64
 }
 
-// takesStock reports whether a row of status s holds its units out of
-// available (a paid status, once there is one, takes stock too).
-func takesStock(s Status) bool { return s == StatusConfirmed }
+// takesStock reports whether a row shown s holds its units out of
+// available: CONFIRMED, or PAID.
+func takesStock(s Status) bool { return s == StatusConfirmed || s == StatusPaid }
+
+// Paid is the units of PAID rows (part of Taken: sold for good).
+func (t Tally) Paid() int64 {
+	var n int64
+	for _, r := range t.Rows {
+		if r.Status == StatusPaid {
+			n += r.Units
+		}
+	}
+	return n
+}
 
 // Taken is the units the buyers' rows hold out of available.
 func (t Tally) Taken() int64 {

@@ -14,7 +14,7 @@ type EventType string
 const (
 	EventConfirmed   EventType = "ReservationConfirmed" // none → CONFIRMED: Ledger.Apply, Ledger.ApplyBatch
 	EventCancelled   EventType = "ReservationCancelled" // none → CANCELLED (Fence), CONFIRMED → CANCELLED (Refund)
-	EventPaid        EventType = "ReservationPaid"      // CONFIRMED → PAID: no route decides it yet (PaidEvent)
+	EventPaid        EventType = "ReservationPaid"      // CONFIRMED → PAID: Ledger.Pay
 	EventGroupFormed EventType = "GroupFormed"          // OPEN → FORMED: FormGroup, or Apply's join of the last slot
 	EventGroupFailed EventType = "GroupFailed"          // OPEN → FAILED: FailGroup, FailEmptyGroups
 )
@@ -35,17 +35,24 @@ type Event struct {
 	OccurredAt  time.Time `json:"occurred_at"` // the decision's time (the ledger's now)
 
 	// What an order service needs. A reservation's: its id, buyer, SKU,
-	// quantity and group; a cancellation's reason and whether it was a
-	// refund of a confirmed one. A group's: its id, SKU and capacity (its
-	// members are the ReservationConfirmed events that name it).
+	// quantity and group; a confirmation's payment deadline (PayBy, when
+	// the SKU has a pay window and it is known then: a buy's, or a join's
+	// whose group formed with it); a cancellation's reason, the order
+	// service's own note on its cancel, and whether it was a refund of a
+	// confirmed one. A group's: its id, SKU and capacity (its members are
+	// the ReservationConfirmed events that name it), and on GroupFormed the
+	// members' payment deadline when the SKU has a pay window.
 	ReservationID string `json:"reservation_id,omitempty"`
 	SKU           string `json:"sku"`
 	UserID        string `json:"user_id,omitempty"`
 	Qty           int    `json:"qty,omitempty"`
 	GroupID       string `json:"group_id,omitempty"`
 	Reason        Reason `json:"reason,omitempty"`
+	Note          string `json:"note,omitempty"`
 	Refunded      bool   `json:"refunded,omitempty"`
 	Capacity      int    `json:"capacity,omitempty"`
+	// PayBy is a payment deadline (RFC 3339), or nil.
+	PayBy *time.Time `json:"pay_by,omitempty"`
 }
 
 // EventID is the id of an aggregate's event of version v: "reservation/<id>/<v>"
@@ -62,9 +69,25 @@ func reservationEvent(t EventType, r Reservation, v int, at time.Time) Event {
 	}
 }
 
-// ConfirmedEvent is r's confirmation at at (version 1).
+// ConfirmedEvent is r's confirmation at at (version 1), with r.PayBy.
 func ConfirmedEvent(r Reservation, at time.Time) Event {
-	return reservationEvent(EventConfirmed, r, 1, at)
+	e := reservationEvent(EventConfirmed, r, 1, at)
+	e.PayBy = payBy(r.PayBy)
+	return e
+}
+
+// WithPayBy returns e with the payment deadline t (zero: none).
+func (e Event) WithPayBy(t time.Time) Event {
+	e.PayBy = payBy(t)
+	return e
+}
+
+func payBy(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC().Truncate(time.Millisecond)
+	return &t
 }
 
 // CancelledEvent is r's cancellation for reason at at: version 1 when it
@@ -77,18 +100,21 @@ func CancelledEvent(r Reservation, reason Reason, refunded bool, at time.Time) E
 	}
 	e := reservationEvent(EventCancelled, r, v, at)
 	e.Reason, e.Refunded = reason, refunded
+	if reason == ReasonOrderCancelled {
+		e.Note = r.Note
+	}
 	return e
 }
 
-// PaidEvent is the payment of the confirmed r at at (version 2). Nothing
-// decides a payment yet: the transition CONFIRMED → PAID (a later part)
-// writes it in its own transaction, as Refund writes CancelledEvent, and
-// Service.publish carries it out like any other.
+// PaidEvent is the payment of the confirmed r at at (version 2: a PAID
+// reservation is final, so no refund ever takes that version too), written
+// by Ledger.Pay in the payment's transaction.
 func PaidEvent(r Reservation, at time.Time) Event {
 	return reservationEvent(EventPaid, r, 2, at)
 }
 
 // GroupEvent is the end of group g at at, FORMED or FAILED (version 1).
+// A FORMED group's members' payment deadline is WithPayBy's.
 func GroupEvent(g Group, status GroupStatus, at time.Time) Event {
 	t := EventGroupFailed
 	if status == GroupFormed {

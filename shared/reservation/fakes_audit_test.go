@@ -29,7 +29,7 @@ func (l *memLedger) Tally(_ context.Context, sku string) (Tally, error) {
 			}
 			continue
 		}
-		k := RowTally{Status: r.Status, Reason: r.Reason, Refunded: r.Cancellation == Refunded}
+		k := RowTally{Status: r.Shown(), Reason: r.Reason, Refunded: r.Cancellation == Refunded}
 		g, ok := groups[k]
 		if !ok {
 			g = &RowTally{Status: k.Status, Reason: k.Reason, Refunded: k.Refunded}

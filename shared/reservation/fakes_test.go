@@ -1166,9 +1166,15 @@ func (l *memLedger) insert(r Reservation, status Status, reason Reason, now time
 		ID: r.ID, SKU: r.SKU, Qty: r.Qty, UserID: r.UserID, GroupID: r.GroupID, Token: r.Token,
 		Status: status, Reason: reason,
 		ExpiresAt: msNullTime(r.ExpiresAt), CreatedAt: msUTC(r.CreatedAt),
-		Bucket: r.Bucket, Transfer: r.Transfer, Into: r.Into,
+		Bucket: r.Bucket, Transfer: r.Transfer, Into: r.Into, PayBy: msNullTime(r.PayBy),
 	}
 	if status == StatusCancelled { // a fence: release owed, its event written (none for a transfer)
+		if reason == ReasonOrderCancelled {
+			row.Note = r.Note
+		} else {
+			r.Note = ""
+		}
+		row.PayBy = time.Time{}
 		row.Cancellation, row.Release = Fenced, ReleaseOwed
 		if !r.Transfer {
 			l.write(CancelledEvent(r, reason, false, now))
@@ -1246,6 +1252,16 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 		}
 	}
 	// Commit.
+	within := st.PayWithin
+	if r.GroupID == "" && within > 0 {
+		r.PayBy = msUTC(now).Add(within)
+	}
+	if r.GroupID != "" {
+		r.PayBy = time.Time{}
+		if within > 0 && (g.g.Status == GroupFormed || g.g.Members+1 >= g.g.Capacity) { // formed with r in it
+			r.PayBy = msUTC(now).Add(within)
+		}
+	}
 	l.insert(r, StatusConfirmed, "", now)
 	st.Available -= int64(r.Qty)
 	moveShare(st, r.Bucket, -int64(r.Qty))
@@ -1265,12 +1281,39 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 			}
 		}
 		g.g.Members++
-		if g.g.Status == GroupFormed && g.g.Members >= g.g.Capacity { // formedByJoin
-			l.write(GroupEvent(g.g, GroupFormed, now))
+		if g.g.Status == GroupFormed { // formedByJoin
+			l.startPayWindows(r.GroupID, now, within)
+			if g.g.Members >= g.g.Capacity {
+				l.write(GroupEvent(g.g, GroupFormed, now).WithPayBy(payDue(now, within)))
+			}
 		}
 	}
+	out.Row = r
 	out.Result, out.Version = Applied, st.Version
 	return out, nil
+}
+
+// payDue is a pay window's deadline from now (zero: no window).
+func payDue(now time.Time, within time.Duration) time.Time {
+	if within <= 0 {
+		return time.Time{}
+	}
+	return msUTC(now).Add(within)
+}
+
+// startPayWindows mirrors mysqlstore's startPayWindows: the FORMED
+// group's CONFIRMED members without a pay_by get one; false when the SKU
+// has no pay window.
+func (l *memLedger) startPayWindows(group string, now time.Time, within time.Duration) bool {
+	if within <= 0 {
+		return false
+	}
+	for _, row := range l.rows {
+		if row.r.GroupID == group && row.r.Status == StatusConfirmed && row.r.PayBy.IsZero() {
+			row.r.PayBy = msUTC(now).Add(within)
+		}
+	}
+	return true
 }
 
 // ApplyBatch mirrors mysqlstore's ApplyBatch (no group joins: group_id is not written).
@@ -1330,6 +1373,7 @@ func (l *memLedger) ApplyBatch(_ context.Context, sku string, rs []Reservation, 
 			if limit > 0 {
 				added[r.UserID] += int64(r.Qty)
 			}
+			r.PayBy = payDue(now, st.PayWithin)
 			out[i] = BatchResult{Result: Applied, Row: r, Version: st.Version + 1}
 		}
 	}
@@ -1345,7 +1389,7 @@ func (l *memLedger) ApplyBatch(_ context.Context, sku string, rs []Reservation, 
 	// Commit: the refused rows were deleted again; the rest stay CONFIRMED.
 	for _, i := range fresh {
 		if out[i].Result == Applied {
-			r := rs[i]
+			r := out[i].Row
 			r.GroupID = ""
 			l.insert(r, StatusConfirmed, "", now)
 			moveShare(st, r.Bucket, -int64(r.Qty))
@@ -1379,7 +1423,7 @@ func (l *memLedger) Fence(_ context.Context, r Reservation, reason Reason, now t
 }
 
 // Refund mirrors mysqlstore's refund transaction.
-func (l *memLedger) Refund(_ context.Context, id string, reason Reason, now time.Time) (Reservation, bool, error) {
+func (l *memLedger) Refund(_ context.Context, id string, reason Reason, note string, now time.Time) (Reservation, bool, error) {
 	err := l.enter("Refund")
 	defer l.mu.Unlock()
 	if err != nil {
@@ -1389,10 +1433,13 @@ func (l *memLedger) Refund(_ context.Context, id string, reason Reason, now time
 	if !ok {
 		return Reservation{}, false, ErrNotFound
 	}
-	if row.r.Status != StatusConfirmed {
+	if row.r.Status != StatusConfirmed || !row.r.PaidAt.IsZero() { // decided, or PAID: final
 		return row.r, false, nil
 	}
 	r := &row.r
+	if reason == ReasonOrderCancelled {
+		r.Note = note
+	}
 	l.write(CancelledEvent(*r, reason, true, now))
 	r.Status, r.Reason, r.Cancellation, r.Release = StatusCancelled, reason, Refunded, ReleaseOwed
 	row.updated = msUTC(now)
@@ -1418,6 +1465,52 @@ func (l *memLedger) Refund(_ context.Context, id string, reason Reason, now time
 		}
 	}
 	return *r, true, nil
+}
+
+// Pay mirrors mysqlstore's pay transaction (the row FOR UPDATE, a join's
+// group FORMED, paid_at set, its ReservationPaid).
+func (l *memLedger) Pay(_ context.Context, id string, now time.Time) (Reservation, bool, error) {
+	err := l.enter("Pay")
+	defer l.mu.Unlock()
+	if err != nil {
+		return Reservation{}, false, err
+	}
+	row, ok := l.rows[id]
+	if !ok || row.r.Transfer {
+		return Reservation{}, false, ErrNotFound
+	}
+	if row.r.Status != StatusConfirmed || !row.r.PaidAt.IsZero() {
+		return row.r, false, nil
+	}
+	if gid := row.r.GroupID; gid != "" {
+		if g := l.groups[gid]; g == nil || g.g.Status != GroupFormed {
+			return row.r, false, fmt.Errorf("pay %s: %w", id, ErrGroupNotFormed)
+		}
+	}
+	l.write(PaidEvent(row.r, now))
+	row.r.PaidAt, row.updated = msUTC(now), msUTC(now)
+	return row.r, true, nil
+}
+
+// PaymentsDue mirrors `SELECT … WHERE status = 'CONFIRMED' AND paid_at IS NULL AND pay_by <= ? ORDER BY pay_by LIMIT ?`.
+func (l *memLedger) PaymentsDue(_ context.Context, t time.Time, limit int) ([]Reservation, error) {
+	err := l.enter("PaymentsDue")
+	defer l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []Reservation
+	for _, row := range l.rows {
+		r := row.r
+		if r.Status == StatusConfirmed && r.PaidAt.IsZero() && !r.PayBy.IsZero() && !r.PayBy.After(msUTC(t)) {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].PayBy.Before(out[j].PayBy) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
 }
 
 // Reservation mirrors mysqlstore's Reservation (SELECT by id).
@@ -1640,6 +1733,9 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	if c.Burst != nil {
 		level.UserBurst = *c.Burst
 	}
+	if c.PayWithin != nil {
+		level.PayWithin = *c.PayWithin
+	}
 	level.Available += delta
 	level.AdminDelta += delta
 	level.Version++
@@ -1680,8 +1776,12 @@ func changeFingerprint(c StockChange) string {
 		}
 		return fmt.Sprint(p.UnixMilli())
 	}
-	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s|%s|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets),
-		ms(c.OpensAt), ms(c.ClosesAt))
+	pay := "-"
+	if c.PayWithin != nil {
+		pay = fmt.Sprint(int64(*c.PayWithin / time.Second))
+	}
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s|%s|%s|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets),
+		ms(c.OpensAt), ms(c.ClosesAt), pay)
 }
 
 // levelCopy is a level read from product_stock and stock_buckets: its own
@@ -1925,7 +2025,12 @@ func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) 
 	}
 	if g.g.Status == GroupOpen && !pending {
 		g.g.Status, g.g.FormedAt = GroupFormed, msUTC(formedAt)
-		l.write(GroupEvent(g.g, GroupFormed, formedAt))
+		within := time.Duration(0)
+		if st, ok := l.stock[g.g.SKU]; ok {
+			within = st.PayWithin
+		}
+		l.startPayWindows(id, formedAt, within)
+		l.write(GroupEvent(g.g, GroupFormed, formedAt).WithPayBy(payDue(formedAt, within)))
 	}
 	return g.g.Status == GroupFormed, nil
 }

@@ -266,7 +266,7 @@ func (s *Service) endGroup(ctx context.Context, g Group, c GroupClosing) (bool, 
 	seen := map[string]bool{}
 	for _, r := range rows {
 		seen[r.ID] = true
-		if _, err := s.refund(ctx, r.ID, ReasonGroupFailed); err != nil {
+		if _, err := s.refund(ctx, r.ID, ReasonGroupFailed, ""); err != nil {
 			return true, err
 		}
 	}
@@ -305,7 +305,7 @@ func (s *Service) cancelMember(ctx context.Context, gid, id string) error {
 		return err
 	}
 	if row.Status == StatusConfirmed && row.GroupID == gid {
-		_, err = s.refund(ctx, id, ReasonGroupFailed)
+		_, err = s.refund(ctx, id, ReasonGroupFailed, "")
 	}
 	return err
 }

@@ -322,7 +322,8 @@ type BatchResult struct {
 // Ledger is the MySQL side, the arbiter. A reservation's row decides its
 // fate, and every unit that moves in either store is the effect of one of its
 // transitions: none → CONFIRMED (Apply), none → CANCELLED (Fence),
-// CONFIRMED → CANCELLED (Refund). A CANCELLED transition leaves the row's
+// CONFIRMED → CANCELLED (Refund); CONFIRMED → PAID (Pay) moves none and
+// ends it. A CANCELLED transition leaves the row's
 // release owed until Redis has followed it (MarkReleased): Reservation's
 // sub-states. Every transition of a reservation's row or a group's writes
 // its Event to the event outbox in the same transaction (ConfirmedEvent,
@@ -345,17 +346,27 @@ type Ledger interface {
 	// written for them. ErrVersionConflict (a fence raced the insert, or a
 	// deadlock): nothing written, try again.
 	ApplyBatch(ctx context.Context, sku string, rs []Reservation, now time.Time) ([]BatchResult, error)
-	// Fence inserts r's row CANCELLED with reason unless a row exists
-	// (Fenced, its release owed, its CancelledEvent written unless a
-	// transfer's), and
-	// returns the row as it stands; inserted reports whether this call
-	// wrote it.
+	// Fence inserts r's row CANCELLED with reason (and r.Note with
+	// ReasonOrderCancelled) unless a row exists (Fenced, its release owed,
+	// its CancelledEvent written unless a transfer's), and returns the row
+	// as it stands; inserted reports whether this call wrote it.
 	Fence(ctx context.Context, r Reservation, reason Reason, now time.Time) (row Reservation, inserted bool, err error)
-	// Refund turns a CONFIRMED row CANCELLED (Refunded, release owed, its
-	// CancelledEvent written) and returns its stock, per-user units and — unless the group
+	// Refund turns a CONFIRMED unpaid row CANCELLED (Refunded, release
+	// owed, note kept with ReasonOrderCancelled, its CancelledEvent
+	// written) and returns its stock, per-user units and — unless the group
 	// formed — its group slot in one transaction; refunded reports whether
-	// this call did it.
-	Refund(ctx context.Context, id string, reason Reason, now time.Time) (row Reservation, refunded bool, err error)
+	// this call did it. A PAID row is returned as it stands: final.
+	Refund(ctx context.Context, id string, reason Reason, note string, now time.Time) (row Reservation, refunded bool, err error)
+	// Pay records the payment of a CONFIRMED unpaid row at now (PaidAt;
+	// its PaidEvent written) in one transaction; paid reports whether this
+	// call did it. A PAID or CANCELLED row is returned as it stands.
+	// ErrNotFound: no row (the reservation may still be HELD);
+	// ErrGroupNotFormed: a join whose group MySQL has not recorded FORMED.
+	Pay(ctx context.Context, id string, now time.Time) (row Reservation, paid bool, err error)
+	// PaymentsDue returns up to limit CONFIRMED unpaid rows whose PayBy is
+	// at or before t, the earliest first (an index range read): the
+	// sweeper cancels them ReasonPaymentTimeout.
+	PaymentsDue(ctx context.Context, t time.Time, limit int) ([]Reservation, error)
 	// Transfer records the transfer t, whose units bucket t.Bucket holds
 	// (TakeOut), in one transaction: its row CONFIRMED and unreleased (its
 	// release owed: the credit to bucket t.Into), the two buckets' shares moved, the stock
@@ -390,7 +401,9 @@ type Ledger interface {
 	// Unreleased counts the SKU's rows Redis has not followed yet
 	// (cancellations and transfers).
 	Unreleased(ctx context.Context, sku string) (int, error)
-	// ChangeStock applies an admin's change in one transaction (creating
+	// ChangeStock applies an admin's change in one transaction (a pay
+	// window included: Apply and FormGroup start each confirmed row's
+	// window from it, PayBy) (creating
 	// the SKU on an absolute change) and returns the new level.
 	// ErrPreconditionRequired, ErrPreconditionFailed, ErrInsufficient,
 	// ErrUnknownSKU (Add on a missing SKU).

@@ -26,11 +26,18 @@ type Status string
 // A reservation is HELD from the moment Redis pre-deducts its stock until
 // MySQL decides it: CONFIRMED (stock taken in MySQL) or CANCELLED (stock
 // returned, or never taken). CONFIRMED may still become CANCELLED by a
-// buyer's cancel or a failed group, which returns the stock to both stores.
+// buyer's or the order service's cancel, a payment timeout or a failed
+// group, which returns the stock to both stores — or PAID, final.
 const (
 	StatusHeld      Status = "HELD"
 	StatusConfirmed Status = "CONFIRMED"
 	StatusCancelled Status = "CANCELLED"
+	// StatusPaid is shown, never a row's Status: a CONFIRMED row whose
+	// payment the order service recorded (PaidAt set; Ledger.Pay). Its stock
+	// stays taken for good: no cancel, refund or timeout moves it again.
+	// Redis never hears of it (its hold is CONFIRMED, which is all a hold
+	// needs to know).
+	StatusPaid Status = "PAID"
 )
 
 // Cancellation says how a CANCELLED reservation came about; NotCancelled
@@ -82,6 +89,12 @@ const (
 	ReasonAlreadyJoined Reason = "already_joined"     // MySQL found the user already in the group
 	ReasonUnknownSKU    Reason = "unknown_sku"        // the SKU does not exist in MySQL
 	ReasonLimit         Reason = "limit_exceeded"     // MySQL found the user at the SKU's per-user limit
+	// ReasonPaymentTimeout: CONFIRMED and not paid by its PayBy (the SKU's
+	// pay window); the sweeper refunded it.
+	ReasonPaymentTimeout Reason = "payment_timeout"
+	// ReasonOrderCancelled: the order service cancelled it (POST
+	// /admin/reservations/{id}/cancel); its own words are the row's Note.
+	ReasonOrderCancelled Reason = "order_cancelled"
 )
 
 // CountsInGroup reports whether a join cancelled for r had counted among
@@ -93,7 +106,7 @@ const (
 // group — never filled its group: its slot reopens even after the deadline.
 func (r Reason) CountsInGroup() bool {
 	switch r {
-	case ReasonBuyer, ReasonDeadLetter, ReasonExpired, ReasonInsufficient, ReasonLimit:
+	case ReasonBuyer, ReasonOrderCancelled, ReasonDeadLetter, ReasonExpired, ReasonInsufficient, ReasonLimit:
 		return true
 	}
 	return false
@@ -113,6 +126,16 @@ type Reservation struct {
 	Token  string
 	Status Status
 	Reason Reason // set when CANCELLED
+	// Note is the order service's own reason for its cancel (with
+	// ReasonOrderCancelled; empty otherwise): recorded and published as
+	// given, never interpreted.
+	Note string
+	// PayBy is when a CONFIRMED row's payment is due (zero: no pay window,
+	// or a group join whose group has not formed: a join's window opens
+	// when its group forms). Not paid by then, the sweeper cancels it
+	// ReasonPaymentTimeout. PaidAt is when the order service recorded its
+	// payment (zero: unpaid): the row is PAID (Shown), final.
+	PayBy, PaidAt time.Time
 	// Cancellation and Release are the row's sub-states: how it was
 	// cancelled, its give-back to Redis. Only these combinations occur
 	// (→: the outbox drained):
@@ -124,6 +147,8 @@ type Reservation struct {
 	//	CANCELLED, refunded        Refunded      Owed → Done
 	//	transfer, CONFIRMED        NotCancelled  Owed → Done
 	//	transfer, fenced           Fenced        Owed → Done
+	//
+	// and PaidAt is set only on a CONFIRMED buy or join (shown PAID).
 	//
 	// A hold read from Redis has its Status and Cancellation, no outbox.
 	// Its events are not the row's: the decision writes them to the event
@@ -215,6 +240,10 @@ type StockLevel struct {
 	// before OpensAt (ErrNotOpen) and from ClosesAt on (ErrSaleClosed); a
 	// hold taken before ClosesAt settles as usual.
 	OpensAt, ClosesAt time.Time
+	// PayWithin is the SKU's pay window (0: none): a reservation confirmed
+	// with it is due to be paid PayWithin after its confirmation (a join:
+	// after its group formed). A change applies to confirmations after it.
+	PayWithin time.Duration
 }
 
 // StockChange is an admin's change of a SKU's sellable stock: an absolute
@@ -234,7 +263,10 @@ type StockChange struct {
 	// (in milliseconds); a zero time clears it. The window must close after
 	// it opens, the bound the change leaves alone included.
 	OpensAt, ClosesAt *time.Time
-	IfVersion         *int64
+	// PayWithin, when not nil, sets the SKU's pay window, in whole seconds
+	// (0: none).
+	PayWithin *time.Duration
+	IfVersion *int64
 	// IfExists is If-Match: *: Set applies to the SKU as it stands, without
 	// a version, and fails (ErrPreconditionFailed) if there is none.
 	IfExists bool
@@ -257,6 +289,17 @@ var (
 	ErrNotOpen = errors.New("sale not open yet")
 	// ErrSaleClosed: the SKU's sale window has closed.
 	ErrSaleClosed = errors.New("sale closed")
+	// ErrPaid: the reservation is PAID, final: it cannot be cancelled.
+	ErrPaid = errors.New("reservation paid")
+	// ErrNotConfirmed: a payment of a reservation MySQL has not confirmed
+	// (still HELD): nothing changed; pay once ReservationConfirmed is out.
+	ErrNotConfirmed = errors.New("reservation not confirmed yet")
+	// ErrCancelled: a payment of a CANCELLED reservation (see
+	// CancelledError): nothing changed.
+	ErrCancelled = errors.New("reservation cancelled")
+	// ErrGroupNotFormed: a payment of a group join whose group has not
+	// formed: nothing changed; a join is paid once GroupFormed is out.
+	ErrGroupNotFormed = errors.New("group not formed yet")
 	// ErrTooManyGroups: the buyer already holds Config.MaxOpenGroups open
 	// groups on the SKU (see TooManyGroupsError).
 	ErrTooManyGroups       = errors.New("too many open groups")
@@ -305,6 +348,14 @@ func (e *NotOpenError) Error() string {
 
 // Is makes errors.Is(err, ErrNotOpen) hold.
 func (e *NotOpenError) Is(target error) bool { return target == ErrNotOpen }
+
+// CancelledError is ErrCancelled with the reservation's reason.
+type CancelledError struct{ Reason Reason }
+
+func (e *CancelledError) Error() string { return fmt.Sprintf("%v (%s)", ErrCancelled, e.Reason) }
+
+// Is makes errors.Is(err, ErrCancelled) hold.
+func (e *CancelledError) Is(target error) bool { return target == ErrCancelled }
 
 // TooManyGroupsError is ErrTooManyGroups with how long until one of the
 // buyer's open groups stops counting.
@@ -393,4 +444,18 @@ func SKUOf(id string) (string, bool) {
 const idRandLen = 26
 
 // Final reports whether the status is a decided one.
-func (s Status) Final() bool { return s == StatusConfirmed || s == StatusCancelled }
+func (s Status) Final() bool { return s == StatusConfirmed || s == StatusCancelled || s == StatusPaid }
+
+// Shown is the status a buyer or the order service sees: PAID for a
+// CONFIRMED row with its payment recorded, else the Status.
+func (r Reservation) Shown() Status {
+	if r.Status == StatusConfirmed && !r.PaidAt.IsZero() {
+		return StatusPaid
+	}
+	return r.Status
+}
+
+// ValidNote reports whether s can be the order service's reason for its
+// cancel: 1–64 characters of letters, digits and ._:- (as an id), so a
+// note is a code, never free text that could carry anything.
+func ValidNote(s string) bool { return ValidID(s) }

@@ -31,10 +31,11 @@ func (s *Service) Compensate(ctx context.Context, r Reservation) (Reservation, e
 // ErrNotFound, like an unknown id). It is an attempt of user's on the id's
 // SKU, charged before MySQL is read (meterCancel): past the rate
 // *RateLimitedError, nothing read or changed. A HELD reservation is fenced and
-// released; a CONFIRMED one is refunded in MySQL and then in Redis.
-// Idempotent: a repeat finds the decided row and moves nothing, however long
-// afterwards. Once MySQL has decided, the answer is the row; Redis follows
-// through the release outbox if it cannot follow now.
+// released; a CONFIRMED one is refunded in MySQL and then in Redis; a PAID
+// one is ErrPaid, nothing changed. Idempotent: a repeat finds the decided
+// row and moves nothing, however long afterwards. Once MySQL has decided,
+// the answer is the row; Redis follows through the release outbox if it
+// cannot follow now.
 func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, error) {
 	if !ValidReservationID(id, "") {
 		return Reservation{}, ErrNotFound
@@ -42,9 +43,42 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 	if err := s.meterCancel(ctx, id, user); err != nil {
 		return Reservation{}, err
 	}
+	return s.cancel(ctx, id, &user, ReasonBuyer, "")
+}
+
+// OrderCancel is the order service's cancel of a HELD or CONFIRMED
+// reservation, for its own reason note (ValidNote), with the same
+// exactly-once give-back as a buyer's (Cancel): ReasonOrderCancelled, the
+// note recorded and published. A PAID reservation is ErrPaid; a CANCELLED
+// one is answered as it stands (idempotent, whoever cancelled it: the row
+// and its event say who). The route is IAM's, not metered.
+func (s *Service) OrderCancel(ctx context.Context, id, note string) (Reservation, error) {
+	if !ValidNote(note) {
+		return Reservation{}, invalid("reason", "must be 1-64 characters of letters, digits and ._:-")
+	}
+	if !ValidReservationID(id, "") || s.unknownSKUOf(ctx, id) {
+		return Reservation{}, ErrNotFound
+	}
+	return s.cancel(ctx, id, nil, ReasonOrderCancelled, note)
+}
+
+// cancel is Cancel and OrderCancel: the buyer's (owner names them: another
+// user's id is ErrNotFound) or the order service's (owner nil).
+func (s *Service) cancel(ctx context.Context, id string, owner *string, reason Reason, note string) (Reservation, error) {
+	mine := func(r Reservation) error {
+		if owner == nil {
+			return nil
+		}
+		_, err := owned(r, *owner)
+		return err
+	}
+	var user string
+	if owner != nil {
+		user = *owner
+	}
 	row, err := s.ledger.Reservation(ctx, id)
 	if err == nil {
-		if _, err := owned(row, user); err != nil {
+		if err := mine(row); err != nil {
 			return Reservation{}, err
 		}
 	}
@@ -53,26 +87,63 @@ func (s *Service) Cancel(ctx context.Context, id, user string) (Reservation, err
 		if herr != nil {
 			return Reservation{}, herr
 		}
-		if _, err := owned(h, user); err != nil {
+		if err := mine(h); err != nil {
 			return Reservation{}, err
 		}
-		if row, err = s.fence(ctx, h, ReasonBuyer); err != nil {
+		h.Note = note
+		if row, err = s.fence(ctx, h, reason); err != nil {
 			return Reservation{}, err
 		}
 		if row.Status != StatusConfirmed {
 			return row, nil
 		}
-		// persist won the race to the row: the buyer's cancel is a refund.
+		// persist won the race to the row: the cancel is a refund.
 	}
 	if err != nil {
 		return Reservation{}, err
 	}
 	if row.Status == StatusConfirmed {
+		if !row.PaidAt.IsZero() {
+			return row, fmt.Errorf("cancel %s: %w", id, ErrPaid)
+		}
 		s.formBeforeLeaving(ctx, row)
-		return s.refund(ctx, id, ReasonBuyer)
+		return s.refund(ctx, id, reason, note)
 	}
 	row = s.carryOut(ctx, row, 0)
 	s.publish(ctx, row.ID) // a repeat: what the outbox still owes of the row
+	return row, nil
+}
+
+// Pay is the order service's record that a CONFIRMED reservation is paid:
+// PAID, final (no cancel, refund or payment timeout moves it again), its
+// ReservationPaid published. Idempotent: a PAID one is answered as it
+// stands. Errors, nothing changed: ErrNotFound (no such reservation),
+// ErrNotConfirmed (still HELD: MySQL has not confirmed it yet),
+// *CancelledError (cancelled first: a payment timeout, the buyer, …),
+// ErrGroupNotFormed (a join whose group has not formed).
+func (s *Service) Pay(ctx context.Context, id string) (Reservation, error) {
+	if !ValidReservationID(id, "") || s.unknownSKUOf(ctx, id) {
+		return Reservation{}, ErrNotFound
+	}
+	row, paid, err := s.ledger.Pay(ctx, id, s.clock.Now())
+	if errors.Is(err, ErrNotFound) {
+		if _, herr := s.holdOf(ctx, id, ""); herr == nil {
+			return Reservation{}, fmt.Errorf("pay %s: %w", id, ErrNotConfirmed)
+		} else if !errors.Is(herr, ErrNotFound) {
+			return Reservation{}, herr
+		}
+		return Reservation{}, ErrNotFound
+	}
+	if err != nil {
+		return Reservation{}, err // the ledger's, naming the id
+	}
+	if row.Status == StatusCancelled {
+		return row, fmt.Errorf("pay %s: %w", id, &CancelledError{Reason: row.Reason})
+	}
+	if paid {
+		s.metrics.Count("paid", 1)
+	}
+	s.publish(ctx, row.ID) // its ReservationPaid, or what a repeat finds still owed
 	return row, nil
 }
 
@@ -102,10 +173,14 @@ func (s *Service) fence(ctx context.Context, r Reservation, reason Reason) (Rese
 }
 
 // refund cancels a CONFIRMED reservation: stock back to MySQL, then Redis.
-func (s *Service) refund(ctx context.Context, id string, reason Reason) (Reservation, error) {
-	row, refunded, err := s.ledger.Refund(ctx, id, reason, s.clock.Now())
+// ErrPaid if it was paid first (the row is returned with it).
+func (s *Service) refund(ctx context.Context, id string, reason Reason, note string) (Reservation, error) {
+	row, refunded, err := s.ledger.Refund(ctx, id, reason, note, s.clock.Now())
 	if err != nil {
 		return Reservation{}, fmt.Errorf("refund %s: %w", id, err)
+	}
+	if !refunded && row.Shown() == StatusPaid {
+		return row, fmt.Errorf("refund %s: %w", id, ErrPaid)
 	}
 	if refunded {
 		s.metrics.Count("cancelled_"+string(reason), 1)

@@ -15,7 +15,8 @@ import (
 // order: if it cannot follow now, the next sweep applies what is missing.
 // c.Limit, when not nil, sets the per-user limit in units (0: none);
 // c.OpensAt and c.ClosesAt the sale window, which every bucket's figures in
-// Redis carry, so a change takes effect at the next reserve.
+// Redis carry, so a change takes effect at the next reserve; c.PayWithin
+// the pay window of the confirmations after it (MySQL's alone).
 func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, error) {
 	if err := c.normalizeWindow(); err != nil {
 		return StockLevel{}, err
@@ -41,6 +42,8 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 		return StockLevel{}, invalid("Idempotency-Key", "must be at most 128 characters")
 	case c.Buckets != nil && (*c.Buckets < 1 || *c.Buckets > MaxBuckets):
 		return StockLevel{}, invalid("buckets", "must be between 1 and %d", MaxBuckets)
+	case c.PayWithin != nil && (*c.PayWithin < 0 || *c.PayWithin > MaxPayWithin || *c.PayWithin%time.Second != 0):
+		return StockLevel{}, invalid("pay_within_seconds", "must be whole seconds between 0 (no pay window) and %d", int(MaxPayWithin/time.Second))
 	}
 	s.touch(ctx, c.SKU) // the sweeper applies the change if Redis cannot follow now
 	level, err := s.ledger.ChangeStock(ctx, c)
@@ -65,6 +68,9 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 	}
 	return level, nil
 }
+
+// MaxPayWithin is the longest pay window a SKU may have.
+const MaxPayWithin = 30 * 24 * time.Hour
 
 // Window bounds: a bound is a time after the Unix epoch and before the year
 // 10000 (MySQL's DATETIME), kept to the millisecond.
@@ -134,6 +140,7 @@ type StockReport struct {
 	Buckets      int // K: the Redis figures are summed over the buckets
 	// OpensAt and ClosesAt are MySQL's sale window (zero: no such bound).
 	OpensAt, ClosesAt time.Time
+	PayWithin         time.Duration // the SKU's pay window (0: none)
 }
 
 // Drift is MySQL's figure minus what Redis accounts for; 0 at quiescence.
@@ -150,7 +157,7 @@ func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, er
 		return StockReport{}, err
 	}
 	rep := StockReport{SKU: sku, MySQLAvailable: level.Available, Version: level.Version, PerUserLimit: level.PerUserLimit,
-		Buckets: level.BucketCount(), OpensAt: level.OpensAt, ClosesAt: level.ClosesAt}
+		Buckets: level.BucketCount(), OpensAt: level.OpensAt, ClosesAt: level.ClosesAt, PayWithin: level.PayWithin}
 	for b := range level.BucketCount() {
 		name := BucketName(sku, b)
 		rs, err := s.figures.Stock(ctx, name)

@@ -2,6 +2,7 @@ package reservation
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -20,6 +21,9 @@ type SweepReport struct {
 	Released        int  `json:"released"`      // holds cancelled with their stock returned, and outbox releases
 	Confirmed       int  `json:"confirmed"`     // of those, found CONFIRMED in MySQL (the hold is marked)
 	GroupsFailed    int  `json:"groups_failed"` // groups past their deadline, now FAILED and settled
+	// PaymentsTimedOut is the CONFIRMED reservations not paid by their
+	// PayBy that the sweep cancelled (payment_timeout), their stock back.
+	PaymentsTimedOut int `json:"payments_timed_out"`
 	EventsResent    int  `json:"events_resent"` // events the sweep published from the event outbox
 	// OutboxLagSeconds is how long ago the oldest event still unpublished
 	// after the drain occurred (0: none left).
@@ -133,6 +137,7 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 		}
 	}
 	s.drainEvents(ctx, cutoff, &rep)
+	s.timeOutPayments(ctx, cutoff, &rep)
 
 	visited := s.sweepLive(ctx, &rep)
 	s.sweepOpening(ctx, visited, &rep)
@@ -153,8 +158,45 @@ func (s *Service) Sweep(ctx context.Context) (SweepReport, error) {
 	s.metrics.Count("swept_expired", rep.Expired)
 	s.metrics.Count("swept_released", rep.Released)
 	s.metrics.Count("groups_failed", rep.GroupsFailed)
+	s.metrics.Count("payments_timed_out", rep.PaymentsTimedOut)
 	s.metrics.Count("sweep_errors", rep.Errors)
 	return rep, nil
+}
+
+// timeOutPayments cancels the CONFIRMED reservations whose payment was due
+// by cutoff (their PayBy, plus the skew grace) and has not been recorded:
+// each is refunded ReasonPaymentTimeout, as a buyer's cancel refunds, so
+// its units go back to the sale exactly once. A payment that MySQL
+// records first wins (Refund returns a PAID row untouched). An indexed
+// read, SweepBatch rows at a time, for at most maxExpiredRounds rounds.
+func (s *Service) timeOutPayments(ctx context.Context, cutoff time.Time, rep *SweepReport) {
+	for range maxExpiredRounds {
+		if nearDeadline(ctx) {
+			return
+		}
+		due, err := s.ledger.PaymentsDue(ctx, cutoff, s.cfg.SweepBatch)
+		if err != nil {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: list payments due", "error", err)
+			return
+		}
+		done := 0
+		for _, r := range due {
+			row, err := s.refund(ctx, r.ID, ReasonPaymentTimeout, "")
+			switch {
+			case errors.Is(err, ErrPaid): // paid at the last moment: final
+			case err != nil:
+				rep.Errors++
+				s.log.ErrorContext(ctx, "sweep: payment timeout", "reservation_id", r.ID, "error", err)
+			case row.Reason == ReasonPaymentTimeout:
+				done++
+			}
+		}
+		rep.PaymentsTimedOut += done
+		if len(due) < s.cfg.SweepBatch || done == 0 {
+			return
+		}
+	}
 }
 
 // sweepLive visits the live SKUs and ends the marks of those that are quiet

@@ -26,7 +26,7 @@ func Audit(t *testing.T, newLedger LedgerFactory) {
 				t.Fatalf("apply %s = %v %v", id, out, err)
 			}
 		}
-		if _, ok, err := s.Refund(ctx, "b", reservation.ReasonBuyer, now); err != nil || !ok {
+		if _, ok, err := s.Refund(ctx, "b", reservation.ReasonBuyer, "", now); err != nil || !ok {
 			t.Fatalf("refund = %v %v", ok, err)
 		}
 		if _, _, err := s.Fence(ctx, res("d", "s", 4), reservation.ReasonExpired, now); err != nil {

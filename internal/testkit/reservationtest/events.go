@@ -66,7 +66,7 @@ func ledgerEvents(t *testing.T, newLedger LedgerFactory) {
 		if _, _, err := s.Fence(ctx, res("f", "s", 1), reservation.ReasonExpired, now); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := s.Refund(ctx, "a", reservation.ReasonBuyer, now); err != nil {
+		if _, _, err := s.Refund(ctx, "a", reservation.ReasonBuyer, "", now); err != nil {
 			t.Fatal(err)
 		}
 		evs, err := s.Unpublished(ctx, now.Add(time.Second), 100)

@@ -187,7 +187,7 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			go func() {
 				defer wg.Done()
 				for {
-					_, ok, err := s.Refund(ctx, "a", reservation.ReasonBuyer, now)
+					_, ok, err := s.Refund(ctx, "a", reservation.ReasonBuyer, "", now)
 					if errors.Is(err, reservation.ErrVersionConflict) {
 						continue
 					}
@@ -515,7 +515,7 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		if out[0].Result != reservation.Applied || out[1].Result != reservation.OverLimit || out[2].Result != reservation.Applied {
 			t.Errorf("batch = %v %v %v, want Applied OverLimit Applied", out[0].Result, out[1].Result, out[2].Result)
 		}
-		if _, _, err := s.Refund(ctx, "a", reservation.ReasonBuyer, now); err != nil {
+		if _, _, err := s.Refund(ctx, "a", reservation.ReasonBuyer, "", now); err != nil {
 			t.Fatal(err)
 		}
 		if got, err := apply(ctx, s, mine("f", 1)); err != nil || got != reservation.Applied {
@@ -575,7 +575,7 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		if got := join("m2", "u2"); got != reservation.Applied {
 			t.Fatalf("late member of a formed group = %v, want Applied", got)
 		}
-		row, refunded, err := s.Refund(ctx, "m1", reservation.ReasonBuyer, now)
+		row, refunded, err := s.Refund(ctx, "m1", reservation.ReasonBuyer, "", now)
 		if err != nil || !refunded || row.Release != reservation.ReleaseOwed {
 			t.Fatalf("refund = %+v %v %v, want refunded, its release owed", row, refunded, err)
 		}
@@ -633,7 +633,7 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		}
 		check("fenced again", "f", states{reservation.Fenced, reservation.ReleaseDone, ""})
 
-		if row, _, err := s.Refund(ctx, "c", reservation.ReasonBuyer, now); err != nil ||
+		if row, _, err := s.Refund(ctx, "c", reservation.ReasonBuyer, "", now); err != nil ||
 			row.Cancellation != reservation.Refunded || row.Release != reservation.ReleaseOwed {
 			t.Fatalf("Refund = %+v %v, want Refunded, release owed", row, err)
 		}

@@ -42,13 +42,13 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 		return out, translate("apply insert", err)
 	}
 
-	read := `SELECT available, version, per_user_limit, buckets FROM product_stock WHERE sku = ?`
+	read := `SELECT available, version, per_user_limit, buckets, pay_within_seconds FROM product_stock WHERE sku = ?`
 	if lock == reservation.Pessimistic {
 		read += ` FOR UPDATE`
 	}
 	var available, version int64
-	var limit, buckets int
-	err = tx.QueryRowContext(ctx, read, r.SKU).Scan(&available, &version, &limit, &buckets)
+	var limit, buckets, payWithin int
+	err = tx.QueryRowContext(ctx, read, r.SKU).Scan(&available, &version, &limit, &buckets, &payWithin)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && !inBuckets(r, buckets)) {
 		out.Result = reservation.NoSuchSKU // no such SKU, or no such bucket of it
 		return out, nil
@@ -87,13 +87,23 @@ func (s *Store) Apply(ctx context.Context, r reservation.Reservation, lock reser
 		}
 	}
 
+	within := time.Duration(payWithin) * time.Second
 	if r.GroupID != "" {
-		result, err := joinGroup(ctx, tx, r, now)
+		result, formed, err := joinGroup(ctx, tx, r, now, within)
 		if err != nil || result != reservation.Applied {
 			out.Result = result
 			return out, err
 		}
+		if formed && within > 0 {
+			r.PayBy = utc(now).Add(within)
+		}
+	} else if within > 0 {
+		r.PayBy = utc(now).Add(within)
+		if _, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE reservation_id = ?`, r.PayBy, r.ID); err != nil {
+			return out, translate("apply pay window", err)
+		}
 	}
+	out.Row = r
 	if err := writeEvents(ctx, tx, []reservation.Event{reservation.ConfirmedEvent(r, now)}); err != nil {
 		return out, err
 	}
@@ -299,8 +309,9 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 		return nil, translate("batch insert", err)
 	}
 	var available, version int64
-	var limit, buckets int
-	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, buckets FROM product_stock WHERE sku = ? FOR UPDATE`, sku).Scan(&available, &version, &limit, &buckets)
+	var limit, buckets, payWithin int
+	err = tx.QueryRowContext(ctx, `SELECT available, version, per_user_limit, buckets, pay_within_seconds FROM product_stock WHERE sku = ? FOR UPDATE`, sku).
+		Scan(&available, &version, &limit, &buckets, &payWithin)
 	if errors.Is(err, sql.ErrNoRows) {
 		for i := range out {
 			out[i].Result = reservation.NoSuchSKU
@@ -324,8 +335,12 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 			return nil, err
 		}
 	}
+	var payBy time.Time // every confirmation of the batch is due at once
+	if payWithin > 0 {
+		payBy = utc(now).Add(time.Duration(payWithin) * time.Second)
+	}
 	var sum int64
-	var refused []any
+	var refused, applied []any
 	added := map[string]int64{}
 	shares := map[int]int64{} // units taken per bucket
 	for _, i := range fresh {
@@ -343,7 +358,9 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 			if limit > 0 {
 				added[r.UserID] += int64(r.Qty)
 			}
+			r.PayBy = payBy
 			out[i] = reservation.BatchResult{Result: reservation.Applied, Row: r, Version: version + 1}
+			applied = append(applied, r.ID)
 			continue
 		}
 		refused = append(refused, r.ID)
@@ -363,6 +380,16 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	})
 	if err != nil {
 		return nil, translate("batch drop refused", err)
+	}
+	if !payBy.IsZero() {
+		err = inChunks(len(applied), func(lo, hi int) error {
+			_, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`)`,
+				append([]any{payBy}, applied[lo:hi]...)...)
+			return err
+		})
+		if err != nil {
+			return nil, translate("batch pay window", err)
+		}
 	}
 	if sum > 0 {
 		res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
@@ -397,7 +424,7 @@ func confirmations(rs []reservation.Reservation, fresh []int, out []reservation.
 	evs := make([]reservation.Event, 0, len(fresh))
 	for _, i := range fresh {
 		if out[i].Result == reservation.Applied {
-			evs = append(evs, reservation.ConfirmedEvent(rs[i], now))
+			evs = append(evs, reservation.ConfirmedEvent(out[i].Row, now))
 		}
 	}
 	return evs
@@ -406,50 +433,80 @@ func confirmations(rs []reservation.Reservation, fresh []int, out []reservation.
 // joinGroup takes a slot of r's group inside the persist transaction. A
 // FORMED group still admits the members whose slots Redis gave before the
 // deadline and whose messages arrive late (members < capacity bounds them).
-// The status assignment comes first so that it reads members before the increment.
-func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time) (reservation.ApplyResult, error) {
-	_, err := tx.ExecContext(ctx, `INSERT INTO group_members (group_id, user_id, reservation_id) VALUES (?, ?, ?)`,
+// The status assignment comes first so that it reads members before the
+// increment. formed reports that the group is FORMED with r in it: its
+// members' pay windows (within, when the SKU has one) open now, r's
+// included (startPayWindows).
+func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time, within time.Duration) (result reservation.ApplyResult, formed bool, err error) {
+	_, err = tx.ExecContext(ctx, `INSERT INTO group_members (group_id, user_id, reservation_id) VALUES (?, ?, ?)`,
 		r.GroupID, r.UserID, r.ID)
 	if isDuplicate(err) {
-		return reservation.GroupDuplicate, nil
+		return reservation.GroupDuplicate, false, nil
 	}
 	if err != nil {
-		return 0, translate("apply join group", err)
+		return 0, false, translate("apply join group", err)
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE group_buys
 		SET formed_at = IF(members + 1 >= capacity, COALESCE(formed_at, ?), formed_at),
 			status = IF(members + 1 >= capacity, 'FORMED', status), members = members + 1, updated_at = ?
 		WHERE group_id = ? AND sku = ? AND status IN ('OPEN', 'FORMED') AND members < capacity`, utc(now), utc(now), r.GroupID, r.SKU)
 	if err != nil {
-		return 0, translate("apply take slot", err)
+		return 0, false, translate("apply take slot", err)
 	}
 	if n, err := res.RowsAffected(); err != nil {
-		return 0, translate("apply take slot", err)
+		return 0, false, translate("apply take slot", err)
 	} else if n == 1 {
-		return reservation.Applied, formedByJoin(ctx, tx, r, now)
+		formed, err := formedByJoin(ctx, tx, r, now, within)
+		return reservation.Applied, formed, err
 	}
 	var status string
 	err = tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ? AND sku = ?`, r.GroupID, r.SKU).Scan(&status)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && status == string(reservation.GroupFailed)) {
-		return reservation.GroupNotOpen, nil
+		return reservation.GroupNotOpen, false, nil
 	}
 	if err != nil {
-		return 0, translate("apply read group", err)
+		return 0, false, translate("apply read group", err)
 	}
-	return reservation.GroupNoSlot, nil
+	return reservation.GroupNoSlot, false, nil
 }
 
 // formedByJoin writes the group's GroupFormed when the join that just took
 // a slot (joinGroup) took its last one: FORMED with every slot a member's.
 // A group FormGroup recorded FORMED first has its event already; the write
-// then leaves it as it is.
-func formedByJoin(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time) error {
+// then leaves it as it is. formed reports that the group is FORMED (by this
+// join or before it, a late member's): the pay windows open.
+func formedByJoin(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time, within time.Duration) (formed bool, err error) {
 	g, err := scanGroup(tx.QueryRowContext(ctx, `SELECT `+groupColumns+` FROM group_buys WHERE group_id = ?`, r.GroupID))
 	if err != nil {
-		return translate("apply read group", err)
+		return false, translate("apply read group", err)
 	}
-	if g.Status != reservation.GroupFormed || g.Members < g.Capacity {
+	if g.Status != reservation.GroupFormed {
+		return false, nil
+	}
+	if err := startPayWindows(ctx, tx, g.ID, now, within); err != nil {
+		return false, err
+	}
+	if g.Members < g.Capacity {
+		return true, nil
+	}
+	ev := reservation.GroupEvent(g, reservation.GroupFormed, now)
+	if within > 0 {
+		ev = ev.WithPayBy(utc(now).Add(within))
+	}
+	return true, writeEvents(ctx, tx, []reservation.Event{ev})
+}
+
+// startPayWindows opens the pay windows of a FORMED group's CONFIRMED
+// members that have none yet: due within after now (nothing when the SKU
+// has no pay window). A join's window opens when its group forms (design.md,
+// "Payment"), for a member never paid before its group is sure.
+func startPayWindows(ctx context.Context, tx *sql.Tx, group string, now time.Time, within time.Duration) error {
+	if within <= 0 {
 		return nil
 	}
-	return writeEvents(ctx, tx, []reservation.Event{reservation.GroupEvent(g, reservation.GroupFormed, now)})
+	if _, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE group_id = ? AND status = 'CONFIRMED' AND pay_by IS NULL`,
+		utc(now).Add(within), group); err != nil {
+		return translate("open pay windows", err)
+	}
+	return nil
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // Tally implements reservation.Ledger: the stock row, the buyers' rows by
-// status, reason and refund, and the transfers not yet credited, in one
+// status (PAID apart from CONFIRMED), reason and refund, and the transfers not yet credited, in one
 // read-only transaction (one snapshot: a persist's rows and its stock
 // update are seen together or not at all).
 func (s *Store) Tally(ctx context.Context, sku string) (reservation.Tally, error) {
@@ -32,8 +32,8 @@ func (s *Store) Tally(ctx context.Context, sku string) (reservation.Tally, error
 		var r reservation.RowTally
 		err := row.Scan(&r.Status, &r.Reason, &r.Refunded, &r.Count, &r.Units)
 		return r, err
-	}, `SELECT status, COALESCE(reason, ''), refunded, COUNT(*), SUM(qty) FROM reservations
-		WHERE sku = ? AND into_bucket IS NULL GROUP BY status, reason, refunded ORDER BY status, reason, refunded`, sku)
+	}, `SELECT IF(status = 'CONFIRMED' AND paid_at IS NOT NULL, 'PAID', status) AS shown, COALESCE(reason, ''), refunded, COUNT(*), SUM(qty)
+		FROM reservations WHERE sku = ? AND into_bucket IS NULL GROUP BY shown, reason, refunded ORDER BY shown, reason, refunded`, sku)
 	if err != nil {
 		return t, err
 	}

@@ -83,11 +83,15 @@ func (s *Store) UnsettledGroups(ctx context.Context, limit int) ([]reservation.G
 
 // FormGroup implements reservation.Ledger: the transition and its
 // GroupFormed in one transaction.
+// The members' pay windows open with it (startPayWindows), from formedAt:
+// the GroupFormed's occurred_at, which carries their deadline.
 func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) (bool, error) {
-	err := s.endGroup(ctx, "form group", id, reservation.GroupFormed, formedAt, `UPDATE group_buys g SET status = 'FORMED', formed_at = ?, updated_at = ?
+	err := retryDeadlocks(ctx, func() error {
+		return s.endGroup(ctx, "form group", id, reservation.GroupFormed, formedAt, `UPDATE group_buys g SET status = 'FORMED', formed_at = ?, updated_at = ?
 		WHERE group_id = ? AND status = 'OPEN' AND NOT EXISTS (SELECT 1 FROM reservations r
 			WHERE r.group_id = g.group_id AND r.status = 'CANCELLED' AND r.released = 0)`,
-		utc(formedAt), utc(formedAt), id)
+			utc(formedAt), utc(formedAt), id)
+	})
 	if err != nil {
 		return false, err
 	}
@@ -121,7 +125,21 @@ func (s *Store) endGroup(ctx context.Context, op, id string, status reservation.
 		if err != nil {
 			return translate(op+" read", err)
 		}
-		if err := writeEvents(ctx, tx, []reservation.Event{reservation.GroupEvent(g, status, at)}); err != nil {
+		ev := reservation.GroupEvent(g, status, at)
+		if status == reservation.GroupFormed {
+			var within int
+			if err := tx.QueryRowContext(ctx, `SELECT pay_within_seconds FROM product_stock WHERE sku = ?`, g.SKU).Scan(&within); err != nil {
+				return translate(op+" read pay window", err)
+			}
+			if within > 0 {
+				d := time.Duration(within) * time.Second
+				if err := startPayWindows(ctx, tx, id, at, d); err != nil {
+					return err
+				}
+				ev = ev.WithPayBy(utc(at).Add(d))
+			}
+		}
+		if err := writeEvents(ctx, tx, []reservation.Event{ev}); err != nil {
 			return err
 		}
 	}

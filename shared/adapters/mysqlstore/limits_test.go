@@ -241,14 +241,14 @@ func TestApplyPerUserLimit(t *testing.T) {
 						t.Errorf("apply %s: %v, %v", limited, one.Result, err)
 					}
 					// Refunds: of a limited SKU's buyer, and of a SKU without a limit.
-					if _, _, err := s.Refund(ctx, batch[0].ID, reservation.ReasonBuyer, now); err != nil {
+					if _, _, err := s.Refund(ctx, batch[0].ID, reservation.ReasonBuyer, "", now); err != nil {
 						t.Errorf("refund %s: %v", batch[0].ID, err)
 					}
 					unl := r(open, fmt.Sprintf("d%d", i), 5)
 					if o, err := s.Apply(ctx, unl, reservation.Pessimistic, now); err != nil || o.Result != reservation.Applied {
 						t.Errorf("apply %s: %v, %v", open, o.Result, err)
 					}
-					if _, _, err := s.Refund(ctx, unl.ID, reservation.ReasonBuyer, now); err != nil {
+					if _, _, err := s.Refund(ctx, unl.ID, reservation.ReasonBuyer, "", now); err != nil {
 						t.Errorf("refund %s: %v", unl.ID, err)
 					}
 				}

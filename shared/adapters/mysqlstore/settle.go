@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/holdfast/holdfast/shared/reservation"
@@ -36,10 +37,10 @@ func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason res
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	res, err := tx.ExecContext(ctx, `INSERT INTO reservations
-		(reservation_id, sku, qty, user_id, group_id, bucket, into_bucket, hold_token, status, reason, released, expires_at, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'CANCELLED', ?, 0, ?, ?, ?)
+		(reservation_id, sku, qty, user_id, group_id, bucket, into_bucket, hold_token, status, reason, cancel_note, released, expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'CANCELLED', ?, ?, 0, ?, ?, ?)
 		ON DUPLICATE KEY UPDATE reservation_id = reservation_id`,
-		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), r.Bucket, intoBucket(r), nullString(r.Token), string(reason),
+		r.ID, r.SKU, r.Qty, r.UserID, nullString(r.GroupID), r.Bucket, intoBucket(r), nullString(r.Token), string(reason), nullString(noteOf(reason, r.Note)),
 		nullTime(r.ExpiresAt), utc(created), utc(now))
 	if err != nil {
 		return r, false, translate("fence", err)
@@ -49,6 +50,7 @@ func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason res
 		return r, false, translate("fence", err)
 	}
 	if n == 1 && !r.Transfer {
+		r.Note = noteOf(reason, r.Note)
 		if err := writeEvents(ctx, tx, []reservation.Event{reservation.CancelledEvent(r, reason, false, now)}); err != nil {
 			return r, false, err
 		}
@@ -65,15 +67,15 @@ func (s *Store) fence(ctx context.Context, r reservation.Reservation, reason res
 
 // Refund implements reservation.Ledger. Lock order (reservations,
 // product_stock, group_members, group_buys) matches Apply's.
-func (s *Store) Refund(ctx context.Context, id string, reason reservation.Reason, now time.Time) (row reservation.Reservation, refunded bool, err error) {
+func (s *Store) Refund(ctx context.Context, id string, reason reservation.Reason, note string, now time.Time) (row reservation.Reservation, refunded bool, err error) {
 	err = retryDeadlocks(ctx, func() error {
-		row, refunded, err = s.refund(ctx, id, reason, now)
+		row, refunded, err = s.refund(ctx, id, reason, noteOf(reason, note), now)
 		return err
 	})
 	return row, refunded, err
 }
 
-func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason, now time.Time) (reservation.Reservation, bool, error) {
+func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason, note string, now time.Time) (reservation.Reservation, bool, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return reservation.Reservation{}, false, translate("refund begin", err)
@@ -88,7 +90,7 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 	if err != nil {
 		return reservation.Reservation{}, false, translate("refund read", err)
 	}
-	if row.Status != reservation.StatusConfirmed {
+	if row.Status != reservation.StatusConfirmed || !row.PaidAt.IsZero() { // decided, or PAID: final
 		return row, false, nil
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available + ?, version = version + 1 WHERE sku = ?`, row.Qty, row.SKU); err != nil {
@@ -103,8 +105,8 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 		return reservation.Reservation{}, false, translate("refund read version", err)
 	}
 	stmts := []stmt{
-		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, refunded = 1, released = 0, refund_version = ?, updated_at = ?
-			WHERE reservation_id = ?`, []any{string(reason), version, utc(now), id}},
+		{`UPDATE reservations SET status = 'CANCELLED', reason = ?, cancel_note = ?, refunded = 1, released = 0, refund_version = ?, updated_at = ?
+			WHERE reservation_id = ?`, []any{string(reason), nullString(note), version, utc(now), id}},
 	}
 	if limit > 0 {
 		// Only a SKU with a limit keeps figures (turning one on rebuilds
@@ -129,6 +131,7 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 			return reservation.Reservation{}, false, translate("refund", err)
 		}
 	}
+	row.Note = note
 	if err := writeEvents(ctx, tx, []reservation.Event{reservation.CancelledEvent(row, reason, true, now)}); err != nil {
 		return reservation.Reservation{}, false, err
 	}
@@ -138,6 +141,74 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 	row.Status, row.Reason, row.Cancellation, row.Release = reservation.StatusCancelled, reason, reservation.Refunded, reservation.ReleaseOwed
 	row.RefundVersion = version
 	return row, true, nil
+}
+
+// noteOf is the note a cancellation keeps: the order service's, on its
+// own cancel only.
+func noteOf(reason reservation.Reason, note string) string {
+	if reason != reservation.ReasonOrderCancelled {
+		return ""
+	}
+	return note
+}
+
+// Pay implements reservation.Ledger: the row's lock decides between a
+// payment and a cancel (Refund takes the same lock first), so exactly one
+// of them happens.
+func (s *Store) Pay(ctx context.Context, id string, now time.Time) (row reservation.Reservation, paid bool, err error) {
+	err = retryDeadlocks(ctx, func() error {
+		row, paid, err = s.pay(ctx, id, now)
+		return err
+	})
+	return row, paid, err
+}
+
+func (s *Store) pay(ctx context.Context, id string, now time.Time) (reservation.Reservation, bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return reservation.Reservation{}, false, translate("pay begin", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	row, err := scanReservation(tx.QueryRowContext(ctx, `SELECT `+reservationColumns+`
+		FROM reservations WHERE reservation_id = ? FOR UPDATE`, id))
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.Transfer) {
+		return reservation.Reservation{}, false, reservation.ErrNotFound
+	}
+	if err != nil {
+		return reservation.Reservation{}, false, translate("pay read", err)
+	}
+	if row.Status != reservation.StatusConfirmed || !row.PaidAt.IsZero() {
+		return row, false, nil
+	}
+	if row.GroupID != "" {
+		// FORMED is final: a plain read cannot be overtaken by a FAILED.
+		var status string
+		err := tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ?`, row.GroupID).Scan(&status)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return reservation.Reservation{}, false, translate("pay read group", err)
+		}
+		if status != string(reservation.GroupFormed) {
+			return row, false, fmt.Errorf("pay %s: group %s is %q: %w", id, row.GroupID, status, reservation.ErrGroupNotFormed)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE reservations SET paid_at = ?, updated_at = ? WHERE reservation_id = ?`, utc(now), utc(now), id); err != nil {
+		return reservation.Reservation{}, false, translate("pay", err)
+	}
+	if err := writeEvents(ctx, tx, []reservation.Event{reservation.PaidEvent(row, now)}); err != nil {
+		return reservation.Reservation{}, false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return reservation.Reservation{}, false, translate("pay commit", err)
+	}
+	row.PaidAt = utc(now)
+	return row, true, nil
+}
+
+// PaymentsDue implements reservation.Ledger: a range of the payment-due
+// index (status, paid_at, pay_by).
+func (s *Store) PaymentsDue(ctx context.Context, t time.Time, limit int) ([]reservation.Reservation, error) {
+	return s.reservations(ctx, "payments due", `SELECT `+reservationColumns+` FROM reservations
+		WHERE status = 'CONFIRMED' AND paid_at IS NULL AND pay_by <= ? ORDER BY pay_by LIMIT ?`, utc(t), limit)
 }
 
 // Reservation implements reservation.Ledger.

@@ -79,10 +79,10 @@ func (s *Store) createStock(ctx context.Context, c reservation.StockChange) (lev
 		return reservation.StockLevel{}, false, translate("create stock begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at,
+		pay_within_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets,
-		nullTime(level.OpensAt), nullTime(level.ClosesAt))
+		nullTime(level.OpensAt), nullTime(level.ClosesAt), payWithinSeconds(level))
 	if isDuplicate(err) {
 		return reservation.StockLevel{}, false, nil
 	}
@@ -112,10 +112,10 @@ func (s *Store) createStock(ctx context.Context, c reservation.StockChange) (lev
 // insertKey records c under its Idempotency-Key (a duplicate: the key was
 // used before).
 func insertKey(ctx context.Context, tx *sql.Tx, c reservation.StockChange) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to,
+		pay_within_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c), nullInt(c.Buckets),
-		nullMS(c.OpensAt), nullMS(c.ClosesAt))
+		nullMS(c.OpensAt), nullMS(c.ClosesAt), nullSeconds(c.PayWithin))
 	if err != nil && !isDuplicate(err) {
 		return translate("change stock key", err)
 	}
@@ -171,9 +171,9 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange, exis
 		return reservation.StockLevel{}, err
 	}
 	_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ?,
-		user_rate = ?, user_burst = ?, buckets = ?, opens_at = ?, closes_at = ? WHERE sku = ?`,
+		user_rate = ?, user_burst = ?, buckets = ?, opens_at = ?, closes_at = ?, pay_within_seconds = ? WHERE sku = ?`,
 		level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets,
-		nullTime(level.OpensAt), nullTime(level.ClosesAt), c.SKU)
+		nullTime(level.OpensAt), nullTime(level.ClosesAt), payWithinSeconds(level), c.SKU)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock write", err)
 	}
@@ -307,6 +307,9 @@ func changed(level reservation.StockLevel, c reservation.StockChange) (reservati
 	if c.Burst != nil {
 		level.UserBurst = *c.Burst
 	}
+	if c.PayWithin != nil {
+		level.PayWithin = *c.PayWithin
+	}
 	level.Available += delta
 	level.AdminDelta += delta
 	level.Version++
@@ -317,17 +320,17 @@ func changed(level reservation.StockLevel, c reservation.StockChange) (reservati
 // is the level as it stands (applied once already); another change under
 // the key is refused.
 func (s *Store) replayChange(ctx context.Context, tx *sql.Tx, c reservation.StockChange) (reservation.StockLevel, error) {
-	var set, add, limit, rate, burst, version, buckets, opens, closes sql.NullInt64
-	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to
+	var set, add, limit, rate, burst, version, buckets, opens, closes, payWithin sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to, pay_within_to
 		FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
-		Scan(&set, &add, &limit, &rate, &burst, &version, &buckets, &opens, &closes)
+		Scan(&set, &add, &limit, &rate, &burst, &version, &buckets, &opens, &closes, &payWithin)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock replay", err)
 	}
 	_ = tx.Rollback()
 	if set != nullInt(c.Set) || add != nullInt(c.Add) || limit != nullInt(c.Limit) ||
 		rate != nullInt(c.Rate) || burst != nullInt(c.Burst) || version != ifVersion(c) || buckets != nullInt(c.Buckets) ||
-		opens != nullMS(c.OpensAt) || closes != nullMS(c.ClosesAt) {
+		opens != nullMS(c.OpensAt) || closes != nullMS(c.ClosesAt) || payWithin != nullSeconds(c.PayWithin) {
 		return reservation.StockLevel{}, fmt.Errorf("change stock %s: key %q: %w", c.SKU, c.Key, reservation.ErrIdempotencyMismatch)
 	}
 	return s.Stock(ctx, c.SKU)
@@ -352,6 +355,18 @@ func nullMS(p *time.Time) sql.NullInt64 {
 		return sql.NullInt64{Valid: true}
 	}
 	return sql.NullInt64{Int64: p.UnixMilli(), Valid: true}
+}
+
+// payWithinSeconds is a level's pay window as its column stores it.
+func payWithinSeconds(l reservation.StockLevel) int64 { return int64(l.PayWithin / time.Second) }
+
+// nullSeconds is a pay window a keyed change recorded, in seconds (NULL:
+// left alone).
+func nullSeconds(p *time.Duration) sql.NullInt64 {
+	if p == nil {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: int64(*p / time.Second), Valid: true}
 }
 
 func nullInt[T int | int64](p *T) sql.NullInt64 {
@@ -409,12 +424,14 @@ func anys(ss []string) []any {
 	return out
 }
 
-const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at`
+const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at, pay_within_seconds`
 
 func scanLevel(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
 	var l reservation.StockLevel
 	var opens, closes sql.NullTime
-	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst, &l.Buckets, &opens, &closes)
+	var payWithin int64
+	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst, &l.Buckets, &opens, &closes, &payWithin)
+	l.PayWithin = time.Duration(payWithin) * time.Second
 	if opens.Valid {
 		l.OpensAt = utc(opens.Time)
 	}

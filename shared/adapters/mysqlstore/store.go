@@ -87,17 +87,18 @@ func utc(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: utc(t), Valid: !t.IsZero()} }
 
-const reservationColumns = `reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, refunded, released, refund_version, expires_at, created_at, bucket, into_bucket`
+const reservationColumns = `reservation_id, sku, qty, user_id, group_id, hold_token, status, reason, refunded, released, refund_version, expires_at, created_at, bucket, into_bucket,
+	pay_by, paid_at, cancel_note`
 
 func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservation, error) {
 	var r reservation.Reservation
-	var group, token, reason sql.NullString
-	var expires sql.NullTime
+	var group, token, reason, note sql.NullString
+	var expires, payBy, paidAt sql.NullTime
 	var refundVersion, into sql.NullInt64
 	var status string
 	var refunded, released bool
 	if err := row.Scan(&r.ID, &r.SKU, &r.Qty, &r.UserID, &group, &token, &status, &reason, &refunded, &released, &refundVersion, &expires, &r.CreatedAt,
-		&r.Bucket, &into); err != nil {
+		&r.Bucket, &into, &payBy, &paidAt, &note); err != nil {
 		return r, err
 	}
 	r.Transfer, r.Into = into.Valid, int(into.Int64)
@@ -111,6 +112,13 @@ func scanReservation(row interface{ Scan(...any) error }) (reservation.Reservati
 	if expires.Valid {
 		r.ExpiresAt = expires.Time
 	}
+	if payBy.Valid {
+		r.PayBy = utc(payBy.Time)
+	}
+	if paidAt.Valid {
+		r.PaidAt = utc(paidAt.Time)
+	}
+	r.Note = note.String
 	return r, nil
 }
 

@@ -334,10 +334,9 @@ func accountBody(a reservation.SKUAccount) map[string]any {
 		}
 		return out
 	}
-	var paid int64 // no paid status yet
 	body := map[string]any{
 		"sku": t.SKU, "put_in": t.PutIn, "mysql_available": t.Available, "redis_available": a.Stock.RedisAvailable,
-		"sold": t.Taken(), "paid": paid, "returned": t.Returned(), "held": a.Stock.Held, "in_transfer": t.InTransfer,
+		"sold": t.Taken(), "paid": t.Paid(), "returned": t.Returned(), "held": a.Stock.Held, "in_transfer": t.InTransfer,
 		"drift": a.Stock.Drift(), "ledger_mismatch": t.Mismatch(),
 		"by_status": rows(t.ByStatus(), func(r reservation.RowTally) (string, string) { return "status", string(r.Status) }),
 		"by_reason": rows(t.ByReason(), func(r reservation.RowTally) (string, string) { return "reason", string(r.Reason) }),
