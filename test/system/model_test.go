@@ -37,6 +37,7 @@ package system_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -175,6 +176,11 @@ type modelRes struct {
 	rowQty   int
 	reason   string
 	refunded bool
+	// the order service: paid (a CONFIRMED row shown PAID, final), and the
+	// payment's deadline (zero: none; a buy's is predicted, a join's is
+	// learned from MySQL once its group formed there)
+	paid  bool
+	payBy time.Time
 }
 
 func (x *modelRes) String() string {
@@ -248,6 +254,7 @@ type modelMachine struct {
 	addAttempts  int
 	// the sale window (zero: no such bound), judged by the scripts' clock
 	opens, closes time.Time
+	payWithin     time.Duration // the SKU's pay window (0: none)
 
 	// Redis
 	stock  int64
@@ -281,15 +288,17 @@ func newModelMachine(t *rapid.T, s *stack, rec *recordingEnqueuer, sku string, k
 	stock := rapid.IntRange(2, 10).Draw(t, "stock")
 	limit := rapid.SampledFrom([]int{0, 0, 2, 3, 4}).Draw(t, "per_user_limit")
 	m.mayForget = rapid.IntRange(0, 2).Draw(t, "redisMayForget") == 2
+	m.payWithin = time.Duration(rapid.SampledFrom([]int{0, 0, 30, 120}).Draw(t, "pay_within_seconds")) * time.Second
 	// Creating a SKU needs no precondition.
-	r := m.call(t, "PUT", "/admin/skus/"+sku+"/stock", map[string]any{"stock": stock, "per_user_limit": limit, "buckets": k}, nil)
+	r := m.call(t, "PUT", "/admin/skus/"+sku+"/stock", map[string]any{"stock": stock, "per_user_limit": limit, "buckets": k,
+		"pay_within_seconds": int(m.payWithin / time.Second)}, nil)
 	if r.code != 200 {
 		m.fatalf(t, "create sku: %s", r)
 	}
 	m.available, m.sellable, m.limit = int64(stock), int64(stock), limit
 	m.stock, m.rlimit = int64(stock), limit
 	m.version, m.checkedAvail = r.num("version"), m.available
-	t.Logf("sku %s: stock %d, per-user limit %d, %d buckets", sku, stock, limit, k)
+	t.Logf("sku %s: stock %d, per-user limit %d, %d buckets, pay within %v", sku, stock, limit, k, m.payWithin)
 	return m
 }
 
@@ -329,6 +338,10 @@ func (m *modelMachine) actions(skip []string) map[string]func(*rapid.T) {
 		{"cancel", 3, m.actCancel},
 		{"cancelTwice", 1, m.actCancelTwice},
 		{"cancelConcurrent", 1, m.actCancelConcurrent},
+		{"orderPay", 2, m.actPay},
+		{"orderCancel", 1, m.actOrderCancel},
+		{"orderPayAndCancel", 1, m.actPayAndCancel},
+		{"timePastPayment", 1, m.actTimePastPayment},
 		{"get", 2, m.actGet},
 		{"skuGet", 1, m.actSKUGet},
 		{"adminGet", 1, m.actAdminGet},
@@ -570,14 +583,15 @@ func (m *modelMachine) ukey(user string, g *modelGroup) string {
 
 type modelRow struct {
 	status, reason, user, group string
-	refunded                    bool
+	refunded, paid              bool
 	qty                         int
+	payBy                       time.Time // zero: NULL
 }
 
 func (m *modelMachine) rows(t *rapid.T) map[string]modelRow {
 	t.Helper()
-	rs, err := m.s.db.Query(`SELECT reservation_id, status, COALESCE(reason, ''), refunded, qty, user_id, COALESCE(group_id, '')
-		FROM reservations WHERE sku = ? AND into_bucket IS NULL`, m.sku)
+	rs, err := m.s.db.Query(`SELECT reservation_id, status, COALESCE(reason, ''), refunded, qty, user_id, COALESCE(group_id, ''),
+		paid_at IS NOT NULL, pay_by FROM reservations WHERE sku = ? AND into_bucket IS NULL`, m.sku)
 	if err != nil {
 		m.fatalf(t, "read reservations: %v", err)
 	}
@@ -586,8 +600,12 @@ func (m *modelMachine) rows(t *rapid.T) map[string]modelRow {
 	for rs.Next() {
 		var id string
 		var r modelRow
-		if err := rs.Scan(&id, &r.status, &r.reason, &r.refunded, &r.qty, &r.user, &r.group); err != nil {
+		var payBy sql.NullTime
+		if err := rs.Scan(&id, &r.status, &r.reason, &r.refunded, &r.qty, &r.user, &r.group, &r.paid, &payBy); err != nil {
 			m.fatalf(t, "scan reservation: %v", err)
+		}
+		if payBy.Valid {
+			r.payBy = payBy.Time.UTC()
 		}
 		out[id] = r
 	}
@@ -771,6 +789,10 @@ func (m *modelMachine) repeatDecided(x *modelRes) {
 func (m *modelMachine) confirm(x *modelRes, qty int, g *modelGroup) {
 	x.row, x.rowQty, x.reason, x.refunded = mConfirmed, qty, "", false
 	m.available -= int64(qty)
+	x.payBy = time.Time{}
+	if g == nil && m.payWithin > 0 { // a buy's window opens at its confirmation; a join's when its group forms
+		x.payBy = m.now().UTC().Truncate(time.Millisecond).Add(m.payWithin)
+	}
 	if g != nil {
 		g.members[x.user] = x.id
 	}
@@ -881,10 +903,21 @@ func errCode(r modelReply) string {
 }
 
 // expectFinal checks a 200 answer carrying a decided reservation.
-func (m *modelMachine) expectFinal(t *rapid.T, what string, r modelReply, x *modelRes) {
+// A PAID one is shown PAID by MySQL's row; a replay Redis answers from the
+// hold's tombstone shows it CONFIRMED (Redis never hears of payments), so
+// replay allows either.
+func (m *modelMachine) expectFinal(t *rapid.T, what string, r modelReply, x *modelRes, replay bool) {
 	t.Helper()
-	if r.code != 200 || r.str("status") != x.row || r.str("reason") != x.reason || r.num("qty") != int64(x.rowQty) {
-		m.fatalf(t, "%s = %s, want 200 %s %s qty %d (MySQL's row of %s)", what, r, x.row, x.reason, x.rowQty, x)
+	want := x.row
+	if x.paid {
+		want = "PAID"
+	}
+	status := r.str("status")
+	if replay && x.paid && status == mConfirmed {
+		status = want
+	}
+	if r.code != 200 || status != want || r.str("reason") != x.reason || r.num("qty") != int64(x.rowQty) {
+		m.fatalf(t, "%s = %s, want 200 %s %s qty %d (MySQL's row of %s)", what, r, want, x.reason, x.rowQty, x)
 	}
 	if r.str("reservation_id") != x.id {
 		m.fatalf(t, "%s answered reservation %s, want %s", what, r.str("reservation_id"), x.id)
@@ -954,7 +987,7 @@ func (m *modelMachine) reserve(t *rapid.T, user string, qty int, key string, g *
 			held(x) // and sent again: the first send may have been lost
 			oneMessage(x)
 		default:
-			m.expectFinal(t, desc, r, x)
+			m.expectFinal(t, desc, r, x, true)
 			noMessage()
 		}
 	case x != nil && x.row != "" && g == nil && m.windowCode() == "not_open":
@@ -973,7 +1006,7 @@ func (m *modelMachine) reserve(t *rapid.T, user string, qty int, key string, g *
 				m.fatalf(t, "%s = %s, want 422 idempotency_mismatch (Redis forgot %s, MySQL has it with qty %d)", desc, r, x, x.rowQty)
 			}
 		} else {
-			m.expectFinal(t, desc+" (Redis forgot the hold)", r, x)
+			m.expectFinal(t, desc+" (Redis forgot the hold)", r, x, true)
 		}
 		noMessage()
 	default:
@@ -1140,13 +1173,21 @@ func (m *modelMachine) compensate(t *rapid.T, msg modelMsg) {
 // expectCancel applies a buyer's cancel to the model and returns the answer
 // DELETE must give: code, status, reason.
 func (m *modelMachine) expectCancel(x *modelRes) (int, string, string) {
+	return m.expectCancelFor(x, "buyer_cancelled")
+}
+
+// expectCancelFor is expectCancel by the buyer (buyer_cancelled) or the
+// order service (order_cancelled): a PAID reservation is 409 paid, final.
+func (m *modelMachine) expectCancelFor(x *modelRes, reason string) (int, string, string) {
 	switch {
+	case x.paid:
+		return 409, "", "paid"
 	case x.row == mConfirmed:
-		m.refund(x, "buyer_cancelled")
+		m.refund(x, reason)
 	case x.row == mCancelled:
 		m.repeatDecided(x)
 	case x.hold == mHeld:
-		m.fence(x, "buyer_cancelled", x.holdQty)
+		m.fence(x, reason, x.holdQty)
 	default:
 		return 404, "", "not_found"
 	}
@@ -1155,9 +1196,9 @@ func (m *modelMachine) expectCancel(x *modelRes) (int, string, string) {
 
 func (m *modelMachine) checkCancel(t *rapid.T, what string, r modelReply, code int, status, reason string) {
 	t.Helper()
-	if code == 404 {
-		if r.code != 404 || r.str("error") != reason {
-			m.fatalf(t, "%s = %s, want 404 %s", what, r, reason)
+	if code == 404 || code == 409 {
+		if r.code != code || r.str("error") != reason {
+			m.fatalf(t, "%s = %s, want %d %s", what, r, code, reason)
 		}
 		return
 	}
@@ -1178,6 +1219,14 @@ func (m *modelMachine) sweep(t *rapid.T, what string) reservation.SweepReport {
 		m.fatalf(t, "sweep reported %d errors", rep.Errors)
 	}
 	var did []string
+	// 0. confirmed reservations not paid by their deadline (+ grace) are
+	// refunded payment_timeout (a paid one is final).
+	for _, x := range m.all {
+		if x.row == mConfirmed && !x.paid && !x.payBy.IsZero() && !x.payBy.After(cutoff) {
+			m.refund(x, "payment_timeout")
+			did = append(did, x.label+" payment timed out")
+		}
+	}
 	// 1. holds past their deadline (+ grace) are decided through the fence.
 	for _, x := range m.all {
 		if x.hold != mHeld || x.deadline.After(cutoff) {
@@ -1475,7 +1524,7 @@ func (m *modelMachine) actGet(t *rapid.T) {
 	t.Logf("GET %s → %s", x, r.short())
 	switch {
 	case x.row != "": // spec 2: MySQL's row
-		m.expectFinal(t, "GET "+x.String(), r, x)
+		m.expectFinal(t, "GET "+x.String(), r, x, false)
 	case x.hold == mHeld:
 		if r.code != 200 || r.str("status") != mHeld || r.num("qty") != int64(x.holdQty) {
 			m.fatalf(t, "GET %s = %s, want 200 HELD qty %d", x, r, x.holdQty)
@@ -1798,6 +1847,13 @@ func (m *modelMachine) check(t *rapid.T) {
 	m.version, m.checkedAvail = version, avail
 
 	rows := m.rows(t)
+	var groups map[string]string
+	groupsOnce := func() map[string]string {
+		if groups == nil {
+			groups = m.groupStatuses(t)
+		}
+		return groups
+	}
 	var confirmed int64
 	perUser := map[string]int{}
 	for id, row := range rows {
@@ -1812,6 +1868,10 @@ func (m *modelMachine) check(t *rapid.T) {
 		if x.accepted && (row.reason == "hold_failed" || row.reason == "publish_failed") {
 			m.fatalf(t, "%s was answered 202 and is cancelled %s (spec 4)", x, row.reason)
 		}
+		if row.paid != x.paid {
+			m.fatalf(t, "MySQL row of %s: paid %v; model paid %v", x, row.paid, x.paid)
+		}
+		m.checkPayBy(t, x, row, groupsOnce)
 		if row.status == mConfirmed {
 			confirmed += int64(row.qty)
 			perUser[row.user] += row.qty

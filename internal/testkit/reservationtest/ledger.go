@@ -49,6 +49,7 @@ func ptr[T any](v T) *T { return &v }
 func Ledger(t *testing.T, newLedger LedgerFactory) {
 	Audit(t, newLedger)
 	ledgerEvents(t, newLedger)
+	ledgerPayment(t, newLedger)
 	t.Run("the catalog pages in SKU order; levels are read by name", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)

@@ -303,7 +303,7 @@ func reply(status int, body any) response {
 }
 
 func reservationBody(r reservation.Reservation) map[string]any {
-	m := map[string]any{"reservation_id": r.ID, "status": r.Status, "sku": r.SKU, "qty": r.Qty}
+	m := map[string]any{"reservation_id": r.ID, "status": r.Shown(), "sku": r.SKU, "qty": r.Qty}
 	if !r.ExpiresAt.IsZero() {
 		m["expires_at"] = r.ExpiresAt.UTC().Format(time.RFC3339Nano)
 	}
