@@ -1710,9 +1710,6 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	if level, err = c.ApplyWindow(level); err != nil {
 		return StockLevel{}, err
 	}
-	if c.Key != "" {
-		l.keys[key] = changeFingerprint(c)
-	}
 	oldLimit := level.PerUserLimit
 	level.Buckets = level.BucketCount()
 	if c.Buckets != nil {
@@ -1735,6 +1732,12 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 	}
 	if c.PayWithin != nil {
 		level.PayWithin = *c.PayWithin
+	}
+	if level, err = c.ApplyRoom(level); err != nil {
+		return StockLevel{}, err
+	}
+	if c.Key != "" { // in the change's transaction: a refused change records no key
+		l.keys[key] = changeFingerprint(c)
 	}
 	level.Available += delta
 	level.AdminDelta += delta
@@ -1780,8 +1783,17 @@ func changeFingerprint(c StockChange) string {
 	if c.PayWithin != nil {
 		pay = fmt.Sprint(int64(*c.PayWithin / time.Second))
 	}
-	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s|%s|%s|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets),
-		ms(c.OpensAt), ms(c.ClosesAt), pay)
+	room := "-"
+	switch {
+	case c.WaitingRoom != nil && !*c.WaitingRoom:
+		room = "off"
+	case c.AdmitFactor != nil:
+		room = fmt.Sprint(int(*c.AdmitFactor*1000 + 0.5))
+	case c.WaitingRoom != nil:
+		room = "on"
+	}
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%s|%t|%s|%s|%s|%s|%s", v(c.Set), v(c.Add), v(c.Limit), v(c.Rate), v(c.Burst), v(c.IfVersion), c.IfExists, v(c.Buckets),
+		ms(c.OpensAt), ms(c.ClosesAt), pay, room)
 }
 
 // levelCopy is a level read from product_stock and stock_buckets: its own

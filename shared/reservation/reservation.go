@@ -244,7 +244,15 @@ type StockLevel struct {
 	// with it is due to be paid PayWithin after its confirmation (a join:
 	// after its group formed). A change applies to confirmations after it.
 	PayWithin time.Duration
+	// AdmitPermille is the SKU's waiting room: buyers admitted per unit
+	// left, in thousandths (≥ 1000), or 0: no waiting room (the default).
+	// A SKU with a waiting room has one bucket (the room is what spreads
+	// its load). See WaitingRoom.
+	AdmitPermille int
 }
+
+// WaitingRoom reports whether the SKU sells through its waiting room.
+func (l StockLevel) WaitingRoom() bool { return l.AdmitPermille > 0 }
 
 // StockChange is an admin's change of a SKU's sellable stock: an absolute
 // figure (Set, guarded by IfVersion) or a relative one (Add).
@@ -266,6 +274,11 @@ type StockChange struct {
 	// PayWithin, when not nil, sets the SKU's pay window, in whole seconds
 	// (0: none).
 	PayWithin *time.Duration
+	// WaitingRoom, when not nil, turns the SKU's waiting room on or off;
+	// AdmitFactor, when not nil, sets its admit factor (1 to 100, buyers
+	// per unit left; 1 when a room is turned on without one). ApplyRoom.
+	WaitingRoom *bool
+	AdmitFactor *float64
 	IfVersion *int64
 	// IfExists is If-Match: *: Set applies to the SKU as it stands, without
 	// a version, and fails (ErrPreconditionFailed) if there is none.

@@ -69,6 +69,34 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 	return level, nil
 }
 
+// ApplyRoom returns l with the waiting room c sets, or an *InvalidError:
+// an admit factor is 1 to 100 (kept in thousandths), a factor without a
+// room is refused, and a room needs one bucket. Each Ledger's ChangeStock
+// applies it to the row it changes, after the bucket count.
+func (c StockChange) ApplyRoom(l StockLevel) (StockLevel, error) {
+	if c.AdmitFactor != nil && (*c.AdmitFactor < 1 || *c.AdmitFactor > 100) {
+		return StockLevel{}, invalid("admit_factor", "must be between 1 and 100 (buyers admitted per unit left)")
+	}
+	on := l.WaitingRoom()
+	if c.WaitingRoom != nil {
+		on = *c.WaitingRoom
+	}
+	switch {
+	case !on && c.AdmitFactor != nil:
+		return StockLevel{}, invalid("admit_factor", "needs a waiting room (waiting_room: true)")
+	case !on:
+		l.AdmitPermille = 0
+	case c.AdmitFactor != nil:
+		l.AdmitPermille = int(*c.AdmitFactor*1000 + 0.5)
+	case l.AdmitPermille == 0:
+		l.AdmitPermille = 1000
+	}
+	if l.WaitingRoom() && l.BucketCount() > 1 {
+		return StockLevel{}, invalid("waiting_room", "needs one bucket: the sku has %d (the room is what spreads its load)", l.BucketCount())
+	}
+	return l, nil
+}
+
 // MaxPayWithin is the longest pay window a SKU may have.
 const MaxPayWithin = 30 * 24 * time.Hour
 

@@ -2,7 +2,8 @@ package system_test
 
 // Seeded chaos: many short schedules, each a random sale on its own SKU —
 // buyers (some retrying with the same key), group joins (some users twice),
-// cancellations, deliveries (some duplicated, some lost, some to the DLQ),
+// cancellations by the buyer and the order service, payments under a pay
+// window that times out, deliveries (some duplicated, some lost, some to the DLQ),
 // sweeps on a moving and skewed clock, the sale window opening, closing and
 // moving under them — with faults drawn from the same seed:
 // lost and failed sends, sends that fail after enqueueing, crashes between the
@@ -200,7 +201,8 @@ func (c *chaos) schedule(t *testing.T, seed uint64) bool {
 	ctx := context.Background()
 	sku := fmt.Sprintf("chaos%d-%d", c.k, seed)
 	stock := 1 + rng.IntN(8)
-	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", fmt.Sprintf(`{"stock":%d,"buckets":%d}`, stock, c.k), nil); code != http.StatusOK {
+	payWithin := []int{0, 0, 10, 30}[rng.IntN(4)] // seconds; 0: no pay window
+	if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", fmt.Sprintf(`{"stock":%d,"buckets":%d,"pay_within_seconds":%d}`, stock, c.k, payWithin), nil); code != http.StatusOK {
 		t.Errorf("seed %d: create sku = %d %v", seed, code, body)
 		return false
 	}
@@ -271,10 +273,28 @@ func (c *chaos) schedule(t *testing.T, seed uint64) bool {
 				actions = append(actions, func() { note(s.reserve(sku, user, qty, key)) })
 			case k < 47 && group != "": // a group join (users repeat)
 				actions = append(actions, func() { note(s.join(sku, group, user)) })
-			case k < 55: // a buyer cancels
+			case k < 50: // a buyer cancels
 				actions = append(actions, func() {
 					if id, ok := pick(); ok {
 						s.call("DELETE", "/reservations/"+id, "", nil)
+					}
+				})
+			case k < 53: // the order service records a payment
+				actions = append(actions, func() {
+					if id, ok := pick(); ok {
+						if code, b := s.call("POST", "/admin/reservations/"+id+"/paid", "", nil); code != http.StatusOK && code != http.StatusConflict &&
+							code != http.StatusNotFound && code != http.StatusServiceUnavailable {
+							t.Errorf("seed %d: pay %s = %d %v", seed, id, code, b)
+						}
+					}
+				})
+			case k < 55: // the order service cancels
+				actions = append(actions, func() {
+					if id, ok := pick(); ok {
+						if code, b := s.call("POST", "/admin/reservations/"+id+"/cancel", `{"reason":"chaos"}`, nil); code != http.StatusOK &&
+							code != http.StatusConflict && code != http.StatusNotFound && code != http.StatusServiceUnavailable {
+							t.Errorf("seed %d: order cancel %s = %d %v", seed, id, code, b)
+						}
 					}
 				})
 			case k < 80: // SQS delivers a batch of 1–3 (crashing after commit, now and then)

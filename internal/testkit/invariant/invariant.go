@@ -167,8 +167,8 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 	if e.Quiescent {
 		for _, id := range e.Accepted {
 			var status string
-			var refunded bool
-			err := db.QueryRowContext(ctx, `SELECT status, refunded FROM reservations WHERE reservation_id = ?`, id).Scan(&status, &refunded)
+			var refunded, paid bool
+			err := db.QueryRowContext(ctx, `SELECT status, refunded, paid_at IS NOT NULL FROM reservations WHERE reservation_id = ?`, id).Scan(&status, &refunded, &paid)
 			switch {
 			case err == sql.ErrNoRows:
 				add("I4", "accepted %s has no decision", id)
@@ -181,6 +181,8 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 			// The row's transitions, each with its event, all published.
 			want := map[int]string{1: "ReservationConfirmed"}
 			switch {
+			case status == "CONFIRMED" && paid:
+				want[2] = "ReservationPaid"
 			case status == "CANCELLED" && refunded:
 				want[2] = "ReservationCancelled"
 			case status == "CANCELLED":
@@ -206,7 +208,7 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 			}
 			_ = rows.Close()
 			if len(got) != len(want) || got[1] != want[1] || got[2] != want[2] {
-				add("I4", "%s (%s, refunded %v): events %v, want %v", id, status, refunded, got, want)
+				add("I4", "%s (%s, refunded %v, paid %v): events %v, want %v", id, status, refunded, paid, got, want)
 			}
 		}
 	}

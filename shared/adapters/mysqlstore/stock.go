@@ -80,9 +80,9 @@ func (s *Store) createStock(ctx context.Context, c reservation.StockChange) (lev
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	_, err = tx.ExecContext(ctx, `INSERT INTO product_stock (sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at,
-		pay_within_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		pay_within_seconds, admit_permille) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		c.SKU, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets,
-		nullTime(level.OpensAt), nullTime(level.ClosesAt), payWithinSeconds(level))
+		nullTime(level.OpensAt), nullTime(level.ClosesAt), payWithinSeconds(level), level.AdmitPermille)
 	if isDuplicate(err) {
 		return reservation.StockLevel{}, false, nil
 	}
@@ -113,9 +113,9 @@ func (s *Store) createStock(ctx context.Context, c reservation.StockChange) (lev
 // used before).
 func insertKey(ctx context.Context, tx *sql.Tx, c reservation.StockChange) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO stock_change_keys (sku, change_key, set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to,
-		pay_within_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		pay_within_to, admit_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		c.SKU, c.Key, nullInt(c.Set), nullInt(c.Add), nullInt(c.Limit), nullInt(c.Rate), nullInt(c.Burst), ifVersion(c), nullInt(c.Buckets),
-		nullMS(c.OpensAt), nullMS(c.ClosesAt), nullSeconds(c.PayWithin))
+		nullMS(c.OpensAt), nullMS(c.ClosesAt), nullSeconds(c.PayWithin), roomTo(c))
 	if err != nil && !isDuplicate(err) {
 		return translate("change stock key", err)
 	}
@@ -171,9 +171,9 @@ func (s *Store) changeStock(ctx context.Context, c reservation.StockChange, exis
 		return reservation.StockLevel{}, err
 	}
 	_, err = tx.ExecContext(ctx, `UPDATE product_stock SET available = ?, version = ?, per_user_limit = ?, admin_delta = ?,
-		user_rate = ?, user_burst = ?, buckets = ?, opens_at = ?, closes_at = ?, pay_within_seconds = ? WHERE sku = ?`,
+		user_rate = ?, user_burst = ?, buckets = ?, opens_at = ?, closes_at = ?, pay_within_seconds = ?, admit_permille = ? WHERE sku = ?`,
 		level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.Buckets,
-		nullTime(level.OpensAt), nullTime(level.ClosesAt), payWithinSeconds(level), c.SKU)
+		nullTime(level.OpensAt), nullTime(level.ClosesAt), payWithinSeconds(level), level.AdmitPermille, c.SKU)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock write", err)
 	}
@@ -310,6 +310,9 @@ func changed(level reservation.StockLevel, c reservation.StockChange) (reservati
 	if c.PayWithin != nil {
 		level.PayWithin = *c.PayWithin
 	}
+	if level, err = c.ApplyRoom(level); err != nil {
+		return reservation.StockLevel{}, err
+	}
 	level.Available += delta
 	level.AdminDelta += delta
 	level.Version++
@@ -320,17 +323,17 @@ func changed(level reservation.StockLevel, c reservation.StockChange) (reservati
 // is the level as it stands (applied once already); another change under
 // the key is refused.
 func (s *Store) replayChange(ctx context.Context, tx *sql.Tx, c reservation.StockChange) (reservation.StockLevel, error) {
-	var set, add, limit, rate, burst, version, buckets, opens, closes, payWithin sql.NullInt64
-	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to, pay_within_to
+	var set, add, limit, rate, burst, version, buckets, opens, closes, payWithin, room sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT set_to, add_by, limit_to, rate_to, burst_to, if_version, buckets_to, opens_to, closes_to, pay_within_to, admit_to
 		FROM stock_change_keys WHERE sku = ? AND change_key = ?`, c.SKU, c.Key).
-		Scan(&set, &add, &limit, &rate, &burst, &version, &buckets, &opens, &closes, &payWithin)
+		Scan(&set, &add, &limit, &rate, &burst, &version, &buckets, &opens, &closes, &payWithin, &room)
 	if err != nil {
 		return reservation.StockLevel{}, translate("change stock replay", err)
 	}
 	_ = tx.Rollback()
 	if set != nullInt(c.Set) || add != nullInt(c.Add) || limit != nullInt(c.Limit) ||
 		rate != nullInt(c.Rate) || burst != nullInt(c.Burst) || version != ifVersion(c) || buckets != nullInt(c.Buckets) ||
-		opens != nullMS(c.OpensAt) || closes != nullMS(c.ClosesAt) || payWithin != nullSeconds(c.PayWithin) {
+		opens != nullMS(c.OpensAt) || closes != nullMS(c.ClosesAt) || payWithin != nullSeconds(c.PayWithin) || room != roomTo(c) {
 		return reservation.StockLevel{}, fmt.Errorf("change stock %s: key %q: %w", c.SKU, c.Key, reservation.ErrIdempotencyMismatch)
 	}
 	return s.Stock(ctx, c.SKU)
@@ -355,6 +358,20 @@ func nullMS(p *time.Time) sql.NullInt64 {
 		return sql.NullInt64{Valid: true}
 	}
 	return sql.NullInt64{Int64: p.UnixMilli(), Valid: true}
+}
+
+// roomTo is the waiting room a keyed change recorded: -1 turned off, the
+// admit factor in thousandths (0: on, factor left alone), NULL: left alone.
+func roomTo(c reservation.StockChange) sql.NullInt64 {
+	switch {
+	case c.WaitingRoom != nil && !*c.WaitingRoom:
+		return sql.NullInt64{Int64: -1, Valid: true}
+	case c.AdmitFactor != nil:
+		return sql.NullInt64{Int64: int64(*c.AdmitFactor*1000 + 0.5), Valid: true}
+	case c.WaitingRoom != nil:
+		return sql.NullInt64{Valid: true}
+	}
+	return sql.NullInt64{}
 }
 
 // payWithinSeconds is a level's pay window as its column stores it.
@@ -424,13 +441,15 @@ func anys(ss []string) []any {
 	return out
 }
 
-const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at, pay_within_seconds`
+const levelColumns = `sku, available, version, per_user_limit, admin_delta, user_rate, user_burst, buckets, opens_at, closes_at, pay_within_seconds,
+	admit_permille`
 
 func scanLevel(row interface{ Scan(...any) error }) (reservation.StockLevel, error) {
 	var l reservation.StockLevel
 	var opens, closes sql.NullTime
 	var payWithin int64
-	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst, &l.Buckets, &opens, &closes, &payWithin)
+	err := row.Scan(&l.SKU, &l.Available, &l.Version, &l.PerUserLimit, &l.AdminDelta, &l.UserRate, &l.UserBurst, &l.Buckets, &opens, &closes, &payWithin,
+		&l.AdmitPermille)
 	l.PayWithin = time.Duration(payWithin) * time.Second
 	if opens.Valid {
 		l.OpensAt = utc(opens.Time)

@@ -54,7 +54,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 func (s *Store) Sync(ctx context.Context, level reservation.StockLevel) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
 	n, err := stockScript.Run(ctx, s.rdb, []string{k.stock(), k.meta()}, level.Version, level.PerUserLimit, level.AdminDelta,
-		level.UserRate, level.UserBurst, level.BucketCount(), windowMS(level.OpensAt), windowMS(level.ClosesAt)).Int()
+		level.UserRate, level.UserBurst, level.BucketCount(), windowMS(level.OpensAt), windowMS(level.ClosesAt), level.AdmitPermille).Int()
 	if err != nil {
 		return reservation.SyncNone, reservation.Unavailable("redis sync stock", err)
 	}
@@ -101,9 +101,9 @@ func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []s
 	}
 	ks := make([]string, 0, 2+len(held))
 	ks = append(ks, k.stock(), k.meta())
-	args := make([]any, 0, 9+2*len(held))
+	args := make([]any, 0, 10+2*len(held))
 	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.BucketCount(),
-		windowMS(level.OpensAt), windowMS(level.ClosesAt))
+		windowMS(level.OpensAt), windowMS(level.ClosesAt), level.AdmitPermille)
 	for _, id := range held {
 		ks = append(ks, k.hold(id))
 		if t, ok := token[id]; ok {

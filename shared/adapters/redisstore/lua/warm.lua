@@ -6,7 +6,8 @@
 -- ARGV[5] per-user attempts per second  ARGV[6] burst (0: the service's defaults)
 -- ARGV[7] the SKU's bucket count K (meta.k)
 -- ARGV[8] ARGV[9] the sale window: opens, closes (unix ms; 0 = no such bound)
--- ARGV[8+2i] ARGV[9+2i]   for KEYS[2+i]: "1" and the token if MySQL's read had its row CONFIRMED,
+-- ARGV[10] the waiting room: buyers admitted per unit left, in thousandths (0 = no waiting room)
+-- ARGV[9+2i] ARGV[10+2i]  for KEYS[2+i]: "1" and the token if MySQL's read had its row CONFIRMED,
 --                         "0" and "" if MySQL had no decision for it
 --
 -- Returns
@@ -27,7 +28,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 if tonumber(redis.call('HGET', KEYS[2], 'cver') or '0') > version then return 3 end
 local held = tonumber(redis.call('HGET', KEYS[2], 'held') or '0')
 for i = 3, #KEYS do
-  local confirmed, token = ARGV[2 * i + 4] == '1', ARGV[2 * i + 5]
+  local confirmed, token = ARGV[2 * i + 5] == '1', ARGV[2 * i + 6]
   local h = redis.call('HMGET', KEYS[i], 'state', 'qty', 'token')
   if confirmed then
     if h[1] == 'HELD' and (token == '' or h[3] == token) then
@@ -43,6 +44,6 @@ for i = 3, #KEYS do
 end
 redis.call('SET', KEYS[1], available - held)
 redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'wver', version, 'rate', ARGV[5], 'burst', ARGV[6], 'k', ARGV[7],
-  'opens', ARGV[8], 'closes', ARGV[9], 'ahead', 0)
+  'opens', ARGV[8], 'closes', ARGV[9], 'room', ARGV[10], 'ahead', 0)
 redis.call('HINCRBY', KEYS[2], 'wn', 1)
 return 1
