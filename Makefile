@@ -52,11 +52,13 @@ chaos:
 			grep -q -- "--- PASS: $$t " .holdfast/chaos.log || { echo "chaos: $$t did not run and pass"; exit 1; }; done
 
 ## load: fire a flash sale at `make dev` and print the invariant report; each
-## buyer sends its own token, minted with the key `make dev` verifies with
+## buyer sends its own token, minted with the key `make dev` verifies with;
+## the run's events are read from make dev's events queue (named in
+## $(DEV_DIR)/env) and held against its decisions
 ##   make load ARGS="-n 5000 -c 128 -stock 300 -groups 3"
 ##   (a deployed stage: ARGS="-url https://... -sigv4 -token-cmd 'CMD {user}'")
 load:
-	$(GO) run ./cmd/load -jwt-dir $(DEV_DIR)/jwt $(ARGS)
+	$(GO) run ./cmd/load -jwt-dir $(DEV_DIR)/jwt -dev-env $(DEV_DIR)/env $(ARGS)
 
 ## token: a buyer JWT from the dev issuer (key in $(DEV_DIR)/jwt, made on first
 ## use), valid for TTL, alone on stdout:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,20 +12,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/devauth"
 	"github.com/holdfast/holdfast/internal/devstack"
 	"github.com/holdfast/holdfast/internal/loadgen"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/adapters/eventbus"
 	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/reservation"
 )
 
 // The whole pipeline on one machine (the dev stack, wired from
 // template.yaml, on the real services): 2,000 buyers for 150 units plus two
 // group-buy rounds with duplicate joiners. The report must PASS, and the
-// database itself must agree with it.
+// database itself must agree with it — its event outbox too: the events the
+// run read from the events queue are, type by type, the outbox's rows of
+// its SKUs, and another SKU's event on the queue is left there.
 func TestFlashSaleThroughTheDevStack(t *testing.T) {
 	env := testservices.Require(t)
 	ctx := context.Background()
@@ -62,10 +69,17 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 	}
 	defer stack.Stop()
 
+	// Another sale's event, on the queue before the run: not the run's.
+	other := reservation.ConfirmedEvent(reservation.Reservation{ID: "demo-phone.x", SKU: "demo-phone", UserID: "ann", Qty: 1}, time.Now())
+	if errs := eventbus.NewQueue(client, q.EventsURL).Publish(ctx, []reservation.Event{other}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+
 	sku := testservices.Name("flash")
 	rep, err := loadgen.Run(ctx, loadgen.Config{
 		BaseURL: stack.URL, N: 2000, Concurrency: 64, SKU: sku, Stock: 150,
 		Groups: 2, GroupCapacity: 3, Settle: 2 * time.Minute, TokenFor: tokenFor, OpenAfter: 2 * time.Second,
+		Events: loadgen.NewSQSQueue(client, q.EventsURL), EventsWait: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +88,7 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 	rep.Print(&out)
 	t.Log(out.String())
 	for _, want := range []string{"PASS  no oversell", "PASS  conservation", "PASS  every accepted reservation final", "PASS  group capacity respected",
-		"PASS  nothing sold before the sale opened", "accepted/s in its first second"} {
+		"PASS  nothing sold before the sale opened", "accepted/s in its first second", "PASS  every outcome's event"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -117,6 +131,53 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 			t.Errorf("group %s has a user twice", g.ID)
 		}
 	}
+	// The events the run counted are the outbox's rows of its SKUs, type
+	// by type; and the ones of its decisions it saw (every final join, the
+	// units it saw confirmed, both groups formed).
+	ev := rep.Events
+	outbox := map[reservation.EventType]int{}
+	rows, err := db.QueryContext(ctx, `SELECT type, COUNT(*) FROM events
+		WHERE JSON_UNQUOTE(JSON_EXTRACT(payload, '$.sku')) IN (?, ?) GROUP BY type`, sku, rep.GroupSKU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var typ string
+		var n int
+		if err := rows.Scan(&typ, &n); err != nil {
+			t.Fatal(err)
+		}
+		outbox[reservation.EventType(typ)] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := 0
+	for _, n := range rep.Cancelled {
+		cancelled += n
+	}
+	for _, typ := range reservation.EventTypes {
+		if ev.Counts[typ] != outbox[typ] {
+			t.Errorf("the run counted %d %s events, the outbox has %d", ev.Counts[typ], typ, outbox[typ])
+		}
+	}
+	if ev.Counts[reservation.EventConfirmed] != 150+rep.GroupUnits || ev.Counts[reservation.EventCancelled] != cancelled ||
+		ev.Counts[reservation.EventGroupFormed] != 2 || ev.Decisions != 150+rep.GroupUnits+cancelled+2 {
+		t.Errorf("events %v for %d decisions; want %d confirmed, %d cancelled, 2 groups formed", ev.Counts, ev.Decisions, 150+rep.GroupUnits, cancelled)
+	}
+	if ev.Others != 1 {
+		t.Errorf("the run read %d messages not its own, want 1 (the other sale's)", ev.Others)
+	}
+	left := testservices.Receive(t, client, q.EventsURL, 1)
+	var got eventbus.Envelope
+	if err := json.Unmarshal(left[0], &got); err != nil || got.Detail.ID != other.ID {
+		t.Errorf("left on the events queue: %s, want the other sale's event", left[0])
+	}
+	if out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(q.EventsURL), MaxNumberOfMessages: 10}); err != nil || len(out.Messages) > 0 {
+		t.Errorf("the run left %d of its events on the queue (%v), want none", len(out.Messages), err)
+	}
+
 	// And the invariants (I1–I5) the fault and chaos tests check, on both stores.
 	vs, err := invariant.Check(ctx, db, redisstore.New(env.Redis(t), 0), invariant.Expect{
 		Sellable: map[string]int64{sku: 150}, Quiescent: true,

@@ -11,12 +11,23 @@
 // report counts those answers and the accepted reservations of the first
 // second.
 //
+// Once every reservation it was told 202 for is final, it reads the events
+// of its SKUs and groups from the events queue (make dev's by default, found
+// as make dev finds it: HOLDFAST_EVENTS_QUEUE_URL, else .holdfast/dev/env;
+// -events-queue URL another, "" none), deduplicates them by event_id and
+// fails the run if a decision lacks its event or an event has no decision
+// the run saw. It deletes its own events from the queue and leaves every
+// other message there.
+//
 // Against a deployed stage, tokens come from your identity provider through
 // a command run once per buyer — with the user id as its last argument, or in
 // place of {user} — whose trimmed stdout is the token; admin routes are
 // IAM-signed with the default AWS credentials:
 //
 //	go run ./cmd/load -url https://…/dev -sigv4 -token-cmd './get-token {user}'
+//
+// (its events go to EventBridge: -events-queue names a queue a rule
+// delivers them to, or the check is skipped).
 //
 // -token <JWT> sends one token for every buyer instead (the API then takes
 // the user from the request body, as before per-user tokens).
@@ -76,9 +87,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (bool, er
 	jwtDir := fs.String("jwt-dir", devauth.DefaultDir, "dev issuer key directory to mint buyer tokens from (make dev's)")
 	sigv4 := fs.Bool("sigv4", false, "sign admin requests with SigV4 (a deployed stage's IAM routes)")
 	chart := fs.String("chart", "load.png", "chart file (.png or .svg); empty for none")
+	fs.String("events-queue", "", "SQS queue URL the run's events reach (default: make dev's, for a loopback -url); \"\" skips the events check")
+	devEnv := fs.String("dev-env", ".holdfast/dev/env", "make dev's settings file, where the default events queue is named")
+	fs.DurationVar(&cfg.EventsWait, "events-wait", 2*time.Minute, "longest wait for the events once the sale settled")
 	if err := fs.Parse(args); err != nil {
 		return false, err
 	}
+	var explicit *string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "events-queue" {
+			v := f.Value.String()
+			explicit = &v
+		}
+	})
+	queueURL, skip := eventsQueueURL(explicit, cfg.BaseURL, *devEnv, os.Getenv)
+	if queueURL != "" {
+		q, err := eventsQueue(ctx, queueURL)
+		if err != nil {
+			return false, err
+		}
+		cfg.Events = q
+	}
+	cfg.EventsSkip = skip
 	if cfg.Token == "" {
 		tokenFor, save, err := tokenSource(ctx, *jwtDir, *tokenCmd, stderr)
 		if err != nil {

@@ -203,7 +203,7 @@ func (r *runner) reserve(ctx context.Context, sku, user, group string) outcome {
 	if group != "" {
 		body["group_id"] = group
 	}
-	o := outcome{start: time.Now(), user: user, group: group}
+	o := outcome{start: time.Now(), sku: sku, user: user, group: group}
 	code, resp, err := r.do(ctx, http.MethodPost, "/reservations", body, user)
 	o.latency = time.Since(o.start)
 	o.status = code

@@ -2,8 +2,10 @@
 // hot SKU, and optionally group-buy rounds with duplicate joiners — waits
 // until the pipeline settles, and reports whether the promise held: no
 // oversell, conservation of stock, every accepted reservation final, group
-// capacity respected. It speaks only HTTP, so it works against `make dev`
-// and against a deployed stage alike.
+// capacity respected — and, given the queue the events reach, that every
+// outcome's event was published, once in content, none missing, none extra.
+// It speaks HTTP to the API (and SQS to that queue), so it works against
+// `make dev` and against a deployed stage alike.
 package loadgen
 
 import (
@@ -41,9 +43,20 @@ type Config struct {
 	// which then names its user in user_id.
 	Token string
 	// Sign, when set, signs admin requests (SigV4 for a deployed stage's IAM routes).
-	Sign     func(*http.Request) error
-	Progress io.Writer // progress bar; nil for none
-	Client   *http.Client
+	Sign func(*http.Request) error
+	// Events is the queue the run's events reach (make dev's events
+	// queue, or a queue of its own a rule of the bus delivers to: never
+	// a consumer's); nil skips the events check, for the reason EventsSkip
+	// gives. The run deletes its own events from it and leaves every other
+	// message there.
+	Events     EventQueue
+	EventsSkip string
+	// EventsWait bounds the wait for the events once the sale settled
+	// (default 2 min: the sweeper's drain, once a minute, publishes what a
+	// decider's own publish missed).
+	EventsWait time.Duration
+	Progress   io.Writer // progress bar; nil for none
+	Client     *http.Client
 }
 
 // outcome of one request.
@@ -53,6 +66,7 @@ type outcome struct {
 	status  int
 	code    string // error code of a 4xx/5xx
 	id      string
+	sku     string
 	user    string
 	group   string
 }
@@ -87,11 +101,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Settle == 0 {
 		cfg.Settle = 2 * time.Minute
 	}
+	if cfg.EventsWait == 0 {
+		cfg.EventsWait = 2 * time.Minute
+	}
 	r := &runner{cfg: cfg, client: cfg.Client, tokens: map[string]*userToken{}}
 	if r.client == nil {
 		r.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency}}
 	}
 	rep := &Report{SKU: cfg.SKU, Stock: cfg.Stock, Cancelled: map[string]int{}}
+	began := time.Now() // every decision of the run comes after
 	if err := r.setStock(ctx, cfg.SKU, cfg.Stock); err != nil {
 		return nil, err
 	}
@@ -126,6 +144,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Throughput = float64(len(outs)) / rep.Duration.Seconds()
 
 	var lat []time.Duration
+	unanswered := map[string]bool{} // buyers a reservation of whom may exist unseen
+	for _, o := range append(append([]outcome{}, outs...), joins...) {
+		if o.status == 0 || o.status >= 500 {
+			unanswered[o.user] = true
+		}
+	}
 	for _, o := range outs {
 		lat = append(lat, o.latency)
 		switch {
@@ -159,11 +183,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
-	lags, pending, err := r.settle(ctx, append(append([]outcome{}, outs...), joins...), rep)
+	lags, decisions, err := r.settle(ctx, append(append([]outcome{}, outs...), joins...), rep)
 	if err != nil {
 		return nil, err
 	}
-	rep.Pending = pending
+	for _, d := range decisions {
+		if d.undecided() {
+			rep.Pending++
+		}
+	}
 	rep.Lag = percentiles(lags)
 	rep.lags = lags
 	if rep.Final, err = r.stock(ctx, cfg.SKU); err != nil {
@@ -179,7 +207,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				return nil, err
 			}
 			rep.Groups[i].Status, rep.Groups[i].Members = g.Status, g.Members
+			decisions = append(decisions, decision{group: true, id: rep.Groups[i].ID, status: g.Status, sku: rep.GroupSKU})
 		}
+	}
+	if cfg.Events == nil {
+		rep.Events = &EventsReport{Skipped: cfg.EventsSkip}
+		if rep.Events.Skipped == "" {
+			rep.Events.Skipped = "no events queue given"
+		}
+	} else {
+		scope := newScope(decisions, []string{cfg.SKU, rep.GroupSKU}, began, unanswered)
+		rep.Events = readEvents(ctx, cfg.Events, decisions, scope, time.Now().Add(cfg.EventsWait))
 	}
 	rep.Checks = checks(rep)
 	return rep, nil
@@ -308,8 +346,9 @@ func (r *runner) groupRounds(ctx context.Context, sku string) ([]outcome, []Grou
 
 // settle polls every accepted reservation until it is CONFIRMED or
 // CANCELLED and no hold is left, or the wait runs out. It returns the
-// accept → CONFIRMED lags and how many were still pending.
-func (r *runner) settle(ctx context.Context, outs []outcome, rep *Report) ([]time.Duration, int, error) {
+// accept → CONFIRMED lags and what it saw decided of each reservation
+// (HELD: still pending).
+func (r *runner) settle(ctx context.Context, outs []outcome, rep *Report) ([]time.Duration, []decision, error) {
 	type pend struct {
 		o   outcome
 		acc time.Time
@@ -322,6 +361,7 @@ func (r *runner) settle(ctx context.Context, outs []outcome, rep *Report) ([]tim
 	}
 	deadline := time.Now().Add(r.cfg.Settle)
 	var lags []time.Duration
+	var decisions []decision
 	var mu sync.Mutex
 	for len(pending) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 		var still []pend
@@ -338,8 +378,13 @@ func (r *runner) settle(ctx context.Context, outs []outcome, rep *Report) ([]tim
 				status, _ := body["status"].(string)
 				mu.Lock()
 				defer mu.Unlock()
+				final := err == nil && code == http.StatusOK && (status == "CONFIRMED" || status == "CANCELLED")
+				reason, _ := body["reason"].(string)
+				if final {
+					decisions = append(decisions, p.o.decision(status, reason))
+				}
 				switch {
-				case err != nil || code != http.StatusOK || (status != "CONFIRMED" && status != "CANCELLED"):
+				case !final:
 					still = append(still, p)
 				case status == "CONFIRMED":
 					lags = append(lags, seen.Sub(p.acc))
@@ -350,7 +395,6 @@ func (r *runner) settle(ctx context.Context, outs []outcome, rep *Report) ([]tim
 						rep.ConfirmedUnits++
 					}
 				default:
-					reason, _ := body["reason"].(string)
 					rep.Cancelled[reason]++
 				}
 			}()
@@ -366,12 +410,20 @@ func (r *runner) settle(ctx context.Context, outs []outcome, rep *Report) ([]tim
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		v, err := r.stock(ctx, r.cfg.SKU)
 		if err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
 		if v.Held == 0 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return lags, len(pending), nil
+	for _, p := range pending {
+		decisions = append(decisions, p.o.decision("HELD", ""))
+	}
+	return lags, decisions, nil
+}
+
+// decision is what the run saw of o's reservation: status (and reason).
+func (o outcome) decision(status, reason string) decision {
+	return decision{id: o.id, status: status, reason: reason, sku: o.sku, user: o.user, qty: 1, gid: o.group}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/holdfast/holdfast/shared/reservation"
 )
 
 // Percentiles of a latency distribution.
@@ -89,6 +91,9 @@ type Report struct {
 	Opened        time.Duration
 	FirstSecond   int
 	EarlyAccepted int
+	// Events is the events check: what the run's decisions published,
+	// against the decisions (Skipped says why it did not run).
+	Events *EventsReport
 
 	lags []time.Duration // every accept → CONFIRMED lag, for the chart
 }
@@ -130,7 +135,30 @@ func checks(rep *Report) []Check {
 		}
 		add("group capacity respected", ok, "%s", strings.Join(detail, "; "))
 	}
+	if e := rep.Events; e != nil && e.Skipped == "" {
+		detail := fmt.Sprintf("%d decisions, %d events: %d missing, %d extra", e.Decisions, e.Events, len(e.Missing), len(e.Extra))
+		if len(e.Missing) > 0 {
+			detail += "; missing " + sample(e.Missing)
+		}
+		if len(e.Extra) > 0 {
+			detail += "; extra " + sample(e.Extra)
+		}
+		if e.Err != nil {
+			detail += "; reading " + e.Queue + ": " + e.Err.Error()
+		}
+		add("every outcome's event", len(e.Missing) == 0 && len(e.Extra) == 0 && e.Err == nil, "%s", detail)
+	}
 	return cs
+}
+
+// sample lists the first few of xs, and how many more there are.
+func sample(xs []string) string {
+	const shown = 3
+	s := strings.Join(xs[:min(shown, len(xs))], ", ")
+	if len(xs) > shown {
+		s += fmt.Sprintf(" and %d more", len(xs)-shown)
+	}
+	return s
 }
 
 func percentiles(d []time.Duration) Percentiles {
@@ -247,6 +275,7 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "  group %s: %d joins, %d accepted (%d users) for %d slots, %s with %d members\n",
 			g.ID, g.Joins, g.Accepted, g.DistinctUsers, g.Capacity, g.Status, g.Members)
 	}
+	r.Events.print(w)
 	for _, c := range r.Checks {
 		verdict := "PASS"
 		if !c.Pass {
@@ -254,4 +283,35 @@ func (r *Report) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  %s  %s — %s\n", verdict, c.Name, c.Detail)
 	}
+}
+
+// print writes the events lines of the report.
+func (e *EventsReport) print(w io.Writer) {
+	switch {
+	case e == nil:
+		return
+	case e.Skipped != "":
+		fmt.Fprintf(w, "  events   not checked: %s\n", e.Skipped)
+		return
+	}
+	counts := make([]string, 0, len(reservation.EventTypes))
+	for _, t := range reservation.EventTypes {
+		counts = append(counts, fmt.Sprintf("%s %d", t, e.Counts[t]))
+	}
+	fmt.Fprintf(w, "  events   %s (from %s in %v: %d messages, %d redelivered; %d not the run's left there)\n",
+		strings.Join(counts, ", "), e.Queue, Round(e.Waited), e.Deliveries, e.Redelivered, e.Others)
+	if e.ReleaseErr != nil {
+		fmt.Fprintf(w, "  events   those left stay hidden %v: %v\n", hideFor, e.ReleaseErr)
+	}
+	fmt.Fprintf(w, "  events   %d out of order (a later version read first; consumers order by version)", len(e.OutOfOrder))
+	if len(e.OutOfOrder) > 0 {
+		fmt.Fprintf(w, ": %s", sample(e.OutOfOrder))
+	}
+	if e.Late > 0 {
+		fmt.Fprintf(w, "; %d of reservations still pending", e.Late)
+	}
+	if e.Unanswered > 0 {
+		fmt.Fprintf(w, "; %d of reservations of buyers answered 5xx or not at all", e.Unanswered)
+	}
+	fmt.Fprintln(w)
 }
