@@ -1,0 +1,91 @@
+-- queue.lua: a waiting room's queue, admitted from the stock (docs/design.md, "The waiting room"):
+-- join it, or look at it (the SKU's state, and a ticket's). Both admit first: tickets in queue order
+-- while the admitted who have not reserved ≤ ceil((available + held) × factor). All keys share bucket
+-- 0's {hash tag} (a SKU with a waiting room has one bucket). Prefixed with clock.lua.
+--
+-- KEYS[1] stock     string: units buyers can still reserve
+-- KEYS[2] meta      hash: held (units HELD, which may still return), room (the admit factor in
+--                   thousandths; 0 or absent = no waiting room), opens, closes (unix ms; 0 = none)
+-- KEYS[3] queue     sorted set: ticket -> place: a random fraction in [0, 1) for a ticket taken
+--                   before opens (so they are shuffled at the opening), 1 + its arrival number after
+-- KEYS[4] qmeta     hash: seq (arrivals since the opening), through (places admitted, from the first)
+-- KEYS[5] admitted  sorted set: ticket -> when it was admitted (unix ms): admitted, not reserved yet
+--                   and not lapsed (reserve.lua takes a ticket out when it holds for it)
+-- KEYS[6] done      hash: ticket -> "R" (reserved) or "L" (lapsed: admitted, not reserved in time)
+-- ARGV[1] "join" or "look"  ARGV[2] ticket ("" with look: the SKU's state only)
+-- ARGV[3] join: the ticket's random fraction, [0, 1)  ARGV[4] join: how long before opens the queue
+--         opens (ms)  ARGV[5] how long an admission lasts (ms)  ARGV[6] now (unix ms; "" = Redis's
+--         clock, as in production)  ARGV[7] join: how long the queue's keys live (s)
+--
+-- Returns {code, now, opens, closes, through, length, available, held, position, state, admitted_at}:
+--   code         OK; UNKNOWN_SKU (no stock figure: warm bucket 0 and ask again); NO_ROOM (the SKU has
+--                no waiting room); QUEUE_NOT_OPEN (a join before opens - lead); SALE_CLOSED (a join
+--                from closes on); nothing changed but for the admission
+--   position     the ticket's place from 1 once the sale opened; 0 before it, or when not queued
+--   state        the ticket's: "" (not queued), WAITING, ADMITTED, RESERVED, EXPIRED, SOLD_OUT, CLOSED
+--   admitted_at  unix ms, when ADMITTED (the admission lasts ARGV[5] from it)
+-- The admission never goes back: through only grows, a lapsed ticket is not admitted again, and a
+-- place after through is admitted only once every place before it was.
+local op, ticket = ARGV[1], ARGV[2]
+local now, ttl = clock_ms(ARGV[6]), tonumber(ARGV[5])
+local stock = redis.call('GET', KEYS[1])
+if not stock then return {'UNKNOWN_SKU'} end
+local m = redis.call('HMGET', KEYS[2], 'held', 'room', 'opens', 'closes')
+local held, room = tonumber(m[1] or '0'), tonumber(m[2] or '0')
+local opens, closes = tonumber(m[3] or '0'), tonumber(m[4] or '0')
+if room <= 0 then return {'NO_ROOM'} end
+local available = tonumber(stock)
+local open = opens <= 0 or now >= opens
+local closed = closes > 0 and now >= closes
+
+if op == 'join' and redis.call('ZSCORE', KEYS[3], ticket) == false then
+  local lead = tonumber(ARGV[4])
+  if opens > 0 and now < opens - lead then return {'QUEUE_NOT_OPEN', tostring(now), tostring(opens), tostring(closes)} end
+  if closed then return {'SALE_CLOSED', tostring(now), tostring(opens), tostring(closes)} end
+  local place = ARGV[3]
+  if open then place = 1 + redis.call('HINCRBY', KEYS[4], 'seq', 1) end
+  redis.call('ZADD', KEYS[3], place, ticket)
+  local life = tonumber(ARGV[7])
+  for i = 3, 6 do redis.call('EXPIRE', KEYS[i], life) end
+end
+
+local through = tonumber(redis.call('HGET', KEYS[4], 'through') or '0')
+if open and not closed then
+  local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now - ttl)
+  for _, t in ipairs(lapsed) do redis.call('HSET', KEYS[6], t, 'L') end
+  if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - ttl) end
+  local budget = math.ceil((math.max(available, 0) + math.max(held, 0)) * room / 1000) - redis.call('ZCARD', KEYS[5])
+  if budget > 0 then
+    local next = redis.call('ZRANGE', KEYS[3], through, through + budget - 1)
+    for _, t in ipairs(next) do redis.call('ZADD', KEYS[5], now, t) end
+    if #next > 0 then
+      through = through + #next
+      redis.call('HSET', KEYS[4], 'through', through)
+    end
+  end
+end
+
+local position, state, admitted = 0, '', 0
+if ticket ~= '' then
+  local rank = redis.call('ZRANK', KEYS[3], ticket)
+  if rank then
+    if open then position = rank + 1 end
+    local d = redis.call('HGET', KEYS[6], ticket)
+    local at = redis.call('ZSCORE', KEYS[5], ticket)
+    if d == 'R' then
+      state = 'RESERVED'
+    elseif d == 'L' or (open and rank < through and not at) then
+      state = 'EXPIRED'
+    elseif at then
+      state, admitted = 'ADMITTED', tonumber(at)
+    elseif closed then
+      state = 'CLOSED'
+    elseif open and available <= 0 and held <= 0 then
+      state = 'SOLD_OUT'
+    else
+      state = 'WAITING'
+    end
+  end
+end
+return {'OK', tostring(now), tostring(opens), tostring(closes), tostring(through), tostring(redis.call('ZCARD', KEYS[3])),
+  tostring(available), tostring(held), tostring(position), state, tostring(admitted)}
