@@ -304,7 +304,7 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}
 		}
-		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
+		return h.reservation(r.ID), ReserveOutcome{Replayed: true, Tombstone: h.created == 0}, nil
 	}
 	if r.AlreadyCharged {
 		// the retry of an attempt already charged: no charge (reserve.lua's ARGV[11])

@@ -23,7 +23,8 @@
 --                                           took the group's last slot (the group stays OPEN until MySQL
 --                                           records it FORMED and group_form.lua marks it: a join that is
 --                                           never accepted must not form it)
---   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken
+--   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken;
+--                                           created 0: a tombstone follow.lua wrote, not a hold taken here
 --   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken
 --   {"RATE_LIMITED", retry_after_ms}       this user is over the SKU's attempt rate; nothing taken
 --   {"NOT_OPEN", opens, wait_ms}            the sale window opens at opens (unix ms), wait_ms from now
