@@ -321,11 +321,11 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 	if closes := m.meta[name]["closes"]; closes > 0 && m.nowMS() >= closes {
 		return Reservation{}, ReserveOutcome{}, ErrSaleClosed
 	}
+	if limit := m.meta[name]["limit"]; limit > 0 && m.users[name][r.UserID]+qty > limit {
+		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded // before the stock, as in reserve.lua
+	}
 	if avail < qty {
 		return Reservation{}, ReserveOutcome{}, ErrSoldOut
-	}
-	if limit := m.meta[name]["limit"]; limit > 0 && m.users[name][r.UserID]+qty > limit {
-		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded
 	}
 	now := m.nowMS()
 	var out ReserveOutcome
