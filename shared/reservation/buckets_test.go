@@ -107,3 +107,62 @@ func TestAReturnedUnitPaysWhatABucketOwesFirst(t *testing.T) {
 		t.Fatalf("a buyer of bucket 1 after the unit came back: %v, want sold out (the SKU has none)", err)
 	}
 }
+
+// A keyed replay is answered by Redis alone when it finds a final hold its
+// bucket took itself (K unchanged: no MySQL read), and by MySQL when it
+// finds a tombstone of the row in a bucket that held no hold of it: after K
+// was raised, the buyer's new home keeps a CONFIRMED copy of the row that
+// the refund (followed in the row's own bucket) does not reach. MySQL
+// unreachable: 503, not the stale copy. (The system test is
+// TestBucketKeyedRetries.)
+func TestKeyedReplayOfATombstoneAsksMySQL(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "hot", 10)
+	user := userIn(2, 3)
+	req := ReserveRequest{SKU: "hot", Qty: 1, UserID: user, IdempotencyKey: "k"}
+	replay := func(step string) (Reservation, int, error) {
+		t.Helper()
+		before := f.ledger.calls["Reservation"]
+		got, replayed, err := f.svc.Reserve(bg, req)
+		if err == nil && !replayed {
+			t.Fatalf("%s: Reserve = %+v, not a replay", step, got)
+		}
+		return got, f.ledger.calls["Reservation"] - before, err
+	}
+	r, _, err := f.svc.Reserve(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.persist(t, r)
+	if got, reads, err := replay("K = 1"); err != nil || got.Status != StatusConfirmed || reads != 0 {
+		t.Errorf("replay at K = 1 = %v %v with %d MySQL reads, want CONFIRMED from Redis alone", got.Status, err, reads)
+	}
+	l, err := f.ledger.Stock(bg, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.ChangeStock(bg, StockChange{SKU: "hot", Add: ptr(int64(0)), Buckets: ptr(3), IfVersion: ptr(l.Version)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := replay("K raised"); err != nil || got.Status != StatusConfirmed {
+		t.Fatalf("replay after K raised = %v %v, want CONFIRMED", got.Status, err)
+	}
+	if h, err := f.holds.Hold(bg, r.ID, 2); err != nil || h.Status != StatusConfirmed {
+		t.Fatalf("bucket 2's copy of the row = %+v %v, want a CONFIRMED tombstone", h, err)
+	}
+	if _, err := f.svc.Cancel(bg, r.ID, user); err != nil {
+		t.Fatal(err)
+	}
+	if got, reads, err := replay("refunded"); err != nil || got.Status != StatusCancelled || reads != 1 {
+		t.Errorf("replay after the refund = %v %v with %d MySQL reads, want CANCELLED from MySQL's row (1 read)", got.Status, err, reads)
+	}
+	f.ledger.fail["Reservation"] = errInjected
+	if got, _, err := replay("MySQL down"); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("replay with MySQL unreachable = %v %v, want ErrUnavailable (not the stale copy)", got.Status, err)
+	}
+	delete(f.ledger.fail, "Reservation")
+	if f.mysql("hot") != 10 || f.redis("hot")+f.redis("hot#1")+f.redis("hot#2") != 10 {
+		t.Errorf("mysql %d, redis %d+%d+%d; want 10 in both (the stray taken and returned once)",
+			f.mysql("hot"), f.redis("hot"), f.redis("hot#1"), f.redis("hot#2"))
+	}
+}

@@ -304,7 +304,7 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}
 		}
-		return h.reservation(r.ID), ReserveOutcome{Replayed: true}, nil
+		return h.reservation(r.ID), ReserveOutcome{Replayed: true, Tombstone: h.created == 0}, nil
 	}
 	if r.AlreadyCharged {
 		// the retry of an attempt already charged: no charge (reserve.lua's ARGV[11])
@@ -321,11 +321,11 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 	if closes := m.meta[name]["closes"]; closes > 0 && m.nowMS() >= closes {
 		return Reservation{}, ReserveOutcome{}, ErrSaleClosed
 	}
+	if limit := m.meta[name]["limit"]; limit > 0 && m.users[name][r.UserID]+qty > limit {
+		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded // before the stock, as in reserve.lua
+	}
 	if avail < qty {
 		return Reservation{}, ReserveOutcome{}, ErrSoldOut
-	}
-	if limit := m.meta[name]["limit"]; limit > 0 && m.users[name][r.UserID]+qty > limit {
-		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded
 	}
 	now := m.nowMS()
 	var out ReserveOutcome

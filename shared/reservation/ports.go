@@ -28,7 +28,8 @@ type Holds interface {
 	// join, one slot and the one-join-per-user rule), records the hold HELD
 	// with token r.Token and a deadline ttl after Redis's now, and indexes it
 	// by deadline. The returned hold carries that deadline. If a hold with
-	// r.ID exists it is returned with Replayed and nothing is taken.
+	// r.ID exists it is returned with Replayed and nothing is taken; a
+	// tombstone Follow wrote where the bucket had no hold is also Tombstone.
 	// Errors: ErrSoldOut, ErrUnknownSKU, ErrLimitExceeded, ErrUnknownGroup,
 	// ErrGroupClosed, ErrGroupFull, ErrAlreadyJoined, ErrIdempotencyMismatch,
 	// ErrUnavailable. Outside the SKU's sale window (the level Sync or Warm
@@ -240,6 +241,12 @@ type Attempt struct {
 type ReserveOutcome struct {
 	Replayed bool // the hold existed: nothing taken
 	Full     bool // this join took the group's last slot: once accepted, the group may form
+	// Tombstone: the replayed hold is a tombstone Follow wrote of MySQL's
+	// row in a bucket that had no hold of the row's own (a stray returned
+	// there, a twin, or a hold Redis lost). The row may have moved on since
+	// (a refund follows in the row's bucket, not here): only a final hold
+	// the bucket took itself is the row's bucket's word.
+	Tombstone bool
 }
 
 // RedisStock is a SKU as Redis has it.

@@ -53,9 +53,10 @@ func newToken() string {
 // Reserve holds stock for a buyer and hands the reservation to persist.
 // The result is HELD, or, for a replayed request, the reservation's current
 // state (replayed true). A keyed request is judged against MySQL whenever
-// Redis has no answer of its own (a new hold, or a refusal): once MySQL has
-// the row, the same request answers its decided state and takes nothing (a
-// hold Redis took again is returned), and a different one is
+// Redis has no answer of its own (a new hold, a refusal, or a tombstone of
+// the row in a bucket that had no hold of it: judgeTombstone): once MySQL
+// has the row, the same request answers its decided state and takes
+// nothing (a hold Redis took again is returned), and a different one is
 // ErrIdempotencyMismatch, however long Redis has forgotten the hold. The
 // buyer's attempt rate is charged before MySQL is asked, one token an
 // attempt from one budget per buyer and SKU, joins and buys alike. If the
@@ -123,6 +124,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 		return Reservation{}, false, s.refused(ctx, r, keyed, now, err)
 	}
 	if out.Replayed && held.Status.Final() {
+		if out.Tombstone && !checked {
+			return s.judgeTombstone(ctx, r, held)
+		}
 		return held, true, nil
 	}
 	if h := s.hooks.AfterHold; h != nil {
@@ -228,6 +232,27 @@ func (s *Service) judgeKeyed(ctx context.Context, r, held Reservation, err error
 	}
 	if rerr != nil {
 		return Reservation{}, false, rerr
+	}
+	return row, true, nil
+}
+
+// judgeTombstone answers a keyed replay that found a final tombstone of
+// the row in a bucket that held no hold of the row's own: the row's hold
+// was in another bucket (K changed since, or a twin) or Redis lost it. Such
+// a tombstone is a copy of the row as it stood when it was written; the
+// row's own bucket follows its later changes (a refund), this one does not.
+// So MySQL answers, by primary key (the replay was charged an attempt
+// first, so these reads are rate-bound). A replay of a final hold a bucket
+// took itself — every replay while K is unchanged and Redis kept the hold —
+// is answered by Redis alone. MySQL unreachable: ErrUnavailable, never the
+// stale copy (the client retries; nothing was taken).
+func (s *Service) judgeTombstone(ctx context.Context, r, tomb Reservation) (Reservation, bool, error) {
+	row, ok, err := s.decidedRow(ctx, r, true)
+	switch {
+	case err != nil:
+		return Reservation{}, false, err
+	case !ok: // MySQL has no row: the tombstone is all there is
+		return tomb, true, nil
 	}
 	return row, true, nil
 }

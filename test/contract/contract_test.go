@@ -481,7 +481,11 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + sku}), 200, "")
 	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + testservices.Name("nosuch")}), 404, "unknown_sku")
 	expect(k.do(call{token: ann, method: "GET", path: "/skus/bad%20sku", invalid: true}), 404, "unknown_sku")
-	expect(reserve(mint("fay"), `{"sku":"`+sku+`","qty":9}`, nil), 409, "sold_out")
+	// Over the per-user limit and over the stock: the limit answers (it is judged first).
+	expect(reserve(mint("fay"), `{"sku":"`+sku+`","qty":9}`, nil), 409, "limit_exceeded")
+	dry := testservices.Name("dry")
+	expect(put(dry, `{"stock":1}`, nil), 200, "")
+	expect(reserve(mint("fay"), `{"sku":"`+dry+`","qty":2}`, nil), 409, "sold_out")
 	slow := testservices.Name("slow")
 	expect(put(slow, `{"stock":100,"rate_per_second":1,"burst":1}`, nil), 200, "")
 	slowID := reserve(ann, `{"sku":"`+slow+`","qty":1}`, nil)

@@ -406,6 +406,55 @@ func TestBucketMoves(t *testing.T) {
 		}
 	})
 
+	// A request the per-user limit refuses moves nothing, also at a dry
+	// bucket: a buyer at their limit asking again, and new buyers asking for
+	// more than the limit, are told limit_exceeded before any refill. (The
+	// review found reserve.lua judging the stock first: each such request at
+	// a dry bucket made a transfer, and persist a version bump of the stock
+	// row the sale's batches then conflicted on.)
+	// Found by the twenty-second review (was TestReview22RefusedOverLimitRequestsMoveUnits).
+	t.Run("a request the per-user limit refuses at a dry bucket moves and writes nothing", func(t *testing.T) {
+		rec := &recordingEnqueuer{}
+		s := newStack(t, withEnqueuer(rec))
+		const k = 3
+		sku := testservices.Name("overlimit")
+		if code, body := s.call("PUT", "/admin/skus/"+sku+"/stock", `{"stock":6,"buckets":3,"per_user_limit":1}`, nil); code != 200 {
+			t.Fatalf("set stock = %d %v", code, body)
+		}
+		// Three buyers of bucket 1 drain it: one transfer of bucket 0's half.
+		a := userIn("a", 1, k)
+		for _, u := range []string{a, userIn("b", 1, k), userIn("c", 1, k)} {
+			if code, body := s.reserve(sku, u, 1, ""); code != http.StatusAccepted {
+				t.Fatalf("reserve %s = %d %v", u, code, body)
+			}
+		}
+		s.persistAll(rec)
+		before, _ := bucketStocks(t, s.redis(), sku, k)
+		if before[1] != 0 || before[2] != 0 {
+			t.Fatalf("buckets %v, want buckets 1 and 2 dry", before)
+		}
+		t0 := s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND into_bucket IS NOT NULL`, sku)
+		v0 := s.count(`SELECT version FROM product_stock WHERE sku = ?`, sku)
+		for i := range 6 {
+			for _, req := range []struct {
+				user string
+				qty  int
+			}{{a, 1}, {userIn(fmt.Sprintf("ol%d", i), 2, k), 2}} {
+				if code, body := s.reserve(sku, req.user, req.qty, ""); code != http.StatusConflict || body["error"] != "limit_exceeded" {
+					t.Errorf("%d unit(s) for %s over the limit of 1 at a dry bucket = %d %v, want 409 limit_exceeded", req.qty, req.user, code, body)
+				}
+			}
+		}
+		s.persistAll(rec)
+		after, _ := bucketStocks(t, s.redis(), sku, k)
+		transfers := s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND into_bucket IS NOT NULL`, sku) - t0
+		v1 := s.count(`SELECT version FROM product_stock WHERE sku = ?`, sku)
+		t.Logf("12 requests over the limit: buckets %v -> %v, %d transfers, stock version %d -> %d", before, after, transfers, v0, v1)
+		if transfers != 0 || v1 != v0 || fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Errorf("12 requests the per-user limit refuses made %d transfers (stock version +%d, buckets %v -> %v)", transfers, v1-v0, before, after)
+		}
+	})
+
 	// A buy under the key of a held join is 422, also right after the SKU's
 	// first group. (The review found the instance's cached layout, taken before
 	// the group, skipping the check of bucket 0: both were accepted.)

@@ -834,11 +834,13 @@ func (m *modelMachine) expectNew(user string, qty int, g *modelGroup) []string {
 		return []string{code}
 	}
 	if m.exact {
+		// The per-user limit before the stock (reserve.lua): a request
+		// over both is limit_exceeded, and refills no dry bucket.
 		switch {
-		case m.stock < int64(qty):
-			return []string{"sold_out"}
 		case m.rlimit > 0 && m.units[m.ukey(user, g)]+qty > m.rlimit:
 			return []string{"limit_exceeded"}
+		case m.stock < int64(qty):
+			return []string{"sold_out"}
 		}
 		return m.expectJoin(user, g)
 	}

@@ -44,14 +44,22 @@ func testReserve(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
-	t.Run("refusals take nothing", func(t *testing.T) {
+	t.Run("refusals take nothing; the per-user limit is judged before the stock", func(t *testing.T) {
 		s, sku, _ := setup(t, newHolds, 3, 2)
-		if _, _, err := s.Reserve(ctx, hold(sku, "a", "u", 4), ttl); !errors.Is(err, reservation.ErrSoldOut) {
-			t.Errorf("over stock = %v, want ErrSoldOut", err)
-		}
 		reserve(t, s, hold(sku, "b", "u", 2))
 		if _, _, err := s.Reserve(ctx, hold(sku, "c", "u", 1), ttl); !errors.Is(err, reservation.ErrLimitExceeded) {
 			t.Errorf("over per-user limit = %v, want ErrLimitExceeded", err)
+		}
+		if _, _, err := s.Reserve(ctx, hold(sku, "a", "v", 2), ttl); !errors.Is(err, reservation.ErrSoldOut) {
+			t.Errorf("over stock, within the limit = %v, want ErrSoldOut", err)
+		}
+		// Over both: the limit answers, so a caller never refills a bucket
+		// for a request the limit refuses.
+		if _, _, err := s.Reserve(ctx, hold(sku, "d", "v", 4), ttl); !errors.Is(err, reservation.ErrLimitExceeded) {
+			t.Errorf("over stock and over the limit = %v, want ErrLimitExceeded", err)
+		}
+		if _, _, err := s.Reserve(ctx, hold(sku, "e", "u", 2), ttl); !errors.Is(err, reservation.ErrLimitExceeded) {
+			t.Errorf("at the limit, over the stock = %v, want ErrLimitExceeded", err)
 		}
 		if _, _, err := s.Reserve(ctx, hold("nosuch"+sku, "d", "u", 1), ttl); !errors.Is(err, reservation.ErrUnknownSKU) {
 			t.Errorf("unknown sku = %v, want ErrUnknownSKU", err)

@@ -37,8 +37,10 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 		r.ExpiresAt, r.CreatedAt, r.Status = time.UnixMilli(deadline).UTC(), time.UnixMilli(created).UTC(), reservation.StatusHeld
 		return r, reservation.ReserveOutcome{Full: out[3] == "1"}, nil
 	case "REPLAY":
+		// follow.lua writes a tombstone where the bucket had no hold with
+		// created 0; a hold reserve.lua took has its creation time.
 		h, err := holdFromPairs(r.ID, r.Bucket, out[1:])
-		return h, reservation.ReserveOutcome{Replayed: true}, err
+		return h, reservation.ReserveOutcome{Replayed: true, Tombstone: h.CreatedAt.IsZero()}, err
 	case "MISMATCH":
 		return reservation.Reservation{}, none, reservation.ErrIdempotencyMismatch
 	case "RATE_LIMITED":

@@ -45,6 +45,10 @@
 --                               unless the stock was warmed from a level at or past the refund
 --                               (meta.wver >= ARGV[13]): that level has the units already
 --   anything else            -> nothing moves; a missing hold becomes a tombstone of the row
+-- A tombstone (written here for a missing hold, or in a returned stray's place) has deadline and
+-- created 0: it is a copy of the row, not a hold this bucket took, and reserve.lua's REPLAY of it
+-- tells the caller so (created 0), who asks MySQL: a later change of the row (a refund) is followed
+-- in the row's own bucket, which need not be this one (a stray's or a twin's, after K was raised).
 -- A transfer's row (user "") is followed in its giving bucket like a buy without a user: no
 -- per-user units move, and its units leave meta.moving (takeout.lua) with held, unless they
 -- left it already when the receiving bucket was credited (landed.lua: the hold's landed field).

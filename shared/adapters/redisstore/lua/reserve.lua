@@ -23,7 +23,8 @@
 --                                           took the group's last slot (the group stays OPEN until MySQL
 --                                           records it FORMED and group_form.lua marks it: a join that is
 --                                           never accepted must not form it)
---   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken
+--   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken;
+--                                           created 0: a tombstone follow.lua wrote, not a hold taken here
 --   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken
 --   {"RATE_LIMITED", retry_after_ms}       this user is over the SKU's attempt rate; nothing taken
 --   {"NOT_OPEN", opens, wait_ms}            the sale window opens at opens (unix ms), wait_ms from now
@@ -35,7 +36,8 @@
 -- attempt first: replays are script calls on the SKU's shard like any other.
 -- The order of the checks: a replay answers its hold whatever the window; every other attempt is
 -- charged first (a refusal costs its token like a hold does), then the window, judged by this
--- script's clock, comes before the stock, so nobody hears sold_out or is held outside it.
+-- script's clock, so nobody hears sold_out or is held outside it; then the per-user limit, then
+-- the stock (a request both over the limit and over the stock is LIMIT: see below).
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
@@ -72,12 +74,15 @@ local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit')
 local opens, closes = tonumber(m[1] or '0'), tonumber(m[2] or '0')
 if opens > 0 and now < opens then return {'NOT_OPEN', tostring(opens), tostring(opens - now)} end
 if closes > 0 and now >= closes then return {'SALE_CLOSED'} end
-if tonumber(stock) < qty then return {'SOLD_OUT'} end
 
+-- The per-user limit before the stock: a request the limit refuses is LIMIT even at a dry bucket,
+-- so it never makes the caller refill the bucket from another (a transfer, and a version of the
+-- stock row at persist, for a request that could not be served anyway).
 local limit = tonumber(m[3] or '0')
 if limit > 0 and tonumber(redis.call('HGET', KEYS[4], user) or '0') + qty > limit then
   return {'LIMIT'}
 end
+if tonumber(stock) < qty then return {'SOLD_OUT'} end
 
 local full = '0'
 if gid ~= '' then
