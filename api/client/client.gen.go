@@ -35,6 +35,75 @@ func (e BadReserveError) Valid() bool {
 	}
 }
 
+// Defines values for CancelReason.
+const (
+	CancelReasonAlreadyJoined     CancelReason = "already_joined"
+	CancelReasonBuyerCancelled    CancelReason = "buyer_cancelled"
+	CancelReasonDeadLetter        CancelReason = "dead_letter"
+	CancelReasonExpired           CancelReason = "expired"
+	CancelReasonGroupClosed       CancelReason = "group_closed"
+	CancelReasonGroupFailed       CancelReason = "group_failed"
+	CancelReasonGroupFull         CancelReason = "group_full"
+	CancelReasonHoldFailed        CancelReason = "hold_failed"
+	CancelReasonInsufficientStock CancelReason = "insufficient_stock"
+	CancelReasonLimitExceeded     CancelReason = "limit_exceeded"
+	CancelReasonOrderCancelled    CancelReason = "order_cancelled"
+	CancelReasonPaymentTimeout    CancelReason = "payment_timeout"
+	CancelReasonPublishFailed     CancelReason = "publish_failed"
+	CancelReasonUnknownSku        CancelReason = "unknown_sku"
+)
+
+// Valid indicates whether the value is a known member of the CancelReason enum.
+func (e CancelReason) Valid() bool {
+	switch e {
+	case CancelReasonAlreadyJoined:
+		return true
+	case CancelReasonBuyerCancelled:
+		return true
+	case CancelReasonDeadLetter:
+		return true
+	case CancelReasonExpired:
+		return true
+	case CancelReasonGroupClosed:
+		return true
+	case CancelReasonGroupFailed:
+		return true
+	case CancelReasonGroupFull:
+		return true
+	case CancelReasonHoldFailed:
+		return true
+	case CancelReasonInsufficientStock:
+		return true
+	case CancelReasonLimitExceeded:
+		return true
+	case CancelReasonOrderCancelled:
+		return true
+	case CancelReasonPaymentTimeout:
+		return true
+	case CancelReasonPublishFailed:
+		return true
+	case CancelReasonUnknownSku:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CancelledError.
+const (
+	CancelledErrorCancelled CancelledError = "cancelled"
+)
+
+// Valid indicates whether the value is a known member of the CancelledError enum.
+func (e CancelledError) Valid() bool {
+	switch e {
+	case CancelledErrorCancelled:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for GroupStatus.
 const (
 	FAILED GroupStatus = "FAILED"
@@ -149,6 +218,39 @@ func (e NotOpenError) Valid() bool {
 	}
 }
 
+// Defines values for PaidError.
+const (
+	PaidErrorPaid PaidError = "paid"
+)
+
+// Valid indicates whether the value is a known member of the PaidError enum.
+func (e PaidError) Valid() bool {
+	switch e {
+	case PaidErrorPaid:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PayConflictError.
+const (
+	GroupNotFormed PayConflictError = "group_not_formed"
+	NotConfirmed   PayConflictError = "not_confirmed"
+)
+
+// Valid indicates whether the value is a known member of the PayConflictError enum.
+func (e PayConflictError) Valid() bool {
+	switch e {
+	case GroupNotFormed:
+		return true
+	case NotConfirmed:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PreconditionRequiredError.
 const (
 	PreconditionRequiredErrorPreconditionRequired PreconditionRequiredError = "precondition_required"
@@ -179,59 +281,12 @@ func (e RateLimitedError) Valid() bool {
 	}
 }
 
-// Defines values for ReservationReason.
-const (
-	ReservationReasonAlreadyJoined     ReservationReason = "already_joined"
-	ReservationReasonBuyerCancelled    ReservationReason = "buyer_cancelled"
-	ReservationReasonDeadLetter        ReservationReason = "dead_letter"
-	ReservationReasonExpired           ReservationReason = "expired"
-	ReservationReasonGroupClosed       ReservationReason = "group_closed"
-	ReservationReasonGroupFailed       ReservationReason = "group_failed"
-	ReservationReasonGroupFull         ReservationReason = "group_full"
-	ReservationReasonHoldFailed        ReservationReason = "hold_failed"
-	ReservationReasonInsufficientStock ReservationReason = "insufficient_stock"
-	ReservationReasonLimitExceeded     ReservationReason = "limit_exceeded"
-	ReservationReasonPublishFailed     ReservationReason = "publish_failed"
-	ReservationReasonUnknownSku        ReservationReason = "unknown_sku"
-)
-
-// Valid indicates whether the value is a known member of the ReservationReason enum.
-func (e ReservationReason) Valid() bool {
-	switch e {
-	case ReservationReasonAlreadyJoined:
-		return true
-	case ReservationReasonBuyerCancelled:
-		return true
-	case ReservationReasonDeadLetter:
-		return true
-	case ReservationReasonExpired:
-		return true
-	case ReservationReasonGroupClosed:
-		return true
-	case ReservationReasonGroupFailed:
-		return true
-	case ReservationReasonGroupFull:
-		return true
-	case ReservationReasonHoldFailed:
-		return true
-	case ReservationReasonInsufficientStock:
-		return true
-	case ReservationReasonLimitExceeded:
-		return true
-	case ReservationReasonPublishFailed:
-		return true
-	case ReservationReasonUnknownSku:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for ReservationStatus.
 const (
 	CANCELLED ReservationStatus = "CANCELLED"
 	CONFIRMED ReservationStatus = "CONFIRMED"
 	HELD      ReservationStatus = "HELD"
+	PAID      ReservationStatus = "PAID"
 )
 
 // Valid indicates whether the value is a known member of the ReservationStatus enum.
@@ -242,6 +297,8 @@ func (e ReservationStatus) Valid() bool {
 	case CONFIRMED:
 		return true
 	case HELD:
+		return true
+	case PAID:
 		return true
 	default:
 		return false
@@ -395,6 +452,25 @@ type BadReserve struct {
 // BadReserveError defines model for BadReserve.Error.
 type BadReserveError string
 
+// CancelReason Why a reservation was cancelled (CANCELLED only): `payment_timeout` (not paid by
+// `pay_by`), `order_cancelled` (the order service's cancel; its code is `note`),
+// `buyer_cancelled`, `group_failed`, `expired`, … (docs/design.md, the state machine).
+type CancelReason string
+
+// Cancelled defines model for Cancelled.
+type Cancelled struct {
+	Error   CancelledError `json:"error"`
+	Message string         `json:"message"`
+
+	// Reason Why a reservation was cancelled (CANCELLED only): `payment_timeout` (not paid by
+	// `pay_by`), `order_cancelled` (the order service's cancel; its code is `note`),
+	// `buyer_cancelled`, `group_failed`, `expired`, … (docs/design.md, the state machine).
+	Reason CancelReason `json:"reason"`
+}
+
+// CancelledError defines model for Cancelled.Error.
+type CancelledError string
+
 // CreateGroupRequest defines model for CreateGroupRequest.
 type CreateGroupRequest struct {
 	// Capacity Slots.
@@ -489,6 +565,35 @@ type NotOpen struct {
 // NotOpenError defines model for NotOpen.Error.
 type NotOpenError string
 
+// OrderCancelRequest defines model for OrderCancelRequest.
+type OrderCancelRequest struct {
+	// Reason The order service's reason code (letters, digits and `._:-`, up to 64): kept as the reservation's `note`, never interpreted.
+	//
+	// Example: checkout:abandoned
+	Reason string `json:"reason"`
+}
+
+// Paid defines model for Paid.
+type Paid struct {
+	Error   PaidError `json:"error"`
+	Message string    `json:"message"`
+}
+
+// PaidError defines model for Paid.Error.
+type PaidError string
+
+// PayConflict defines model for PayConflict.
+type PayConflict struct {
+	Error   PayConflictError `json:"error"`
+	Message string           `json:"message"`
+}
+
+// PayConflictError defines model for PayConflict.Error.
+type PayConflictError string
+
+// PayRequest Nothing: the body may be left out, or `{}`.
+type PayRequest = map[string]interface{}
+
 // PreconditionRequired defines model for PreconditionRequired.
 type PreconditionRequired struct {
 	Error   PreconditionRequiredError `json:"error"`
@@ -512,21 +617,36 @@ type Reservation struct {
 	// ExpiresAt The hold's deadline (while HELD).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	GroupId   *string    `json:"group_id,omitempty"`
-	Qty       int        `json:"qty"`
 
-	// Reason Why it was cancelled (CANCELLED only).
-	Reason *ReservationReason `json:"reason,omitempty"`
+	// Note The order service's reason code for its cancel (with reason `order_cancelled` only), as it gave it.
+	Note *string `json:"note,omitempty"`
+
+	// PaidAt When the order service recorded its payment (PAID only).
+	PaidAt *time.Time `json:"paid_at,omitempty"`
+
+	// PayBy When its payment is due (the SKU's pay window from its confirmation; a group
+	// join's from its group's formation): not paid by then, the sweeper cancels it
+	// `payment_timeout`. Absent without a pay window, and on a join whose group has not
+	// formed.
+	PayBy *time.Time `json:"pay_by,omitempty"`
+	Qty   int        `json:"qty"`
+
+	// Reason Why a reservation was cancelled (CANCELLED only): `payment_timeout` (not paid by
+	// `pay_by`), `order_cancelled` (the order service's cancel; its code is `note`),
+	// `buyer_cancelled`, `group_failed`, `expired`, … (docs/design.md, the state machine).
+	Reason *CancelReason `json:"reason,omitempty"`
 
 	// ReservationId Example: demo-phone.o5huxqhfb5dp3mwp34lmcopv7e
-	ReservationId string            `json:"reservation_id"`
-	Sku           string            `json:"sku"`
-	Status        ReservationStatus `json:"status"`
+	ReservationId string `json:"reservation_id"`
+	Sku           string `json:"sku"`
+
+	// Status HELD (Redis holds it; MySQL decides shortly), CONFIRMED (its stock is taken),
+	// PAID (confirmed and paid: final), CANCELLED (its stock returned, or never taken).
+	Status ReservationStatus `json:"status"`
 }
 
-// ReservationReason Why it was cancelled (CANCELLED only).
-type ReservationReason string
-
-// ReservationStatus defines model for Reservation.Status.
+// ReservationStatus HELD (Redis holds it; MySQL decides shortly), CONFIRMED (its stock is taken),
+// PAID (confirmed and paid: final), CANCELLED (its stock returned, or never taken).
 type ReservationStatus string
 
 // ReserveConflict defines model for ReserveConflict.
@@ -595,7 +715,9 @@ type SkuReport struct {
 		Units  int64  `json:"units"`
 	} `json:"by_reason"`
 	ByStatus []struct {
-		Count  int64  `json:"count"`
+		Count int64 `json:"count"`
+
+		// Status The status as shown: CONFIRMED, PAID (apart from CONFIRMED) or CANCELLED.
 		Status string `json:"status"`
 		Units  int64  `json:"units"`
 	} `json:"by_status"`
@@ -628,7 +750,7 @@ type SkuReport struct {
 	LedgerMismatch int64 `json:"ledger_mismatch"`
 	MysqlAvailable int64 `json:"mysql_available"`
 
-	// Paid Of those, units paid for.
+	// Paid Of those, units of PAID rows: sold for good.
 	Paid int64 `json:"paid"`
 
 	// PutIn The stock put in: the initial stock plus every admin change.
@@ -639,7 +761,7 @@ type SkuReport struct {
 	Returned int64  `json:"returned"`
 	Sku      string `json:"sku"`
 
-	// Sold Units the buyers' rows hold (CONFIRMED, and paid).
+	// Sold Units the buyers' rows hold (CONFIRMED and PAID).
 	Sold int64 `json:"sold"`
 }
 
@@ -663,6 +785,9 @@ type StockChange struct {
 	//
 	// Example: 2026-12-01T09:00:00Z
 	OpensAt *WindowBound `json:"opens_at,omitempty"`
+
+	// PayWithinSeconds The SKU's pay window in seconds (0: none): each reservation confirmed after the change must be paid within it (pay_by).
+	PayWithinSeconds *int64 `json:"pay_within_seconds,omitempty"`
 
 	// PerUserLimit Units one buyer may hold and buy (0 for none).
 	PerUserLimit *int `json:"per_user_limit,omitempty"`
@@ -693,12 +818,15 @@ type StockLevel struct {
 	ClosesAt *time.Time `json:"closes_at,omitempty"`
 
 	// OpensAt The sale window's opening (absent: none).
-	OpensAt       *time.Time `json:"opens_at,omitempty"`
-	PerUserLimit  int        `json:"per_user_limit"`
-	RatePerSecond int        `json:"rate_per_second"`
-	Sku           string     `json:"sku"`
-	Stock         int64      `json:"stock"`
-	Version       int64      `json:"version"`
+	OpensAt *time.Time `json:"opens_at,omitempty"`
+
+	// PayWithinSeconds The SKU's pay window in seconds (0: none).
+	PayWithinSeconds int64  `json:"pay_within_seconds"`
+	PerUserLimit     int    `json:"per_user_limit"`
+	RatePerSecond    int    `json:"rate_per_second"`
+	Sku              string `json:"sku"`
+	Stock            int64  `json:"stock"`
+	Version          int64  `json:"version"`
 }
 
 // StockReport defines model for StockReport.
@@ -717,11 +845,14 @@ type StockReport struct {
 	MysqlAvailable int64 `json:"mysql_available"`
 
 	// OpensAt MySQL's sale window: its opening (absent: none).
-	OpensAt        *time.Time `json:"opens_at,omitempty"`
-	PerUserLimit   int        `json:"per_user_limit"`
-	RedisAvailable int64      `json:"redis_available"`
-	Sku            string     `json:"sku"`
-	Version        int64      `json:"version"`
+	OpensAt *time.Time `json:"opens_at,omitempty"`
+
+	// PayWithinSeconds The SKU's pay window in seconds (0: none).
+	PayWithinSeconds int64  `json:"pay_within_seconds"`
+	PerUserLimit     int    `json:"per_user_limit"`
+	RedisAvailable   int64  `json:"redis_available"`
+	Sku              string `json:"sku"`
+	Version          int64  `json:"version"`
 }
 
 // TooManyGroups defines model for TooManyGroups.
@@ -823,6 +954,9 @@ type Outage struct {
 	union json.RawMessage
 }
 
+// PaidConflict defines model for PaidConflict.
+type PaidConflict = Paid
+
 // ReservationNotFound defines model for ReservationNotFound.
 type ReservationNotFound = NotFound
 
@@ -838,6 +972,11 @@ type TooLarge struct {
 
 // Unauthorized defines model for Unauthorized.
 type Unauthorized struct {
+	union json.RawMessage
+}
+
+// PayReservation409JSONResponseBody defines parameters for PayReservation.
+type PayReservation409JSONResponseBody struct {
 	union json.RawMessage
 }
 
@@ -862,6 +1001,12 @@ type ReserveParams struct {
 type Reserve409JSONResponseBody struct {
 	union json.RawMessage
 }
+
+// OrderCancelReservationJSONRequestBody defines body for OrderCancelReservation for application/json ContentType.
+type OrderCancelReservationJSONRequestBody = OrderCancelRequest
+
+// PayReservationJSONRequestBody defines body for PayReservation for application/json ContentType.
+type PayReservationJSONRequestBody = PayRequest
 
 // ChangeStockJSONRequestBody defines body for ChangeStock for application/json ContentType.
 type ChangeStockJSONRequestBody = StockChange
@@ -972,6 +1117,13 @@ func (t StockChange) MarshalJSON() ([]byte, error) {
 		}
 	}
 
+	if t.PayWithinSeconds != nil {
+		object["pay_within_seconds"], err = json.Marshal(t.PayWithinSeconds)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'pay_within_seconds': %w", err)
+		}
+	}
+
 	if t.PerUserLimit != nil {
 		object["per_user_limit"], err = json.Marshal(t.PerUserLimit)
 		if err != nil {
@@ -1046,6 +1198,13 @@ func (t *StockChange) UnmarshalJSON(b []byte) error {
 		err = json.Unmarshal(raw, &t.OpensAt)
 		if err != nil {
 			return fmt.Errorf("error reading 'opens_at': %w", err)
+		}
+	}
+
+	if raw, found := object["pay_within_seconds"]; found {
+		err = json.Unmarshal(raw, &t.PayWithinSeconds)
+		if err != nil {
+			return fmt.Errorf("error reading 'pay_within_seconds': %w", err)
 		}
 	}
 
@@ -1540,6 +1699,68 @@ func (t *Unauthorized) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// AsPayConflict returns the union data inside the PayReservation409JSONResponseBody as a PayConflict
+func (t PayReservation409JSONResponseBody) AsPayConflict() (PayConflict, error) {
+	var body PayConflict
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromPayConflict overwrites any union data inside the PayReservation409JSONResponseBody as the provided PayConflict
+func (t *PayReservation409JSONResponseBody) FromPayConflict(v PayConflict) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergePayConflict performs a merge with any union data inside the PayReservation409JSONResponseBody, using the provided PayConflict
+func (t *PayReservation409JSONResponseBody) MergePayConflict(v PayConflict) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsCancelled returns the union data inside the PayReservation409JSONResponseBody as a Cancelled
+func (t PayReservation409JSONResponseBody) AsCancelled() (Cancelled, error) {
+	var body Cancelled
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromCancelled overwrites any union data inside the PayReservation409JSONResponseBody as the provided Cancelled
+func (t *PayReservation409JSONResponseBody) FromCancelled(v Cancelled) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeCancelled performs a merge with any union data inside the PayReservation409JSONResponseBody, using the provided Cancelled
+func (t *PayReservation409JSONResponseBody) MergeCancelled(v Cancelled) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t PayReservation409JSONResponseBody) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *PayReservation409JSONResponseBody) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
 // AsReserveConflict returns the union data inside the Reserve409JSONResponseBody as a ReserveConflict
 func (t Reserve409JSONResponseBody) AsReserveConflict() (ReserveConflict, error) {
 	var body ReserveConflict
@@ -1676,6 +1897,76 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 // The interface specification for the client above.
 type ClientInterface interface {
 
+	// OrderCancelReservationWithBody Release a reservation (the order service)
+	//
+	// The order service's cancel of a HELD or CONFIRMED reservation it will not take
+	// (the buyer abandoned checkout, a fraud check, an order it cancelled): CANCELLED,
+	// reason `order_cancelled`, its stock back to the sale exactly once, like a buyer's
+	// cancel. `reason` in the body is the order service's own reason code (1–64 letters,
+	// digits and `._:-`): kept as the reservation's `note` and carried on its
+	// `ReservationCancelled` event, never interpreted. Idempotent: a CANCELLED reservation
+	// is answered as it stands, whoever cancelled it (its `reason` and `note` say who). A
+	// PAID one is final: 409 `paid`. Not metered (IAM's route).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /admin/reservations/{id}/cancel (the `OrderCancelReservation` operationId).
+	OrderCancelReservationWithBody(ctx context.Context, id ReservationId, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OrderCancelReservation Release a reservation (the order service)
+	//
+	// The order service's cancel of a HELD or CONFIRMED reservation it will not take
+	// (the buyer abandoned checkout, a fraud check, an order it cancelled): CANCELLED,
+	// reason `order_cancelled`, its stock back to the sale exactly once, like a buyer's
+	// cancel. `reason` in the body is the order service's own reason code (1–64 letters,
+	// digits and `._:-`): kept as the reservation's `note` and carried on its
+	// `ReservationCancelled` event, never interpreted. Idempotent: a CANCELLED reservation
+	// is answered as it stands, whoever cancelled it (its `reason` and `note` say who). A
+	// PAID one is final: 409 `paid`. Not metered (IAM's route).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /admin/reservations/{id}/cancel (the `OrderCancelReservation` operationId).
+	OrderCancelReservation(ctx context.Context, id ReservationId, body OrderCancelReservationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PayReservationWithBody Record a reservation's payment (the order service)
+	//
+	// The order service's record that the buyer paid for a CONFIRMED reservation: it is
+	// PAID, which is final (no cancel, refund or payment timeout moves it again), and
+	// `ReservationPaid` is published. Idempotent: a PAID reservation is answered as it
+	// stands, 200 again, nothing published twice. No body is needed; a client that always
+	// sends one sends `{}` (any member is 400). Refused, nothing changed: 409
+	// `not_confirmed` while MySQL has not confirmed it (HELD; retry after `Retry-After`,
+	// or once `ReservationConfirmed` is out), `group_not_formed` for a group join whose
+	// group has not formed (pay once `GroupFormed` is out), `cancelled` when it was
+	// cancelled first (`reason` says why: `payment_timeout`, `buyer_cancelled`, …);
+	// 404 `not_found`. A payment and a cancel that race are decided by MySQL, one of
+	// them: the other is answered with its outcome (`cancelled`, or `paid`).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /admin/reservations/{id}/paid (the `PayReservation` operationId).
+	PayReservationWithBody(ctx context.Context, id ReservationId, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PayReservation Record a reservation's payment (the order service)
+	//
+	// The order service's record that the buyer paid for a CONFIRMED reservation: it is
+	// PAID, which is final (no cancel, refund or payment timeout moves it again), and
+	// `ReservationPaid` is published. Idempotent: a PAID reservation is answered as it
+	// stands, 200 again, nothing published twice. No body is needed; a client that always
+	// sends one sends `{}` (any member is 400). Refused, nothing changed: 409
+	// `not_confirmed` while MySQL has not confirmed it (HELD; retry after `Retry-After`,
+	// or once `ReservationConfirmed` is out), `group_not_formed` for a group join whose
+	// group has not formed (pay once `GroupFormed` is out), `cancelled` when it was
+	// cancelled first (`reason` says why: `payment_timeout`, `buyer_cancelled`, …);
+	// 404 `not_found`. A payment and a cancel that race are decided by MySQL, one of
+	// them: the other is answered with its outcome (`cancelled`, or `paid`).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /admin/reservations/{id}/paid (the `PayReservation` operationId).
+	PayReservation(ctx context.Context, id ReservationId, body PayReservationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ReportSku A SKU's books, both stores' figures and its last audit (operators)
 	//
 	// MySQL's books in one consistent read: the stock put in (the initial stock and
@@ -1706,7 +1997,12 @@ type ClientInterface interface {
 	// from its close, a hold taken before the close settles as usual. The window must
 	// close after it opens, the bound left alone included (else 400, nothing changed).
 	// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
-	// moves the version and applies at once.
+	// moves the version and applies at once. `pay_within_seconds` sets the SKU's pay
+	// window (0: none, the default; at most 30 days): a reservation confirmed after the
+	// change is due to be paid that long after its confirmation (a group join: after its
+	// group formed), its `pay_by`; one the order service has not paid by then
+	// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
+	// stock returns to the sale.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1726,7 +2022,12 @@ type ClientInterface interface {
 	// from its close, a hold taken before the close settles as usual. The window must
 	// close after it opens, the bound left alone included (else 400, nothing changed).
 	// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
-	// moves the version and applies at once.
+	// moves the version and applies at once. `pay_within_seconds` sets the SKU's pay
+	// window (0: none, the default; at most 30 days): a reservation confirmed after the
+	// change is due to be paid that long after its confirmation (a group join: after its
+	// group formed), its `pay_by`; one the order service has not paid by then
+	// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
+	// stock returns to the sale.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1798,7 +2099,8 @@ type ClientInterface interface {
 	// CancelReservation Cancel a reservation (the buyer's own)
 	//
 	// Cancels it and returns its stock to both stores exactly once, however often or
-	// late it is repeated. A reservation already CANCELLED is answered as it is. A
+	// late it is repeated. A reservation already CANCELLED is answered as it is; a PAID
+	// one is final (409 `paid`). A
 	// cancel is one of the caller's attempts on the reservation's SKU (the id names it),
 	// from the budget buys, joins and group creations draw on: past the rate 429
 	// `rate_limited`, nothing read or cancelled.
@@ -1809,6 +2111,8 @@ type ClientInterface interface {
 	// GetReservation A reservation's status
 	//
 	// MySQL's decision once made, the Redis hold while HELD. Only its buyer sees it.
+	// CONFIRMED with `pay_by` when the SKU has a pay window (the order service records the
+	// payment by then, or the sweeper cancels it `payment_timeout`); PAID once it has.
 	//
 	// Corresponds with GET /reservations/{id} (the `GetReservation` operationId).
 	GetReservation(ctx context.Context, id ReservationId, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1821,6 +2125,116 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 	GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error)
+}
+
+// OrderCancelReservationWithBody Release a reservation (the order service)
+//
+// The order service's cancel of a HELD or CONFIRMED reservation it will not take
+// (the buyer abandoned checkout, a fraud check, an order it cancelled): CANCELLED,
+// reason `order_cancelled`, its stock back to the sale exactly once, like a buyer's
+// cancel. `reason` in the body is the order service's own reason code (1–64 letters,
+// digits and `._:-`): kept as the reservation's `note` and carried on its
+// `ReservationCancelled` event, never interpreted. Idempotent: a CANCELLED reservation
+// is answered as it stands, whoever cancelled it (its `reason` and `note` say who). A
+// PAID one is final: 409 `paid`. Not metered (IAM's route).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /admin/reservations/{id}/cancel (the `OrderCancelReservation` operationId).
+func (c *Client) OrderCancelReservationWithBody(ctx context.Context, id ReservationId, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOrderCancelReservationRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OrderCancelReservation Release a reservation (the order service)
+//
+// The order service's cancel of a HELD or CONFIRMED reservation it will not take
+// (the buyer abandoned checkout, a fraud check, an order it cancelled): CANCELLED,
+// reason `order_cancelled`, its stock back to the sale exactly once, like a buyer's
+// cancel. `reason` in the body is the order service's own reason code (1–64 letters,
+// digits and `._:-`): kept as the reservation's `note` and carried on its
+// `ReservationCancelled` event, never interpreted. Idempotent: a CANCELLED reservation
+// is answered as it stands, whoever cancelled it (its `reason` and `note` say who). A
+// PAID one is final: 409 `paid`. Not metered (IAM's route).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /admin/reservations/{id}/cancel (the `OrderCancelReservation` operationId).
+func (c *Client) OrderCancelReservation(ctx context.Context, id ReservationId, body OrderCancelReservationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOrderCancelReservationRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PayReservationWithBody Record a reservation's payment (the order service)
+//
+// The order service's record that the buyer paid for a CONFIRMED reservation: it is
+// PAID, which is final (no cancel, refund or payment timeout moves it again), and
+// `ReservationPaid` is published. Idempotent: a PAID reservation is answered as it
+// stands, 200 again, nothing published twice. No body is needed; a client that always
+// sends one sends `{}` (any member is 400). Refused, nothing changed: 409
+// `not_confirmed` while MySQL has not confirmed it (HELD; retry after `Retry-After`,
+// or once `ReservationConfirmed` is out), `group_not_formed` for a group join whose
+// group has not formed (pay once `GroupFormed` is out), `cancelled` when it was
+// cancelled first (`reason` says why: `payment_timeout`, `buyer_cancelled`, …);
+// 404 `not_found`. A payment and a cancel that race are decided by MySQL, one of
+// them: the other is answered with its outcome (`cancelled`, or `paid`).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /admin/reservations/{id}/paid (the `PayReservation` operationId).
+func (c *Client) PayReservationWithBody(ctx context.Context, id ReservationId, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPayReservationRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PayReservation Record a reservation's payment (the order service)
+//
+// The order service's record that the buyer paid for a CONFIRMED reservation: it is
+// PAID, which is final (no cancel, refund or payment timeout moves it again), and
+// `ReservationPaid` is published. Idempotent: a PAID reservation is answered as it
+// stands, 200 again, nothing published twice. No body is needed; a client that always
+// sends one sends `{}` (any member is 400). Refused, nothing changed: 409
+// `not_confirmed` while MySQL has not confirmed it (HELD; retry after `Retry-After`,
+// or once `ReservationConfirmed` is out), `group_not_formed` for a group join whose
+// group has not formed (pay once `GroupFormed` is out), `cancelled` when it was
+// cancelled first (`reason` says why: `payment_timeout`, `buyer_cancelled`, …);
+// 404 `not_found`. A payment and a cancel that race are decided by MySQL, one of
+// them: the other is answered with its outcome (`cancelled`, or `paid`).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /admin/reservations/{id}/paid (the `PayReservation` operationId).
+func (c *Client) PayReservation(ctx context.Context, id ReservationId, body PayReservationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPayReservationRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
 }
 
 // ReportSku A SKU's books, both stores' figures and its last audit (operators)
@@ -1873,7 +2287,12 @@ func (c *Client) InspectStock(ctx context.Context, sku Sku, reqEditors ...Reques
 // from its close, a hold taken before the close settles as usual. The window must
 // close after it opens, the bound left alone included (else 400, nothing changed).
 // A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
-// moves the version and applies at once.
+// moves the version and applies at once. `pay_within_seconds` sets the SKU's pay
+// window (0: none, the default; at most 30 days): a reservation confirmed after the
+// change is due to be paid that long after its confirmation (a group join: after its
+// group formed), its `pay_by`; one the order service has not paid by then
+// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
+// stock returns to the sale.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1903,7 +2322,12 @@ func (c *Client) ChangeStockWithBody(ctx context.Context, sku Sku, params *Chang
 // from its close, a hold taken before the close settles as usual. The window must
 // close after it opens, the bound left alone included (else 400, nothing changed).
 // A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
-// moves the version and applies at once.
+// moves the version and applies at once. `pay_within_seconds` sets the SKU's pay
+// window (0: none, the default; at most 30 days): a reservation confirmed after the
+// change is due to be paid that long after its confirmation (a group join: after its
+// group formed), its `pay_by`; one the order service has not paid by then
+// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
+// stock returns to the sale.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2035,7 +2459,8 @@ func (c *Client) Reserve(ctx context.Context, params *ReserveParams, body Reserv
 // CancelReservation Cancel a reservation (the buyer's own)
 //
 // Cancels it and returns its stock to both stores exactly once, however often or
-// late it is repeated. A reservation already CANCELLED is answered as it is. A
+// late it is repeated. A reservation already CANCELLED is answered as it is; a PAID
+// one is final (409 `paid`). A
 // cancel is one of the caller's attempts on the reservation's SKU (the id names it),
 // from the budget buys, joins and group creations draw on: past the rate 429
 // `rate_limited`, nothing read or cancelled.
@@ -2056,6 +2481,8 @@ func (c *Client) CancelReservation(ctx context.Context, id ReservationId, reqEdi
 // GetReservation A reservation's status
 //
 // MySQL's decision once made, the Redis hold while HELD. Only its buyer sees it.
+// CONFIRMED with `pay_by` when the SKU has a pay window (the order service records the
+// payment by then, or the sweeper cancels it `payment_timeout`); PAID once it has.
 //
 // Corresponds with GET /reservations/{id} (the `GetReservation` operationId).
 func (c *Client) GetReservation(ctx context.Context, id ReservationId, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2087,6 +2514,100 @@ func (c *Client) GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEdito
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// NewOrderCancelReservationRequest calls the generic OrderCancelReservation builder with application/json body
+func NewOrderCancelReservationRequest(server string, id ReservationId, body OrderCancelReservationJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewOrderCancelReservationRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewOrderCancelReservationRequestWithBody constructs an http.Request for the OrderCancelReservation method, with any body, and a specified content type
+func NewOrderCancelReservationRequestWithBody(server string, id ReservationId, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/admin/reservations/%s/cancel", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewPayReservationRequest calls the generic PayReservation builder with application/json body
+func NewPayReservationRequest(server string, id ReservationId, body PayReservationJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPayReservationRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPayReservationRequestWithBody constructs an http.Request for the PayReservation method, with any body, and a specified content type
+func NewPayReservationRequestWithBody(server string, id ReservationId, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/admin/reservations/%s/paid", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
 }
 
 // NewReportSkuRequest constructs an http.Request for the ReportSku method
@@ -2505,6 +3026,76 @@ func WithBaseURL(baseURL string) ClientOption {
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
 
+	// OrderCancelReservationWithBodyWithResponse Release a reservation (the order service)
+	//
+	// The order service's cancel of a HELD or CONFIRMED reservation it will not take
+	// (the buyer abandoned checkout, a fraud check, an order it cancelled): CANCELLED,
+	// reason `order_cancelled`, its stock back to the sale exactly once, like a buyer's
+	// cancel. `reason` in the body is the order service's own reason code (1–64 letters,
+	// digits and `._:-`): kept as the reservation's `note` and carried on its
+	// `ReservationCancelled` event, never interpreted. Idempotent: a CANCELLED reservation
+	// is answered as it stands, whoever cancelled it (its `reason` and `note` say who). A
+	// PAID one is final: 409 `paid`. Not metered (IAM's route).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /admin/reservations/{id}/cancel (the `OrderCancelReservation` operationId).
+	OrderCancelReservationWithBodyWithResponse(ctx context.Context, id ReservationId, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OrderCancelReservationResponse, error)
+
+	// OrderCancelReservationWithResponse Release a reservation (the order service)
+	//
+	// The order service's cancel of a HELD or CONFIRMED reservation it will not take
+	// (the buyer abandoned checkout, a fraud check, an order it cancelled): CANCELLED,
+	// reason `order_cancelled`, its stock back to the sale exactly once, like a buyer's
+	// cancel. `reason` in the body is the order service's own reason code (1–64 letters,
+	// digits and `._:-`): kept as the reservation's `note` and carried on its
+	// `ReservationCancelled` event, never interpreted. Idempotent: a CANCELLED reservation
+	// is answered as it stands, whoever cancelled it (its `reason` and `note` say who). A
+	// PAID one is final: 409 `paid`. Not metered (IAM's route).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /admin/reservations/{id}/cancel (the `OrderCancelReservation` operationId).
+	OrderCancelReservationWithResponse(ctx context.Context, id ReservationId, body OrderCancelReservationJSONRequestBody, reqEditors ...RequestEditorFn) (*OrderCancelReservationResponse, error)
+
+	// PayReservationWithBodyWithResponse Record a reservation's payment (the order service)
+	//
+	// The order service's record that the buyer paid for a CONFIRMED reservation: it is
+	// PAID, which is final (no cancel, refund or payment timeout moves it again), and
+	// `ReservationPaid` is published. Idempotent: a PAID reservation is answered as it
+	// stands, 200 again, nothing published twice. No body is needed; a client that always
+	// sends one sends `{}` (any member is 400). Refused, nothing changed: 409
+	// `not_confirmed` while MySQL has not confirmed it (HELD; retry after `Retry-After`,
+	// or once `ReservationConfirmed` is out), `group_not_formed` for a group join whose
+	// group has not formed (pay once `GroupFormed` is out), `cancelled` when it was
+	// cancelled first (`reason` says why: `payment_timeout`, `buyer_cancelled`, …);
+	// 404 `not_found`. A payment and a cancel that race are decided by MySQL, one of
+	// them: the other is answered with its outcome (`cancelled`, or `paid`).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /admin/reservations/{id}/paid (the `PayReservation` operationId).
+	PayReservationWithBodyWithResponse(ctx context.Context, id ReservationId, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PayReservationResponse, error)
+
+	// PayReservationWithResponse Record a reservation's payment (the order service)
+	//
+	// The order service's record that the buyer paid for a CONFIRMED reservation: it is
+	// PAID, which is final (no cancel, refund or payment timeout moves it again), and
+	// `ReservationPaid` is published. Idempotent: a PAID reservation is answered as it
+	// stands, 200 again, nothing published twice. No body is needed; a client that always
+	// sends one sends `{}` (any member is 400). Refused, nothing changed: 409
+	// `not_confirmed` while MySQL has not confirmed it (HELD; retry after `Retry-After`,
+	// or once `ReservationConfirmed` is out), `group_not_formed` for a group join whose
+	// group has not formed (pay once `GroupFormed` is out), `cancelled` when it was
+	// cancelled first (`reason` says why: `payment_timeout`, `buyer_cancelled`, …);
+	// 404 `not_found`. A payment and a cancel that race are decided by MySQL, one of
+	// them: the other is answered with its outcome (`cancelled`, or `paid`).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /admin/reservations/{id}/paid (the `PayReservation` operationId).
+	PayReservationWithResponse(ctx context.Context, id ReservationId, body PayReservationJSONRequestBody, reqEditors ...RequestEditorFn) (*PayReservationResponse, error)
+
 	// ReportSkuWithResponse A SKU's books, both stores' figures and its last audit (operators)
 	//
 	// MySQL's books in one consistent read: the stock put in (the initial stock and
@@ -2539,7 +3130,12 @@ type ClientWithResponsesInterface interface {
 	// from its close, a hold taken before the close settles as usual. The window must
 	// close after it opens, the bound left alone included (else 400, nothing changed).
 	// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
-	// moves the version and applies at once.
+	// moves the version and applies at once. `pay_within_seconds` sets the SKU's pay
+	// window (0: none, the default; at most 30 days): a reservation confirmed after the
+	// change is due to be paid that long after its confirmation (a group join: after its
+	// group formed), its `pay_by`; one the order service has not paid by then
+	// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
+	// stock returns to the sale.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2559,7 +3155,12 @@ type ClientWithResponsesInterface interface {
 	// from its close, a hold taken before the close settles as usual. The window must
 	// close after it opens, the bound left alone included (else 400, nothing changed).
 	// A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
-	// moves the version and applies at once.
+	// moves the version and applies at once. `pay_within_seconds` sets the SKU's pay
+	// window (0: none, the default; at most 30 days): a reservation confirmed after the
+	// change is due to be paid that long after its confirmation (a group join: after its
+	// group formed), its `pay_by`; one the order service has not paid by then
+	// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
+	// stock returns to the sale.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2633,7 +3234,8 @@ type ClientWithResponsesInterface interface {
 	// CancelReservationWithResponse Cancel a reservation (the buyer's own)
 	//
 	// Cancels it and returns its stock to both stores exactly once, however often or
-	// late it is repeated. A reservation already CANCELLED is answered as it is. A
+	// late it is repeated. A reservation already CANCELLED is answered as it is; a PAID
+	// one is final (409 `paid`). A
 	// cancel is one of the caller's attempts on the reservation's SKU (the id names it),
 	// from the budget buys, joins and group creations draw on: past the rate 429
 	// `rate_limited`, nothing read or cancelled.
@@ -2646,6 +3248,8 @@ type ClientWithResponsesInterface interface {
 	// GetReservationWithResponse A reservation's status
 	//
 	// MySQL's decision once made, the Redis hold while HELD. Only its buyer sees it.
+	// CONFIRMED with `pay_by` when the SKU has a pay window (the order service records the
+	// payment by then, or the sweeper cancels it `payment_timeout`); PAID once it has.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -2662,6 +3266,221 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 	GetSkuWithResponse(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*GetSkuResponse, error)
+}
+
+// OrderCancelReservationResponse503Headers the declared response headers of an HTTP 503 response for OrderCancelReservation
+type OrderCancelReservationResponse503Headers struct {
+	RetryAfter *int
+}
+
+type OrderCancelReservationResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Reservation
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ReservationNotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *PaidConflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *TooLarge
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Outage
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *OrderCancelReservationResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON200() *Reservation {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON404() *ReservationNotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON409() *PaidConflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON413() *TooLarge {
+	return r.JSON413
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r OrderCancelReservationResponse) GetJSON503() *Outage {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r OrderCancelReservationResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r OrderCancelReservationResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r OrderCancelReservationResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r OrderCancelReservationResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PayReservationResponse409Headers the declared response headers of an HTTP 409 response for PayReservation
+type PayReservationResponse409Headers struct {
+	RetryAfter *int
+}
+
+// PayReservationResponse503Headers the declared response headers of an HTTP 503 response for PayReservation
+type PayReservationResponse503Headers struct {
+	RetryAfter *int
+}
+
+type PayReservationResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Reservation
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ReservationNotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *PayReservation409JSONResponseBody
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *TooLarge
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Outage
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *PayReservationResponse409Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PayReservationResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PayReservationResponse) GetJSON200() *Reservation {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PayReservationResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PayReservationResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PayReservationResponse) GetJSON404() *ReservationNotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PayReservationResponse) GetJSON409() *PayReservation409JSONResponseBody {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PayReservationResponse) GetJSON413() *TooLarge {
+	return r.JSON413
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r PayReservationResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PayReservationResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PayReservationResponse) GetJSON503() *Outage {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PayReservationResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PayReservationResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PayReservationResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PayReservationResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
 }
 
 // ReportSkuResponse503Headers the declared response headers of an HTTP 503 response for ReportSku
@@ -3347,6 +4166,8 @@ type CancelReservationResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ReservationNotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *PaidConflict
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *CancelThrottled
 	// JSON431 the response for an HTTP 431 `application/json` response
@@ -3376,6 +4197,11 @@ func (r CancelReservationResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r CancelReservationResponse) GetJSON404() *ReservationNotFound {
 	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CancelReservationResponse) GetJSON409() *PaidConflict {
+	return r.JSON409
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3607,6 +4433,100 @@ func (r GetSkuResponse) ContentType() string {
 	return ""
 }
 
+// OrderCancelReservationWithBodyWithResponse Release a reservation (the order service)
+//
+// The order service's cancel of a HELD or CONFIRMED reservation it will not take
+// (the buyer abandoned checkout, a fraud check, an order it cancelled): CANCELLED,
+// reason `order_cancelled`, its stock back to the sale exactly once, like a buyer's
+// cancel. `reason` in the body is the order service's own reason code (1–64 letters,
+// digits and `._:-`): kept as the reservation's `note` and carried on its
+// `ReservationCancelled` event, never interpreted. Idempotent: a CANCELLED reservation
+// is answered as it stands, whoever cancelled it (its `reason` and `note` say who). A
+// PAID one is final: 409 `paid`. Not metered (IAM's route).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /admin/reservations/{id}/cancel (the `OrderCancelReservation` operationId).
+func (c *ClientWithResponses) OrderCancelReservationWithBodyWithResponse(ctx context.Context, id ReservationId, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OrderCancelReservationResponse, error) {
+	rsp, err := c.OrderCancelReservationWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOrderCancelReservationResponse(rsp)
+}
+
+// OrderCancelReservationWithResponse Release a reservation (the order service)
+//
+// The order service's cancel of a HELD or CONFIRMED reservation it will not take
+// (the buyer abandoned checkout, a fraud check, an order it cancelled): CANCELLED,
+// reason `order_cancelled`, its stock back to the sale exactly once, like a buyer's
+// cancel. `reason` in the body is the order service's own reason code (1–64 letters,
+// digits and `._:-`): kept as the reservation's `note` and carried on its
+// `ReservationCancelled` event, never interpreted. Idempotent: a CANCELLED reservation
+// is answered as it stands, whoever cancelled it (its `reason` and `note` say who). A
+// PAID one is final: 409 `paid`. Not metered (IAM's route).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /admin/reservations/{id}/cancel (the `OrderCancelReservation` operationId).
+func (c *ClientWithResponses) OrderCancelReservationWithResponse(ctx context.Context, id ReservationId, body OrderCancelReservationJSONRequestBody, reqEditors ...RequestEditorFn) (*OrderCancelReservationResponse, error) {
+	rsp, err := c.OrderCancelReservation(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOrderCancelReservationResponse(rsp)
+}
+
+// PayReservationWithBodyWithResponse Record a reservation's payment (the order service)
+//
+// The order service's record that the buyer paid for a CONFIRMED reservation: it is
+// PAID, which is final (no cancel, refund or payment timeout moves it again), and
+// `ReservationPaid` is published. Idempotent: a PAID reservation is answered as it
+// stands, 200 again, nothing published twice. No body is needed; a client that always
+// sends one sends `{}` (any member is 400). Refused, nothing changed: 409
+// `not_confirmed` while MySQL has not confirmed it (HELD; retry after `Retry-After`,
+// or once `ReservationConfirmed` is out), `group_not_formed` for a group join whose
+// group has not formed (pay once `GroupFormed` is out), `cancelled` when it was
+// cancelled first (`reason` says why: `payment_timeout`, `buyer_cancelled`, …);
+// 404 `not_found`. A payment and a cancel that race are decided by MySQL, one of
+// them: the other is answered with its outcome (`cancelled`, or `paid`).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /admin/reservations/{id}/paid (the `PayReservation` operationId).
+func (c *ClientWithResponses) PayReservationWithBodyWithResponse(ctx context.Context, id ReservationId, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PayReservationResponse, error) {
+	rsp, err := c.PayReservationWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePayReservationResponse(rsp)
+}
+
+// PayReservationWithResponse Record a reservation's payment (the order service)
+//
+// The order service's record that the buyer paid for a CONFIRMED reservation: it is
+// PAID, which is final (no cancel, refund or payment timeout moves it again), and
+// `ReservationPaid` is published. Idempotent: a PAID reservation is answered as it
+// stands, 200 again, nothing published twice. No body is needed; a client that always
+// sends one sends `{}` (any member is 400). Refused, nothing changed: 409
+// `not_confirmed` while MySQL has not confirmed it (HELD; retry after `Retry-After`,
+// or once `ReservationConfirmed` is out), `group_not_formed` for a group join whose
+// group has not formed (pay once `GroupFormed` is out), `cancelled` when it was
+// cancelled first (`reason` says why: `payment_timeout`, `buyer_cancelled`, …);
+// 404 `not_found`. A payment and a cancel that race are decided by MySQL, one of
+// them: the other is answered with its outcome (`cancelled`, or `paid`).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /admin/reservations/{id}/paid (the `PayReservation` operationId).
+func (c *ClientWithResponses) PayReservationWithResponse(ctx context.Context, id ReservationId, body PayReservationJSONRequestBody, reqEditors ...RequestEditorFn) (*PayReservationResponse, error) {
+	rsp, err := c.PayReservation(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePayReservationResponse(rsp)
+}
+
 // ReportSkuWithResponse A SKU's books, both stores' figures and its last audit (operators)
 //
 // MySQL's books in one consistent read: the stock put in (the initial stock and
@@ -3653,7 +4573,12 @@ func (c *ClientWithResponses) InspectStockWithResponse(ctx context.Context, sku 
 // from its close, a hold taken before the close settles as usual. The window must
 // close after it opens, the bound left alone included (else 400, nothing changed).
 // A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
-// moves the version and applies at once.
+// moves the version and applies at once. `pay_within_seconds` sets the SKU's pay
+// window (0: none, the default; at most 30 days): a reservation confirmed after the
+// change is due to be paid that long after its confirmation (a group join: after its
+// group formed), its `pay_by`; one the order service has not paid by then
+// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
+// stock returns to the sale.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -3679,7 +4604,12 @@ func (c *ClientWithResponses) ChangeStockWithBodyWithResponse(ctx context.Contex
 // from its close, a hold taken before the close settles as usual. The window must
 // close after it opens, the bound left alone included (else 400, nothing changed).
 // A change of the window alone is `{"add": 0, "opens_at": …}`; like any change it
-// moves the version and applies at once.
+// moves the version and applies at once. `pay_within_seconds` sets the SKU's pay
+// window (0: none, the default; at most 30 days): a reservation confirmed after the
+// change is due to be paid that long after its confirmation (a group join: after its
+// group formed), its `pay_by`; one the order service has not paid by then
+// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
+// stock returns to the sale.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -3789,7 +4719,8 @@ func (c *ClientWithResponses) ReserveWithResponse(ctx context.Context, params *R
 // CancelReservationWithResponse Cancel a reservation (the buyer's own)
 //
 // Cancels it and returns its stock to both stores exactly once, however often or
-// late it is repeated. A reservation already CANCELLED is answered as it is. A
+// late it is repeated. A reservation already CANCELLED is answered as it is; a PAID
+// one is final (409 `paid`). A
 // cancel is one of the caller's attempts on the reservation's SKU (the id names it),
 // from the budget buys, joins and group creations draw on: past the rate 429
 // `rate_limited`, nothing read or cancelled.
@@ -3808,6 +4739,8 @@ func (c *ClientWithResponses) CancelReservationWithResponse(ctx context.Context,
 // GetReservationWithResponse A reservation's status
 //
 // MySQL's decision once made, the Redis hold while HELD. Only its buyer sees it.
+// CONFIRMED with `pay_by` when the SKU has a pay window (the order service records the
+// payment by then, or the sweeper cancels it `payment_timeout`); PAID once it has.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -3835,6 +4768,206 @@ func (c *ClientWithResponses) GetSkuWithResponse(ctx context.Context, sku Sku, r
 		return nil, err
 	}
 	return ParseGetSkuResponse(rsp)
+}
+
+// ParseOrderCancelReservationResponse parses an HTTP response from a OrderCancelReservationWithResponse call
+func ParseOrderCancelReservationResponse(rsp *http.Response) (*OrderCancelReservationResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &OrderCancelReservationResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Reservation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ReservationNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest PaidConflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Outage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers OrderCancelReservationResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePayReservationResponse parses an HTTP response from a PayReservationWithResponse call
+func ParsePayReservationResponse(rsp *http.Response) (*PayReservationResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PayReservationResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Reservation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ReservationNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest PayReservation409JSONResponseBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Outage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 409:
+		var headers PayReservationResponse409Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 503:
+		var headers PayReservationResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
 }
 
 // ParseReportSkuResponse parses an HTTP response from a ReportSkuWithResponse call
@@ -4500,6 +5633,13 @@ func ParseCancelReservationResponse(rsp *http.Response) (*CancelReservationRespo
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest PaidConflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest CancelThrottled

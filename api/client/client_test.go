@@ -15,9 +15,10 @@ import (
 )
 
 // A client generated from api/openapi.yaml completes a reservation against
-// make dev's stack: the admin creates the SKU, a buyer reserves with an
-// Idempotency-Key, polls it to CONFIRMED, and a retry of the same key is
-// answered 200 with the same reservation.
+// make dev's stack: the admin creates the SKU with a pay window, a buyer
+// reserves with an Idempotency-Key, polls it to CONFIRMED (with its pay_by),
+// a retry of the same key is answered 200 with the same reservation, and
+// the order service pays it: PAID, which its cancel can no longer move.
 func TestGeneratedClientCompletesAReservation(t *testing.T) {
 	env := testservices.Require(t)
 	ctx := context.Background()
@@ -37,9 +38,10 @@ func TestGeneratedClientCompletesAReservation(t *testing.T) {
 	}
 
 	sku := testservices.Name("gen")
-	stock := int64(10)
-	level, err := admin.ChangeStockWithResponse(ctx, sku, &client.ChangeStockParams{}, client.ChangeStockJSONRequestBody{Stock: &stock})
-	if err != nil || level.JSON200 == nil || level.JSON200.Stock != 10 {
+	stock, payWithin := int64(10), int64(900)
+	level, err := admin.ChangeStockWithResponse(ctx, sku, &client.ChangeStockParams{},
+		client.ChangeStockJSONRequestBody{Stock: &stock, PayWithinSeconds: &payWithin})
+	if err != nil || level.JSON200 == nil || level.JSON200.Stock != 10 || level.JSON200.PayWithinSeconds != 900 {
 		t.Fatalf("change stock = %v, %v", level, err)
 	}
 	key := "order-1"
@@ -60,6 +62,22 @@ func TestGeneratedClientCompletesAReservation(t *testing.T) {
 	sk, err := buyer.GetSkuWithResponse(ctx, sku)
 	if err != nil || sk.JSON200 == nil || sk.JSON200.Available != 8 {
 		t.Fatalf("sku = %v %s, %v; want 8 available", sk.StatusCode(), sk.Body, err)
+	}
+	got, err := buyer.GetReservationWithResponse(ctx, id)
+	if err != nil || got.JSON200 == nil || got.JSON200.PayBy == nil || got.JSON200.PayBy.Before(time.Now().Add(14*time.Minute)) {
+		t.Errorf("confirmed on a SKU with a 900 s pay window: %v %s, %v; want pay_by about 15 minutes ahead", got.StatusCode(), got.Body, err)
+	}
+
+	paid, err := admin.PayReservationWithResponse(ctx, id, client.PayReservationJSONRequestBody{})
+	if err != nil || paid.JSON200 == nil || paid.JSON200.Status != client.PAID || paid.JSON200.PaidAt == nil {
+		t.Fatalf("pay = %v %s, %v; want 200 PAID with paid_at", paid.StatusCode(), paid.Body, err)
+	}
+	if got, err := buyer.GetReservationWithResponse(ctx, id); err != nil || got.JSON200 == nil || got.JSON200.Status != client.PAID {
+		t.Errorf("the buyer's GET after the payment = %v %s, %v; want PAID", got.StatusCode(), got.Body, err)
+	}
+	cancel, err := admin.OrderCancelReservationWithResponse(ctx, id, client.OrderCancelReservationJSONRequestBody{Reason: "checkout:abandoned"})
+	if err != nil || cancel.JSON409 == nil || cancel.JSON409.Error != client.PaidErrorPaid {
+		t.Errorf("order cancel of a PAID reservation = %v %s, %v; want 409 paid", cancel.StatusCode(), cancel.Body, err)
 	}
 }
 

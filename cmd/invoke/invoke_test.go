@@ -134,6 +134,14 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 		t.Errorf("events = %d, want 2 (the persisted one's ReservationConfirmed, the dead letter's ReservationCancelled)", got)
 	}
 
+	// The order service releases the confirmed reservation for its code; it
+	// can no longer be paid; the buyer's cancel finds it cancelled.
+	if body := api("admin-reservation-cancel.json", 200); body["status"] != "CANCELLED" || body["reason"] != "order_cancelled" || body["note"] != "checkout:abandoned" {
+		t.Errorf("order cancel = %v, want CANCELLED order_cancelled with note checkout:abandoned", body)
+	}
+	if body := api("admin-reservation-paid.json", 409); body["error"] != "cancelled" || body["reason"] != "order_cancelled" {
+		t.Errorf("paid after the order cancel = %v, want 409 cancelled (order_cancelled)", body)
+	}
 	if body := api("reserve-delete.json", 200); body["status"] != "CANCELLED" {
 		t.Errorf("cancel = %v", body)
 	}

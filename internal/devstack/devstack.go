@@ -186,8 +186,9 @@ func (s *Stack) consume(ctx context.Context, o Options, cfg config.Config, persi
 				return
 			case <-t.C:
 				rep, err := s.Sweeper.Handle(ctx, json.RawMessage(`{}`))
-				if err != nil || rep.Expired+rep.GroupsFailed+rep.Warmed+rep.EventsResent+rep.Errors > 0 {
+				if err != nil || rep.Expired+rep.GroupsFailed+rep.PaymentsTimedOut+rep.Warmed+rep.EventsResent+rep.Errors > 0 {
 					o.Log.Info("sweep", "expired", rep.Expired, "released", rep.Released, "groups_failed", rep.GroupsFailed,
+						"payments_timed_out", rep.PaymentsTimedOut,
 						"warmed", rep.Warmed, "events_resent", rep.EventsResent, "errors", rep.Errors, "error", err)
 				}
 			}

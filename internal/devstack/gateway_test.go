@@ -203,17 +203,25 @@ func TestGatewayPassesClaimsRouteKeyAndPathParameters(t *testing.T) {
 
 func TestGatewayLeavesAdminRoutesToIAM(t *testing.T) {
 	srv, _, rec := gateway(t)
-	for _, c := range []struct{ method, auth string }{
-		{"PUT", ""}, {"GET", ""}, {"GET", "Bearer not-a-jwt"}, // SigV4 in AWS; not a JWT authorizer's business
+	const id = "demo-phone.o5huxqhfb5dp3mwp34lmcopv7e"
+	for _, c := range []struct{ method, path, auth, key, param, value string }{
+		// SigV4 in AWS; not a JWT authorizer's business
+		{"PUT", "/admin/skus/demo-phone/stock", "", "PUT /admin/skus/{sku}/stock", "sku", "demo-phone"},
+		{"GET", "/admin/skus/demo-phone/stock", "", "GET /admin/skus/{sku}/stock", "sku", "demo-phone"},
+		{"GET", "/admin/skus/demo-phone/stock", "Bearer not-a-jwt", "GET /admin/skus/{sku}/stock", "sku", "demo-phone"},
+		// the order service's routes
+		{"POST", "/admin/reservations/" + id + "/paid", "", "POST /admin/reservations/{id}/paid", "id", id},
+		{"POST", "/admin/reservations/" + id + "/cancel", "Bearer not-a-jwt", "POST /admin/reservations/{id}/cancel", "id", id},
 	} {
-		resp, body := send(t, srv, c.method, "/admin/skus/demo-phone/stock", c.auth, `{"stock":5}`)
+		resp, body := send(t, srv, c.method, c.path, c.auth, `{"stock":5}`)
 		if resp.StatusCode != http.StatusTeapot {
-			t.Errorf("%s /admin/skus/demo-phone/stock (auth %q) = %d %s, want the handler's 418", c.method, c.auth, resp.StatusCode, body)
+			t.Errorf("%s %s (auth %q) = %d %s, want the handler's 418", c.method, c.path, c.auth, resp.StatusCode, body)
 			continue
 		}
 		ev := rec.take()[0]
-		if ev.RouteKey != c.method+" /admin/skus/{sku}/stock" || ev.PathParameters["sku"] != "demo-phone" || ev.RequestContext.Authorizer != nil {
-			t.Errorf("admin event = key %q params %v authorizer %+v", ev.RouteKey, ev.PathParameters, ev.RequestContext.Authorizer)
+		if ev.RouteKey != c.key || ev.PathParameters[c.param] != c.value || ev.RequestContext.Authorizer != nil {
+			t.Errorf("admin event = key %q params %v authorizer %+v, want %s with %s=%s and no authorizer",
+				ev.RouteKey, ev.PathParameters, ev.RequestContext.Authorizer, c.key, c.param, c.value)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package samtemplate_test
 
 import (
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -36,3 +37,59 @@ func TestRoutesCarryTheirAuthorizers(t *testing.T) {
 		t.Errorf("template routes %v, served %v", keys, served)
 	}
 }
+
+// The order service's policy lets it invoke exactly the routes it pays or
+// releases by, POST on this API's stage, and nothing else of the API (a
+// stock change, a report): least privilege, held to the document's routes.
+func TestOrderServicePolicyGrantsItsRoutesOnly(t *testing.T) {
+	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := tpl.Doc["Resources"].(map[string]any)
+	policy, _ := res["OrderServiceApiPolicy"].(map[string]any)
+	props, _ := policy["Properties"].(map[string]any)
+	doc, _ := props["PolicyDocument"].(map[string]any)
+	statements, _ := doc["Statement"].([]any)
+	if policy["Type"] != "AWS::IAM::ManagedPolicy" || len(statements) != 1 {
+		t.Fatalf("OrderServiceApiPolicy = %v, want a managed policy of one statement", policy)
+	}
+	st, _ := statements[0].(map[string]any)
+	if st["Effect"] != "Allow" || st["Action"] != "execute-api:Invoke" {
+		t.Errorf("statement = %v, want Allow execute-api:Invoke", st)
+	}
+	const prefix = "arn:${AWS::Partition}:execute-api:${AWS::Region}:${AWS::AccountId}:${HttpApi}/${Stage}/"
+	var granted []string
+	resources, _ := st["Resource"].([]any)
+	for _, r := range resources {
+		sub, _ := r.(map[string]any)
+		arn, _ := sub["Fn::Sub"].(string)
+		rest, ok := strings.CutPrefix(arn, prefix)
+		method, path, _ := strings.Cut(rest, "/")
+		if !ok || strings.Contains(method, "*") {
+			t.Errorf("resource %q: want one method and path of this API's stage (%s<METHOD>/<path>)", arn, prefix)
+			continue
+		}
+		granted = append(granted, method+" /"+path)
+	}
+	// Each granted pattern names the routes it lets the caller invoke, as
+	// IAM matches it: a * is any text, slashes included.
+	var reached []string
+	for _, g := range granted {
+		method, pattern, _ := strings.Cut(g, " ")
+		re := regexp.MustCompile("^" + strings.ReplaceAll(regexp.QuoteMeta(pattern), `\*`, ".*") + "$")
+		for _, r := range tpl.Routes() {
+			if r.Method == method && re.MatchString(param.ReplaceAllString(r.Path, "p")) {
+				reached = append(reached, r.Key())
+			}
+		}
+	}
+	slices.Sort(reached)
+	want := []string{"POST /admin/reservations/{id}/cancel", "POST /admin/reservations/{id}/paid"}
+	if !slices.Equal(reached, want) {
+		t.Errorf("the order service may invoke %v (granted %v), want exactly %v", reached, granted, want)
+	}
+}
+
+// param is a path parameter of a route ("{id}").
+var param = regexp.MustCompile(`\{[^}]+\}`)

@@ -95,6 +95,19 @@ func newChecker(t *testing.T, base string) *checker {
 	return &checker{t: t, doc: doc, router: router, base: base, seen: map[outcome]bool{}, fields: map[string]map[string]bool{}}
 }
 
+// on returns a checker of the same document for another stack at base,
+// recording into k's tallies.
+func (k *checker) on(base string) *checker {
+	k.t.Helper()
+	other := &checker{t: k.t, doc: k.doc, base: base, seen: k.seen, fields: k.fields}
+	other.doc.Servers = openapi3.Servers{{URL: base}}
+	var err error
+	if other.router, err = gorillamux.NewRouter(other.doc); err != nil {
+		k.t.Fatal(err)
+	}
+	return other
+}
+
 // reply is what the API answered.
 type reply struct {
 	Status int
@@ -477,6 +490,129 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	testservices.Eventually(t, 5*time.Second, "the group's deadline passes", func() bool { return time.Now().After(deadline.Add(100 * time.Millisecond)) })
 	expect(reserve(mint("gus"), `{"sku":"`+sku+`","qty":1,"group_id":"`+late.str("group_id")+`"}`, nil), 409, "group_closed")
 
+	// --- the order service pays or releases (issue 23, part 3): a SKU with
+	// a pay window; a confirmed reservation is due by pay_by; POST .../paid
+	// makes it PAID (final: no cancel moves it), POST .../cancel releases
+	// it for the order service's reason code (its note).
+	paySKU := testservices.Name("pay")
+	if r := put(paySKU, `{"stock":10,"pay_within_seconds":900}`, nil); r.Status != 200 || r.Body["pay_within_seconds"] != float64(900) {
+		t.Errorf("PUT a pay window = %d %v, want 200 with pay_within_seconds 900", r.Status, r.Body)
+	}
+	if r := k.do(call{method: "GET", path: "/admin/skus/" + paySKU + "/stock"}); r.Status != 200 || r.Body["pay_within_seconds"] != float64(900) {
+		t.Errorf("GET the stock of a SKU with a pay window = %d %v, want pay_within_seconds 900", r.Status, r.Body)
+	}
+	for _, b := range []string{`{"add":0,"pay_within_seconds":-1}`, `{"add":0,"pay_within_seconds":2592001}`, `{"add":0,"pay_within_seconds":"900"}`} {
+		r := k.do(call{method: "PUT", path: "/admin/skus/" + paySKU + "/stock", body: b, invalid: true})
+		if r.Status != 400 || r.str("error") != "invalid_request" || !strings.Contains(r.str("message"), "pay_within_seconds") {
+			t.Errorf("PUT %s = %d %v, want 400 naming pay_within_seconds", b, r.Status, r.Body)
+		}
+	}
+	paid := func(id, body string) reply {
+		return k.do(call{method: "POST", path: "/admin/reservations/" + id + "/paid", body: body})
+	}
+	release := func(id, body string) reply {
+		return k.do(call{method: "POST", path: "/admin/reservations/" + id + "/cancel", body: body})
+	}
+	confirmed := func(tok, body string) string {
+		t.Helper()
+		r := reserve(tok, body, nil)
+		expect(r, 202, "")
+		id := r.str("reservation_id")
+		testservices.Eventually(t, 20*time.Second, "the reservation is CONFIRMED", func() bool {
+			return k.do(call{token: tok, method: "GET", path: "/reservations/" + id}).str("status") == "CONFIRMED"
+		})
+		return id
+	}
+	before := time.Now()
+	payID := confirmed(ann, `{"sku":"`+paySKU+`","qty":1}`)
+	due := k.do(call{token: ann, method: "GET", path: "/reservations/" + payID})
+	if at, err := time.Parse(time.RFC3339Nano, due.str("pay_by")); err != nil ||
+		at.Before(before.Add(900*time.Second-time.Second)) || at.After(time.Now().Add(900*time.Second+time.Second)) {
+		t.Errorf("confirmed with a 900 s pay window: %v, want pay_by 900 s after the confirmation", due.Body)
+	}
+	r = paid(payID, "")
+	if r.Status != 200 || r.str("status") != "PAID" || r.str("paid_at") == "" || r.str("pay_by") != due.str("pay_by") {
+		t.Errorf("paid = %d %v, want 200 PAID with paid_at and the pay_by it had", r.Status, r.Body)
+	}
+	if g := k.do(call{token: ann, method: "GET", path: "/reservations/" + payID}); g.str("status") != "PAID" || g.str("paid_at") != r.str("paid_at") {
+		t.Errorf("the buyer's GET after the payment = %v, want PAID with paid_at %s", g.Body, r.str("paid_at"))
+	}
+	// Idempotent: a repeat (with the empty object a JSON client sends) is
+	// answered with the first payment.
+	if again := paid(payID, `{}`); again.Status != 200 || again.str("status") != "PAID" || again.str("paid_at") != r.str("paid_at") {
+		t.Errorf("paid again = %d %v, want 200 PAID with the first paid_at %s", again.Status, again.Body, r.str("paid_at"))
+	}
+	expect(k.do(call{token: ann, method: "DELETE", path: "/reservations/" + payID}), 409, "paid")
+	expect(release(payID, `{"reason":"checkout:abandoned"}`), 409, "paid")
+	if g := k.do(call{token: ann, method: "GET", path: "/reservations/" + payID}); g.str("status") != "PAID" {
+		t.Errorf("after the refused cancels: %v, want PAID still", g.Body)
+	}
+	// The order service releases a CONFIRMED reservation: CANCELLED
+	// order_cancelled, its note kept; a repeat is answered as it stands; it
+	// can no longer be paid.
+	relID := confirmed(bob, `{"sku":"`+paySKU+`","qty":2}`)
+	r = release(relID, `{"reason":"checkout:abandoned"}`)
+	if r.Status != 200 || r.str("status") != "CANCELLED" || r.str("reason") != "order_cancelled" || r.str("note") != "checkout:abandoned" {
+		t.Errorf("order cancel = %d %v, want 200 CANCELLED order_cancelled with note checkout:abandoned", r.Status, r.Body)
+	}
+	if again := release(relID, `{"reason":"fraud.check"}`); again.Status != 200 || again.str("reason") != "order_cancelled" || again.str("note") != "checkout:abandoned" {
+		t.Errorf("order cancel again = %d %v, want 200 as it stands (the first note)", again.Status, again.Body)
+	}
+	if g := k.do(call{token: bob, method: "GET", path: "/reservations/" + relID}); g.str("reason") != "order_cancelled" || g.str("note") != "checkout:abandoned" {
+		t.Errorf("the buyer's GET of the released reservation = %v, want order_cancelled with its note", g.Body)
+	}
+	if c := paid(relID, ""); c.Status != 409 || c.str("error") != "cancelled" || c.str("reason") != "order_cancelled" {
+		t.Errorf("paid after the release = %d %v, want 409 cancelled, reason order_cancelled", c.Status, c.Body)
+	}
+	expect(k.do(call{token: bob, method: "DELETE", path: "/reservations/" + relID}), 200, "")
+	if st := k.do(call{token: ann, method: "GET", path: "/skus/" + paySKU}); st.Body["available"] != float64(9) {
+		t.Errorf("%s after one paid and one released: %v available, want 9", paySKU, st.Body["available"])
+	}
+	// A reason that is not a code, or none, is 400 naming reason; a member
+	// in the payment's body is 400; nothing changed.
+	for _, b := range []string{`{"reason":"no spaces allowed"}`, `{"reason":""}`, `{"reason":"` + strings.Repeat("r", 65) + `"}`, `{}`, `{"reason":"x","note":"y"}`, ``} {
+		r := k.do(call{method: "POST", path: "/admin/reservations/" + payID + "/cancel", body: b, invalid: true})
+		if r.Status != 400 || r.str("error") != "invalid_request" || (b != `` && !strings.Contains(r.str("message"), "reason") && !strings.Contains(r.str("message"), "note")) {
+			t.Errorf("order cancel %q = %d %v, want 400 invalid_request naming the member", b, r.Status, r.Body)
+		}
+	}
+	expect(k.do(call{method: "POST", path: "/admin/reservations/" + payID + "/paid", body: `{"amount":1}`, invalid: true}), 400, "invalid_request")
+	expect(paid(payID, `{}`+strings.Repeat(" ", 5000)), 413, "invalid_request")
+	expect(release(payID, `{"reason":"x"}`+strings.Repeat(" ", 5000)), 413, "invalid_request")
+	// Unknown ids, of a real SKU or of none, and not ids at all.
+	for _, id := range []string{paySKU + ".aaaaaaaaaaaaaaaaaaaaaaaaaa", testservices.Name("nosuch") + ".aaaaaaaaaaaaaaaaaaaaaaaaaa", "bad%20id"} {
+		expect(paid(id, ""), 404, "not_found")
+		expect(release(id, `{"reason":"checkout:abandoned"}`), 404, "not_found")
+	}
+	// A HELD reservation (taken through a stack that persists nothing, on
+	// the same stores) is not paid yet: 409 not_confirmed with Retry-After;
+	// the order service may release it all the same.
+	k3 := k.on(devstacktest.StartAPIOnly(t, env, base, issuer).URL)
+	heldR := k3.do(call{token: cat, method: "POST", path: "/reservations", body: `{"sku":"` + paySKU + `","qty":1}`})
+	expect(heldR, 202, "")
+	heldID := heldR.str("reservation_id")
+	notYet := paid(heldID, "")
+	expect(notYet, 409, "not_confirmed")
+	if ra := notYet.Header.Get("Retry-After"); ra != "1" {
+		t.Errorf("not_confirmed with Retry-After %q, want 1", ra)
+	}
+	r = release(heldID, `{"reason":"checkout:timeout"}`)
+	if r.Status != 200 || r.str("status") != "CANCELLED" || r.str("reason") != "order_cancelled" || r.str("note") != "checkout:timeout" {
+		t.Errorf("order cancel of a HELD reservation = %d %v, want 200 CANCELLED order_cancelled with its note", r.Status, r.Body)
+	}
+	// A join is paid once its group formed: before, 409 group_not_formed,
+	// and it has no pay_by yet.
+	pg := k.do(call{token: cat, method: "POST", path: "/groups", body: `{"sku":"` + paySKU + `","capacity":2,"ttl_seconds":3600}`})
+	expect(pg, 201, "")
+	joinID := confirmed(cat, `{"sku":"`+paySKU+`","qty":1,"group_id":"`+pg.str("group_id")+`"}`)
+	if j := k.do(call{token: cat, method: "GET", path: "/reservations/" + joinID}); j.Body["pay_by"] != nil {
+		t.Errorf("a join whose group has not formed = %v, want no pay_by yet", j.Body)
+	}
+	expect(paid(joinID, ""), 409, "group_not_formed")
+	if rep := k.do(call{method: "GET", path: "/admin/skus/" + paySKU + "/report"}); rep.Body["paid"] != float64(1) || rep.Body["sold"] != float64(2) {
+		t.Errorf("report of %s = %v, want 1 unit paid of 2 sold", paySKU, rep.Body)
+	}
+
 	// --- the sku, sold out, rate limited
 	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + sku}), 200, "")
 	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + testservices.Name("nosuch")}), 404, "unknown_sku")
@@ -515,11 +651,7 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	// Its buyers are named by a claim the dev issuer does not write.
 	base["HOLDFAST_USER_CLAIM"] = "buyer_id"
 	other := devstacktest.StartTrusting(t, env, base, issuer)
-	k2 := &checker{t: t, doc: k.doc, base: other.URL, seen: k.seen, fields: k.fields}
-	k2.doc.Servers = openapi3.Servers{{URL: other.URL}}
-	if k2.router, err = gorillamux.NewRouter(k2.doc); err != nil {
-		t.Fatal(err)
-	}
+	k2 := k.on(other.URL)
 	for _, c := range []call{
 		{token: ann, method: "POST", path: "/reservations", body: `{"sku":"` + sku + `","qty":1}`},
 		{token: ann, method: "GET", path: "/reservations/" + id}, {token: ann, method: "DELETE", path: "/reservations/" + id},
@@ -539,6 +671,8 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		{token: ann, method: "POST", path: "/reservations", body: `{"sku":"` + sku + `","qty":1}` + overQuota},
 		{token: ann, method: "POST", path: "/groups", body: `{"sku":"` + sku + `","capacity":2}` + overQuota},
 		{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"add":1}` + overQuota},
+		{method: "POST", path: "/admin/reservations/" + id + "/paid", body: `{}` + overQuota},
+		{method: "POST", path: "/admin/reservations/" + id + "/cancel", body: `{"reason":"x"}` + overQuota},
 	} {
 		if r := k.do(c); r.Status != 413 || r.Body["message"] != "Request Entity Too Large" || r.Body["error"] != nil {
 			t.Errorf("%s %s with a body over 10 MB = %d %v, want API Gateway's 413", c.method, c.path, r.Status, r.Body)
@@ -553,6 +687,8 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"add":1}`, header: pad},
 		{method: "GET", path: "/admin/skus/" + sku + "/stock", header: pad},
 		{method: "GET", path: "/admin/skus/" + sku + "/report", header: pad},
+		{method: "POST", path: "/admin/reservations/" + id + "/paid", header: pad},
+		{method: "POST", path: "/admin/reservations/" + id + "/cancel", body: `{"reason":"x"}`, header: pad},
 	} {
 		if r := k.do(c); r.Status != 431 || r.Body["message"] != "Request Header Fields Too Large" {
 			t.Errorf("%s %s with a 10 KiB header = %d %v, want API Gateway's 431", c.method, c.path, r.Status, r.Body)
@@ -592,6 +728,8 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 		{method: "PUT", path: "/admin/skus/" + sku + "/stock", body: `{"add":1}`},
 		{method: "GET", path: "/admin/skus/" + sku + "/stock"},
 		{method: "GET", path: "/admin/skus/" + sku + "/report"},
+		{method: "POST", path: "/admin/reservations/" + id + "/paid"},
+		{method: "POST", path: "/admin/reservations/" + id + "/cancel", body: `{"reason":"checkout:abandoned"}`},
 	} {
 		if r := k.do(c); r.Status != 503 || r.str("error") != "unavailable" {
 			t.Errorf("%s %s with the stores down = %d %v, want 503 unavailable", c.method, c.path, r.Status, r.Body)

@@ -40,6 +40,21 @@ func Start(t testing.TB, env testservices.Env, vars map[string]string) *Stack {
 // stacks sharing buyers).
 func StartTrusting(t testing.TB, env testservices.Env, vars map[string]string, issuer *devauth.Issuer) *Stack {
 	t.Helper()
+	return start(t, env, vars, issuer, false)
+}
+
+// StartAPIOnly starts a stack that serves the API alone, trusting issuer's
+// tokens: nothing persists what it sends to its own queue, so every
+// reservation it accepts stays HELD (until a sweep elsewhere decides it).
+// Beside a full stack on the same Redis and database (vars), it is how a
+// test holds a reservation HELD without racing persist.
+func StartAPIOnly(t testing.TB, env testservices.Env, vars map[string]string, issuer *devauth.Issuer) *Stack {
+	t.Helper()
+	return start(t, env, vars, issuer, true)
+}
+
+func start(t testing.TB, env testservices.Env, vars map[string]string, issuer *devauth.Issuer, apiOnly bool) *Stack {
+	t.Helper()
 	q := env.CreateQueues(t, env.SQS(t), 5)
 	settings := map[string]string{
 		"HOLDFAST_REDIS_ADDR": env.RedisAddr, "HOLDFAST_QUEUE_URL": q.URL,
@@ -58,7 +73,7 @@ func StartTrusting(t testing.TB, env testservices.Env, vars map[string]string, i
 	}
 	stack, err := devstack.Start(context.Background(), cfg, devstack.Options{
 		Addr: "127.0.0.1:0", Template: template(), DLQURL: q.DLQURL,
-		Visibility: 2 * time.Second, SweepEvery: time.Hour, Verifier: issuer.Verifier(),
+		Visibility: 2 * time.Second, SweepEvery: time.Hour, Verifier: issuer.Verifier(), APIOnly: apiOnly,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,8 @@ type Service interface {
 	Reserve(ctx context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error)
 	Get(ctx context.Context, id, user string) (reservation.Reservation, error)
 	Cancel(ctx context.Context, id, user string) (reservation.Reservation, error)
+	Pay(ctx context.Context, id string) (reservation.Reservation, error)
+	OrderCancel(ctx context.Context, id, note string) (reservation.Reservation, error)
 	CreateGroup(ctx context.Context, user, sku string, capacity int, ttl time.Duration) (reservation.Group, error)
 	Group(ctx context.Context, id string) (reservation.Group, error)
 	SKU(ctx context.Context, sku string) (reservation.SKUState, error)
@@ -149,6 +151,7 @@ var routes = map[string]route{
 		body := map[string]any{
 			"sku": r.SKU, "mysql_available": r.MySQLAvailable, "redis_available": r.RedisAvailable,
 			"held": r.Held, "drift": r.Drift(), "version": r.Version, "per_user_limit": r.PerUserLimit, "buckets": r.Buckets,
+			"pay_within_seconds": wholeSeconds(r.PayWithin),
 		}
 		window(body, r.OpensAt, r.ClosesAt)
 		resp := reply(http.StatusOK, body)
@@ -161,6 +164,14 @@ var routes = map[string]route{
 			return h.fail(ctx, err)
 		}
 		return reply(http.StatusOK, accountBody(a))
+	},
+	// The order service's routes (IAM): it records a payment, or releases a
+	// reservation it will not take, for a reason code of its own.
+	"POST /admin/reservations/{id}/paid": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		return h.pay(ctx, req, p["id"])
+	},
+	"POST /admin/reservations/{id}/cancel": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		return h.orderCancel(ctx, req, p["id"])
 	},
 }
 
@@ -284,8 +295,24 @@ type stockRequest struct {
 	Buckets      *int    `json:"buckets"`
 	OpensAt      *string `json:"opens_at"`
 	ClosesAt     *string `json:"closes_at"`
+	PayWithin    *int64  `json:"pay_within_seconds"`
 	Version      *int64  `json:"version"`
 }
+
+// payWithin reads pay_within_seconds into a Duration: a figure outside
+// 0..MaxPayWithin is handed on as just outside it (no overflow), so that
+// the service refuses it naming the bounds.
+func payWithin(v *int64) *time.Duration {
+	if v == nil {
+		return nil
+	}
+	limit := int64(reservation.MaxPayWithin / time.Second)
+	d := time.Duration(min(max(*v, -1), limit+1)) * time.Second
+	return &d
+}
+
+// wholeSeconds is a Duration as the API writes it: whole seconds.
+func wholeSeconds(d time.Duration) int64 { return int64(d / time.Second) }
 
 // windowBound reads a sale window bound of a stock change: an RFC 3339
 // time, or "" to clear it (a body member is never null).
@@ -323,7 +350,7 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 		return invalid(problem)
 	}
 	c := reservation.StockChange{SKU: sku, Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, Rate: b.RatePerSec, Burst: b.Burst, IfVersion: b.Version,
-		Buckets: b.Buckets, OpensAt: opens, ClosesAt: closes, Key: header(req, "Idempotency-Key")}
+		Buckets: b.Buckets, OpensAt: opens, ClosesAt: closes, PayWithin: payWithin(b.PayWithin), Key: header(req, "Idempotency-Key")}
 	if m := strings.TrimSpace(header(req, "If-Match")); m == "*" {
 		// RFC 9110: * matches any current representation: the SKU as it
 		// stands, whatever its version (and 412 if there is none).
@@ -348,9 +375,50 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	body := map[string]any{
 		"sku": level.SKU, "stock": level.Available, "per_user_limit": level.PerUserLimit, "version": level.Version,
 		"rate_per_second": level.UserRate, "burst": level.UserBurst, "buckets": level.BucketCount(),
+		"pay_within_seconds": wholeSeconds(level.PayWithin),
 	}
 	window(body, level.OpensAt, level.ClosesAt)
 	resp := reply(http.StatusOK, body)
 	resp.Headers["ETag"] = etag(level.Version)
 	return resp
+}
+
+// payRequest is POST /admin/reservations/{id}/paid's body: none, or an
+// empty object (a client that always sends JSON sends {}); any member is
+// refused as unknown.
+type payRequest struct{}
+
+// pay records the order service's payment of a CONFIRMED reservation:
+// 200 PAID, also for a repeat.
+func (h *Handler) pay(ctx context.Context, req events.APIGatewayV2HTTPRequest, id string) response {
+	if resp, ok := optionalBody(req, &payRequest{}); !ok {
+		return resp
+	}
+	r, err := h.svc.Pay(ctx, id)
+	if err != nil {
+		return h.fail(ctx, err)
+	}
+	return reply(http.StatusOK, reservationBody(r))
+}
+
+type orderCancelRequest struct {
+	Reason *string `json:"reason"`
+}
+
+// orderCancel is the order service's release of a HELD or CONFIRMED
+// reservation, for its reason code (kept as the row's note): 200
+// CANCELLED, also for one already cancelled.
+func (h *Handler) orderCancel(ctx context.Context, req events.APIGatewayV2HTTPRequest, id string) response {
+	var b orderCancelRequest
+	if resp, ok := decode(req, &b); !ok {
+		return resp
+	}
+	if b.Reason == nil {
+		return invalid("reason is required (the order service's reason code)")
+	}
+	r, err := h.svc.OrderCancel(ctx, id, *b.Reason)
+	if err != nil {
+		return h.fail(ctx, err)
+	}
+	return reply(http.StatusOK, reservationBody(r))
 }

@@ -26,6 +26,7 @@ type stub struct {
 	change    reservation.StockChange
 	user      string // the caller Get or Cancel was asked for
 	groupUser string // the creator CreateGroup was asked for
+	id, note  string // the reservation Pay or OrderCancel was asked for, and OrderCancel's note
 }
 
 func (s *stub) Reserve(_ context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error) {
@@ -42,6 +43,18 @@ func (s *stub) Cancel(_ context.Context, _, user string) (reservation.Reservatio
 	s.calls++
 	s.user = user
 	return reservation.Reservation{ID: "r-1", Status: reservation.StatusCancelled, Reason: reservation.ReasonBuyer}, s.err
+}
+func (s *stub) Pay(_ context.Context, id string) (reservation.Reservation, error) {
+	s.calls++
+	s.id = id
+	return reservation.Reservation{ID: id, SKU: "s", Qty: 1, Status: reservation.StatusConfirmed,
+		PayBy: time.UnixMilli(1_800_000_900_000), PaidAt: time.UnixMilli(1_800_000_060_500)}, s.err
+}
+func (s *stub) OrderCancel(_ context.Context, id, note string) (reservation.Reservation, error) {
+	s.calls++
+	s.id, s.note = id, note
+	return reservation.Reservation{ID: id, SKU: "s", Qty: 1, Status: reservation.StatusCancelled,
+		Reason: reservation.ReasonOrderCancelled, Note: note}, s.err
 }
 func (s *stub) CreateGroup(_ context.Context, user, sku string, capacity int, _ time.Duration) (reservation.Group, error) {
 	s.groupUser = user
@@ -139,6 +152,17 @@ func TestBadInputIsA4xxThatNamesTheProblemAndReachesNothing(t *testing.T) {
 		{"closes_at without a zone", "PUT", "/admin/skus/s/stock", `{"add":0,"closes_at":"2026-12-01T09:00:00"}`, 400, "closes_at must be an RFC 3339 time"},
 		{"opens_at a number", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":1800000000}`, 400, `"opens_at" must be a string`},
 		{"opens_at null", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":null}`, 400, `"opens_at" must not be null`},
+		{"pay_within_seconds a string", "PUT", "/admin/skus/s/stock", `{"add":0,"pay_within_seconds":"60"}`, 400, `"pay_within_seconds" must be an integer`},
+		{"pay_within_seconds a fraction", "PUT", "/admin/skus/s/stock", `{"add":0,"pay_within_seconds":1.5}`, 400, `"pay_within_seconds"`},
+		{"paid with a member", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", `{"amount":5}`, 400, `unknown field "amount"`},
+		{"paid with null", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", `null`, 400, "body must be a JSON object"},
+		{"paid with an array", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", `[]`, 400, "body must be a JSON object"},
+		{"paid with two objects", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", `{}{}`, 400, "after the JSON"},
+		{"paid oversize", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", `{}` + strings.Repeat(" ", 5000), 413, "larger than"},
+		{"order cancel without a body", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", ``, 400, "body is required"},
+		{"order cancel without a reason", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{}`, 400, "reason is required"},
+		{"order cancel with a reason a number", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{"reason":7}`, 400, `"reason" must be a string`},
+		{"order cancel with a note", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{"reason":"fraud","note":"x"}`, 400, `unknown field "note"`},
 		{"unknown route", "GET", "/nope", ``, 404, "no route"},
 		{"a route API Gateway does not have", "PATCH", "/reservations", ``, 404, "no route"},
 	}
@@ -243,6 +267,10 @@ func TestRoutes(t *testing.T) {
 		{"PUT", "/admin/skus/s/stock", `{"stock":9,"per_user_limit":1}`, 200, "sku", "s"},
 		{"GET", "/admin/skus/s/stock", "", 200, "sku", "s"},
 		{"GET", "/admin/skus/s/report", "", 200, "sku", "s"},
+		{"POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", "", 200, "status", "PAID"},
+		{"POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", "{}", 200, "status", "PAID"},
+		{"POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", " \n", 200, "status", "PAID"},
+		{"POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{"reason":"fraud"}`, 200, "status", "CANCELLED"},
 	} {
 		if code, body := do(t, svc, request(c.method, c.path, c.body, nil)); code != c.status || body[c.key] != c.want {
 			t.Errorf("%s %s = %d %v, want %d with %s=%s", c.method, c.path, code, body, c.status, c.key, c.want)
@@ -278,6 +306,8 @@ func FuzzHandle(f *testing.F) {
 	f.Add("PUT", "/admin/skus/s/stock", `{"stock":-5}`, false)
 	f.Add("DELETE", "/reservations/", ``, false)
 	f.Add("POST", "/reservations", `eyJza3UiOiJzIn0=`, true)
+	f.Add("POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", ``, false)
+	f.Add("POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{"reason":"fraud"}`, false)
 	f.Fuzz(func(t *testing.T, method, path, body string, b64 bool) {
 		svc := &stub{}
 		h := httpapi.New(svc, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -402,8 +432,14 @@ func TestIdentityComesFromTheToken(t *testing.T) {
 	if code, _ := do(t, svc, odd); code != 202 || !reservation.ValidID(svc.last.UserID) || svc.last.UserID == "auth0|6412ab" {
 		t.Errorf("a subject that is not an id = %d as %q, want a stable derived id", code, svc.last.UserID)
 	}
-	if code, _ := do(t, &stub{}, anonymous("GET", "/admin/skus/s/stock", "", nil)); code != 200 {
-		t.Errorf("admin route without a buyer token = %d, want 200 (IAM guards it in AWS)", code)
+	for _, r := range []struct{ method, path, body string }{
+		{"GET", "/admin/skus/s/stock", ""},
+		{"POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", ""},
+		{"POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{"reason":"fraud"}`},
+	} {
+		if code, _ := do(t, &stub{}, anonymous(r.method, r.path, r.body, nil)); code != 200 {
+			t.Errorf("%s %s without a buyer token = %d, want 200 (IAM guards it in AWS)", r.method, r.path, code)
+		}
 	}
 }
 
@@ -418,4 +454,161 @@ func TestUnknownGroup(t *testing.T) {
 	if msg := fmt.Sprint(body["message"]); strings.Contains(strings.ToLower(msg), "sku") {
 		t.Errorf("message %q speaks of a sku the request never named", msg)
 	}
+}
+
+// The order service's routes: POST .../paid records a payment (no body, or
+// {}), POST .../cancel releases for the service's reason code; each answers
+// the reservation (PAID with pay_by and paid_at; CANCELLED order_cancelled
+// with the note) and maps the protocol's refusals to 409s that say what to
+// do; a buyer's cancel of a PAID reservation is 409 paid.
+func TestOrderServiceRoutes(t *testing.T) {
+	const id = "s.aaaaaaaaaaaaaaaaaaaaaaaaaa"
+	svc := &stub{}
+	code, body := do(t, svc, anonymous("POST", "/admin/reservations/"+id+"/paid", "", nil))
+	want := map[string]any{"reservation_id": id, "status": "PAID", "sku": "s", "qty": float64(1),
+		"pay_by": "2027-01-15T08:15:00Z", "paid_at": "2027-01-15T08:01:00.5Z"}
+	if code != 200 || fmt.Sprint(body) != fmt.Sprint(want) || svc.id != id {
+		t.Errorf("paid = %d %v (asked for %q), want 200 %v", code, body, svc.id, want)
+	}
+	svc = &stub{}
+	code, body = do(t, svc, anonymous("POST", "/admin/reservations/"+id+"/cancel", `{"reason":"fraud:card-7"}`, nil))
+	want = map[string]any{"reservation_id": id, "status": "CANCELLED", "sku": "s", "qty": float64(1),
+		"reason": "order_cancelled", "note": "fraud:card-7"}
+	if code != 200 || fmt.Sprint(body) != fmt.Sprint(want) || svc.id != id || svc.note != "fraud:card-7" {
+		t.Errorf("cancel = %d %v (asked for %q, note %q), want 200 %v", code, body, svc.id, svc.note, want)
+	}
+
+	for _, c := range []struct {
+		name, route string
+		err         error
+		status      int
+		code        string
+		retryAfter  string
+		reason      string
+	}{
+		{"paid: not found", "paid", reservation.ErrNotFound, 404, "not_found", "", ""},
+		{"paid: held", "paid", fmt.Errorf("pay %s: %w", id, reservation.ErrNotConfirmed), 409, "not_confirmed", "1", ""},
+		{"paid: cancelled", "paid", fmt.Errorf("pay %s: %w", id, &reservation.CancelledError{Reason: reservation.ReasonPaymentTimeout}), 409, "cancelled", "", "payment_timeout"},
+		{"paid: group not formed", "paid", fmt.Errorf("pay %s: group g is \"OPEN\": %w", id, reservation.ErrGroupNotFormed), 409, "group_not_formed", "", ""},
+		{"paid: unavailable", "paid", reservation.Unavailable("mysql pay", errors.New("i/o timeout")), 503, "unavailable", "1", ""},
+		{"cancel: not found", "cancel", reservation.ErrNotFound, 404, "not_found", "", ""},
+		{"cancel: paid", "cancel", fmt.Errorf("cancel %s: %w", id, reservation.ErrPaid), 409, "paid", "", ""},
+		{"cancel: a bad reason", "cancel", &reservation.InvalidError{Field: "reason", Msg: "must be 1-64 characters"}, 400, "invalid_request", "", ""},
+		{"cancel: unavailable", "cancel", reservation.Unavailable("mysql refund", errors.New("i/o timeout")), 503, "unavailable", "1", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			body := map[string]string{"paid": "", "cancel": `{"reason":"fraud"}`}[c.route]
+			h := httpapi.New(&stub{err: c.err}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			resp, _ := h.Handle(context.Background(), anonymous("POST", "/admin/reservations/"+id+"/"+c.route, body, nil))
+			var got map[string]string
+			_ = json.Unmarshal([]byte(resp.Body), &got)
+			if resp.StatusCode != c.status || got["error"] != c.code || got["reason"] != c.reason {
+				t.Errorf("%v -> %d %v, want %d %s (reason %q)", c.err, resp.StatusCode, got, c.status, c.code, c.reason)
+			}
+			if ra := resp.Headers["Retry-After"]; ra != c.retryAfter {
+				t.Errorf("Retry-After = %q, want %q", ra, c.retryAfter)
+			}
+			if c.code == "invalid_request" && !strings.Contains(got["message"], "reason") {
+				t.Errorf("message %q does not name the member reason", got["message"])
+			}
+		})
+	}
+
+	if code, body := do(t, &stub{err: fmt.Errorf("cancel %s: %w", id, reservation.ErrPaid)}, request("DELETE", "/reservations/"+id, "", nil)); code != 409 || body["error"] != "paid" {
+		t.Errorf("buyer DELETE of a paid reservation = %d %v, want 409 paid", code, body)
+	}
+}
+
+// A buyer sees PAID, and when the payment is due, as the order service does.
+func TestReservationShowsPayment(t *testing.T) {
+	svc := &paidStub{}
+	h := httpapi.New(svc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, c := range []struct {
+		r    reservation.Reservation
+		want string
+	}{
+		{reservation.Reservation{ID: "s.a", SKU: "s", Qty: 1, Status: reservation.StatusConfirmed},
+			`{"qty":1,"reservation_id":"s.a","sku":"s","status":"CONFIRMED"}`},
+		{reservation.Reservation{ID: "s.a", SKU: "s", Qty: 1, Status: reservation.StatusConfirmed, PayBy: time.UnixMilli(1_800_000_000_123)},
+			`{"pay_by":"2027-01-15T08:00:00.123Z","qty":1,"reservation_id":"s.a","sku":"s","status":"CONFIRMED"}`},
+		{reservation.Reservation{ID: "s.a", SKU: "s", Qty: 1, Status: reservation.StatusConfirmed, PayBy: time.UnixMilli(1_800_000_000_123), PaidAt: time.UnixMilli(1_800_000_000_000)},
+			`{"paid_at":"2027-01-15T08:00:00Z","pay_by":"2027-01-15T08:00:00.123Z","qty":1,"reservation_id":"s.a","sku":"s","status":"PAID"}`},
+		{reservation.Reservation{ID: "s.a", SKU: "s", Qty: 1, Status: reservation.StatusCancelled, Reason: reservation.ReasonPaymentTimeout, PayBy: time.UnixMilli(1_800_000_000_000)},
+			`{"pay_by":"2027-01-15T08:00:00Z","qty":1,"reason":"payment_timeout","reservation_id":"s.a","sku":"s","status":"CANCELLED"}`},
+	} {
+		svc.r = c.r
+		resp, _ := h.Handle(context.Background(), request("GET", "/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa", "", nil))
+		if resp.StatusCode != 200 || resp.Body != c.want {
+			t.Errorf("GET of %+v = %d %s, want 200 %s", c.r, resp.StatusCode, resp.Body, c.want)
+		}
+	}
+}
+
+// paidStub answers Get with r.
+type paidStub struct {
+	stub
+	r reservation.Reservation
+}
+
+func (s *paidStub) Get(context.Context, string, string) (reservation.Reservation, error) {
+	return s.r, nil
+}
+
+// pay_within_seconds: whole seconds in, handed on as a Duration (a figure
+// far outside the bounds as just outside them, for the service to refuse),
+// and every stock answer shows the SKU's window.
+func TestStockPayWindow(t *testing.T) {
+	limit := int64(reservation.MaxPayWithin / time.Second)
+	for _, c := range []struct {
+		body string
+		want *time.Duration
+	}{
+		{`{"add":0}`, nil},
+		{`{"add":0,"pay_within_seconds":0}`, ptr(time.Duration(0))},
+		{`{"add":0,"pay_within_seconds":900}`, ptr(15 * time.Minute)},
+		{`{"add":0,"pay_within_seconds":-5}`, ptr(-time.Second)},
+		{fmt.Sprintf(`{"add":0,"pay_within_seconds":%d}`, limit), ptr(reservation.MaxPayWithin)},
+		{`{"add":0,"pay_within_seconds":9223372036854775807}`, ptr(reservation.MaxPayWithin + time.Second)},
+	} {
+		svc := &stub{}
+		if code, body := do(t, svc, request("PUT", "/admin/skus/s/stock", c.body, nil)); code != 200 {
+			t.Errorf("PUT %s = %d %v", c.body, code, body)
+		}
+		got := svc.change.PayWithin
+		if (got == nil) != (c.want == nil) || (got != nil && *got != *c.want) {
+			t.Errorf("PUT %s: PayWithin = %v, want %v", c.body, deref(got), deref(c.want))
+		}
+	}
+	h := httpapi.New(&windowStub{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, r := range []struct{ method, body string }{{"PUT", `{"add":0}`}, {"GET", ""}} {
+		resp, _ := h.Handle(context.Background(), anonymous(r.method, "/admin/skus/s/stock", r.body, nil))
+		var body map[string]any
+		_ = json.Unmarshal([]byte(resp.Body), &body)
+		if resp.StatusCode != 200 || body["pay_within_seconds"] != float64(900) {
+			t.Errorf("%s /admin/skus/s/stock = %d %v, want pay_within_seconds 900", r.method, resp.StatusCode, body)
+		}
+	}
+	if code, body := do(t, &stub{}, anonymous("GET", "/admin/skus/s/stock", "", nil)); code != 200 || body["pay_within_seconds"] != float64(0) {
+		t.Errorf("GET of a SKU without a pay window = %d %v, want pay_within_seconds 0", code, body)
+	}
+}
+
+// windowStub's SKU has a 15-minute pay window.
+type windowStub struct{ stub }
+
+func (s *windowStub) ChangeStock(context.Context, reservation.StockChange) (reservation.StockLevel, error) {
+	return reservation.StockLevel{SKU: "s", Available: 1, Version: 2, PayWithin: 15 * time.Minute}, nil
+}
+
+func (s *windowStub) InspectStock(context.Context, string) (reservation.StockReport, error) {
+	return reservation.StockReport{SKU: "s", PayWithin: 15 * time.Minute}, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func deref(d *time.Duration) any {
+	if d == nil {
+		return nil
+	}
+	return *d
 }

@@ -33,6 +33,16 @@ func etag(version int64) string { return `"` + strconv.FormatInt(version, 10) + 
 // reads in a body is the one request the handler executes. The answer
 // names the problem: `unknown field "colour"`, `duplicate field "qty"`.
 func decode(req events.APIGatewayV2HTTPRequest, v any) (response, bool) {
+	return decodeBody(req, v, true)
+}
+
+// optionalBody is decode for a route whose body may be left out: no body
+// (or only whitespace) is no member at all; a body is read as decode reads it.
+func optionalBody(req events.APIGatewayV2HTTPRequest, v any) (response, bool) {
+	return decodeBody(req, v, false)
+}
+
+func decodeBody(req events.APIGatewayV2HTTPRequest, v any, required bool) (response, bool) {
 	body := []byte(req.Body)
 	if req.IsBase64Encoded {
 		var err error
@@ -45,6 +55,9 @@ func decode(req events.APIGatewayV2HTTPRequest, v any) (response, bool) {
 			fmt.Sprintf("body is larger than %d bytes", MaxBody)), false
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
+		if !required {
+			return response{}, true
+		}
 		return invalid("body is required (JSON)"), false
 	}
 	if err := UnmarshalBody(body, v); err != nil {
@@ -61,8 +74,16 @@ func UnmarshalBody(body []byte, v any) error {
 	if name := nullMember(body); name != "" {
 		return &nullError{name: name}
 	}
+	if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
+		// The decoder reads a top-level null as "no members"; every body
+		// is an object (a route whose body may be left out leaves it out).
+		return errNotObject
+	}
 	return jsonv2.Unmarshal(body, v, jsonv2.RejectUnknownMembers(true))
 }
+
+// errNotObject is a body that is JSON but not an object.
+var errNotObject = errors.New("body must be a JSON object")
 
 // nullError is a member given as null: no member of any body is nullable
 // (api/openapi.yaml), and a null read as "absent" would be one request to a
@@ -104,6 +125,9 @@ func bodyProblem(body []byte, err error, v any) string {
 	var null *nullError
 	if errors.As(err, &null) {
 		return null.Error()
+	}
+	if errors.Is(err, errNotObject) {
+		return errNotObject.Error()
 	}
 	var syn *jsontext.SyntacticError
 	if errors.As(err, &syn) {
@@ -193,6 +217,7 @@ func header(req events.APIGatewayV2HTTPRequest, name string) string {
 // fail maps a service error to a response.
 func (h *Handler) fail(ctx context.Context, err error) response {
 	var inv *reservation.InvalidError
+	var cancelled *reservation.CancelledError
 	switch {
 	case errors.As(err, &inv):
 		return invalid(inv.Error())
@@ -248,6 +273,19 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 			"the stock changed since that version: read it again, or use {\"add\": n}")
 	case errors.Is(err, reservation.ErrInsufficient):
 		return errorReply(http.StatusConflict, "insufficient_stock", "not that many units available to remove")
+	case errors.Is(err, reservation.ErrPaid):
+		return errorReply(http.StatusConflict, "paid", "the reservation is paid, which is final: it cannot be cancelled; nothing changed")
+	case errors.Is(err, reservation.ErrNotConfirmed):
+		resp := errorReply(http.StatusConflict, "not_confirmed",
+			"MySQL has not confirmed the reservation yet (it is HELD); nothing changed: pay it once ReservationConfirmed is out")
+		resp.Headers["Retry-After"] = "1"
+		return resp
+	case errors.As(err, &cancelled):
+		return reply(http.StatusConflict, map[string]string{"error": "cancelled",
+			"message": "the reservation was cancelled (reason says why); nothing changed", "reason": string(cancelled.Reason)})
+	case errors.Is(err, reservation.ErrGroupNotFormed):
+		return errorReply(http.StatusConflict, "group_not_formed",
+			"the reservation joins a group that has not formed; nothing changed: pay it once GroupFormed is out")
 	case errors.Is(err, reservation.ErrUnknownSKU):
 		return errorReply(http.StatusNotFound, "unknown_sku", "no such sku")
 	case errors.Is(err, reservation.ErrUnknownGroup):
@@ -302,16 +340,30 @@ func reply(status int, body any) response {
 	}
 }
 
+// reservationBody is a reservation as every route answers it: its status
+// as shown (PAID for a paid CONFIRMED row), and each optional member only
+// when set: the hold's deadline, the group, why it was cancelled and the
+// order service's note on its cancel, when its payment is due and when it
+// was paid.
 func reservationBody(r reservation.Reservation) map[string]any {
 	m := map[string]any{"reservation_id": r.ID, "status": r.Shown(), "sku": r.SKU, "qty": r.Qty}
 	if !r.ExpiresAt.IsZero() {
-		m["expires_at"] = r.ExpiresAt.UTC().Format(time.RFC3339Nano)
+		m["expires_at"] = timestamp(r.ExpiresAt)
 	}
 	if r.GroupID != "" {
 		m["group_id"] = r.GroupID
 	}
 	if r.Reason != "" {
 		m["reason"] = r.Reason
+	}
+	if r.Note != "" {
+		m["note"] = r.Note
+	}
+	if !r.PayBy.IsZero() {
+		m["pay_by"] = timestamp(r.PayBy)
+	}
+	if !r.PaidAt.IsZero() {
+		m["paid_at"] = timestamp(r.PaidAt)
 	}
 	return m
 }

@@ -17,15 +17,17 @@ func TestBodiesAreDecodedStrictly(t *testing.T) {
 		{"join", "POST", "/reservations", `{"sku":"s","qty":1,"group_id":"g-1"`},
 		{"group", "POST", "/groups", `{"sku":"s","capacity":3,"ttl_seconds":60`},
 		{"stock", "PUT", "/admin/skus/s/stock", `{"stock":9,"per_user_limit":1,"rate_per_second":2,"burst":2,"buckets":1,"version":3`},
-		{"add", "PUT", "/admin/skus/s/stock", `{"add":1`},
+		{"add", "PUT", "/admin/skus/s/stock", `{"add":1,"pay_within_seconds":900`},
+		{"order cancel", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{"reason":"fraud"`},
 	}
 	// A member of each body, its value, and the same name folded.
 	member := map[string][3]string{
-		"reserve": {"qty", "3", "Qty"},
-		"join":    {"group_id", `"g-2"`, "GROUP_ID"},
-		"group":   {"capacity", "1000", "Capacity"},
-		"stock":   {"stock", "1", "STOCK"},
-		"add":     {"add", "1000", "Add"},
+		"reserve":      {"qty", "3", "Qty"},
+		"join":         {"group_id", `"g-2"`, "GROUP_ID"},
+		"group":        {"capacity", "1000", "Capacity"},
+		"stock":        {"stock", "1", "STOCK"},
+		"add":          {"add", "1000", "Add"},
+		"order cancel": {"reason", `"customer:changed-mind"`, "Reason"},
 	}
 	for _, r := range routes {
 		m := member[r.name]
