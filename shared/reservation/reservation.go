@@ -279,7 +279,7 @@ type StockChange struct {
 	// per unit left; 1 when a room is turned on without one). ApplyRoom.
 	WaitingRoom *bool
 	AdmitFactor *float64
-	IfVersion *int64
+	IfVersion   *int64
 	// IfExists is If-Match: *: Set applies to the SKU as it stands, without
 	// a version, and fails (ErrPreconditionFailed) if there is none.
 	IfExists bool

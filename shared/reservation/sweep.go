@@ -24,7 +24,7 @@ type SweepReport struct {
 	// PaymentsTimedOut is the CONFIRMED reservations not paid by their
 	// PayBy that the sweep cancelled (payment_timeout), their stock back.
 	PaymentsTimedOut int `json:"payments_timed_out"`
-	EventsResent    int  `json:"events_resent"` // events the sweep published from the event outbox
+	EventsResent     int `json:"events_resent"` // events the sweep published from the event outbox
 	// OutboxLagSeconds is how long ago the oldest event still unpublished
 	// after the drain occurred (0: none left).
 	OutboxLagSeconds int `json:"outbox_lag_seconds"`

@@ -381,15 +381,8 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if err != nil {
 		return nil, translate("batch drop refused", err)
 	}
-	if !payBy.IsZero() {
-		err = inChunks(len(applied), func(lo, hi int) error {
-			_, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`)`,
-				append([]any{payBy}, applied[lo:hi]...)...)
-			return err
-		})
-		if err != nil {
-			return nil, translate("batch pay window", err)
-		}
+	if err := openPayWindows(ctx, tx, payBy, applied); err != nil {
+		return nil, err
 	}
 	if sum > 0 {
 		res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
@@ -416,6 +409,23 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 		return nil, translate("batch commit", err)
 	}
 	return out, nil
+}
+
+// openPayWindows sets the payment deadline of the rows ids (a batch's
+// confirmations) to payBy; nothing when the SKU has no pay window (zero).
+func openPayWindows(ctx context.Context, tx *sql.Tx, payBy time.Time, ids []any) error {
+	if payBy.IsZero() {
+		return nil
+	}
+	err := inChunks(len(ids), func(lo, hi int) error {
+		_, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`)`,
+			append([]any{payBy}, ids[lo:hi]...)...)
+		return err
+	})
+	if err != nil {
+		return translate("batch pay window", err)
+	}
+	return nil
 }
 
 // confirmations are the ReservationConfirmed events of the batch's fresh
