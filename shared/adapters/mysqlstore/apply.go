@@ -335,10 +335,7 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 			return nil, err
 		}
 	}
-	var payBy time.Time // every confirmation of the batch is due at once
-	if payWithin > 0 {
-		payBy = utc(now).Add(time.Duration(payWithin) * time.Second)
-	}
+	payBy := payDeadline(now, payWithin) // every confirmation of the batch is due at once
 	var sum int64
 	var refused, applied []any
 	added := map[string]int64{}
@@ -409,6 +406,15 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 		return nil, translate("batch commit", err)
 	}
 	return out, nil
+}
+
+// payDeadline is a payment deadline: within seconds after now (zero when
+// the SKU has no pay window).
+func payDeadline(now time.Time, within int) time.Time {
+	if within <= 0 {
+		return time.Time{}
+	}
+	return utc(now).Add(time.Duration(within) * time.Second)
 }
 
 // openPayWindows sets the payment deadline of the rows ids (a batch's
