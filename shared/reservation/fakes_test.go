@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -111,6 +112,131 @@ type memHolds struct {
 	// and cursor its catalog cursor string.
 	live   map[string]int64
 	cursor string
+	// queues mirror the waiting rooms' keys (queue.lua), by bucket 0's name.
+	queues map[string]*memRoom
+}
+
+// memRoom mirrors a waiting room's keys: the queue (ticket -> place),
+// qmeta (seq, through), admitted (ticket -> ms) and done (ticket -> R|L).
+type memRoom struct {
+	place        map[string]float64
+	seq, through int64
+	admitted     map[string]int64
+	done         map[string]string
+}
+
+func (m *memHolds) queueOf(name string) *memRoom {
+	if m.queues == nil {
+		m.queues = map[string]*memRoom{}
+	}
+	q := m.queues[name]
+	if q == nil {
+		q = &memRoom{place: map[string]float64{}, admitted: map[string]int64{}, done: map[string]string{}}
+		m.queues[name] = q
+	}
+	return q
+}
+
+// order is the queue's tickets in place order (ZRANGE: by score, then member).
+func (q *memRoom) order() []string {
+	out := make([]string, 0, len(q.place))
+	for t := range q.place {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := q.place[out[i]], q.place[out[j]]
+		if a != b {
+			return a < b
+		}
+		return out[i] < out[j]
+	})
+	return out
+}
+
+// Queue mirrors queue.lua.
+func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (QueueState, error) {
+	err := m.enter("Queue")
+	defer m.mu.Unlock()
+	if err != nil {
+		return QueueState{}, err
+	}
+	name := BucketName(sku, 0)
+	now := m.nowMS()
+	meta := m.meta[name]
+	st := QueueState{SKU: sku, Ticket: ticket, Now: time.UnixMilli(now).UTC(), OpensAt: msTime(meta["opens"]), ClosesAt: msTime(meta["closes"])}
+	avail, ok := m.stock[name]
+	if !ok {
+		return QueueState{}, ErrUnknownSKU
+	}
+	room, held, opens, closes := meta["room"], meta["held"], meta["opens"], meta["closes"]
+	if room <= 0 {
+		return st, ErrNoWaitingRoom
+	}
+	open := opens <= 0 || now >= opens
+	closed := closes > 0 && now >= closes
+	q := m.queueOf(name)
+	if _, in := q.place[ticket]; op.Join && !in {
+		if opens > 0 && now < opens-op.Lead.Milliseconds() {
+			return st, &QueueNotOpenError{OpensAt: st.OpensAt.Add(-op.Lead)}
+		}
+		if closed {
+			return st, ErrSaleClosed
+		}
+		place := op.Place
+		if open {
+			q.seq++
+			place = float64(1 + q.seq)
+		}
+		q.place[ticket] = place
+	}
+	if open && !closed {
+		for t, at := range q.admitted {
+			if at <= now-op.AdmitFor.Milliseconds() {
+				q.done[t] = "L"
+				delete(q.admitted, t)
+			}
+		}
+		units := (max(avail, 0) + max(held, 0)) * room
+		budget := (units+999)/1000 - int64(len(q.admitted)) // math.ceil
+		order := q.order()
+		for ; budget > 0 && q.through < int64(len(order)); budget-- {
+			q.admitted[order[q.through]] = now
+			q.through++
+		}
+	}
+	st.Through, st.Length, st.Available, st.Held = q.through, int64(len(q.place)), avail, held
+	if ticket != "" {
+		if _, in := q.place[ticket]; in {
+			rank := int64(slices.Index(q.order(), ticket))
+			if open {
+				st.Position = rank + 1
+			}
+			at, admitted := q.admitted[ticket]
+			switch d := q.done[ticket]; {
+			case d == "R":
+				st.State = TicketReserved
+			case d == "L", open && rank < q.through && !admitted:
+				st.State = TicketExpired
+			case admitted:
+				st.State, st.AdmittedAt = TicketAdmitted, time.UnixMilli(at).UTC()
+			case closed:
+				st.State = TicketClosed
+			case open && avail <= 0 && held <= 0:
+				st.State = TicketSoldOut
+			default:
+				st.State = TicketWaiting
+			}
+		}
+	}
+	return st, nil
+}
+
+// msTime is a meta bound (unix ms, 0: none) as a time.
+func msTime(ms int64) time.Time {
+	if ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
 }
 
 // attempts mirrors reserve.lua's attempt budget hash (tokens, at, last).
@@ -321,6 +447,16 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 	if closes := m.meta[name]["closes"]; closes > 0 && m.nowMS() >= closes {
 		return Reservation{}, ReserveOutcome{}, ErrSaleClosed
 	}
+	room := m.meta[name]["room"] > 0
+	if room {
+		q := m.queueOf(name)
+		if r.Ticket == "" {
+			return Reservation{}, ReserveOutcome{}, ErrAdmissionRequired
+		}
+		if _, ok := q.admitted[r.Ticket]; !ok || m.nowMS() >= r.TicketExpires.UnixMilli() {
+			return Reservation{}, ReserveOutcome{}, ErrAdmissionExpired
+		}
+	}
 	if limit := m.meta[name]["limit"]; limit > 0 && m.users[name][r.UserID]+qty > limit {
 		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded // before the stock, as in reserve.lua
 	}
@@ -353,6 +489,11 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 		m.members[key][r.UserID] = r.ID
 	}
 	deadline := now + ttl.Milliseconds()
+	if room {
+		q := m.queueOf(name)
+		delete(q.admitted, r.Ticket)
+		q.done[r.Ticket] = "R"
+	}
 	m.stock[name] -= qty
 	m.metaOf(name)["held"] += qty
 	if m.users[name] == nil {
@@ -593,6 +734,7 @@ func (m *memHolds) Sync(_ context.Context, level StockLevel) (SyncResult, error)
 	meta["ver"], meta["added"], meta["limit"] = level.Version, level.AdminDelta, int64(level.PerUserLimit)
 	meta["rate"], meta["burst"], meta["k"] = int64(level.UserRate), int64(level.UserBurst), int64(level.BucketCount())
 	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
+	meta["room"] = int64(level.AdmitPermille)
 	d := level.AdminDelta - added
 	if d == 0 {
 		return SyncNone, nil
@@ -677,6 +819,7 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	meta["ahead"] = 0
 	meta["wn"]++
 	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
+	meta["room"] = int64(level.AdmitPermille)
 	return SyncWarmed, nil
 }
 

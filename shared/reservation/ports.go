@@ -18,6 +18,22 @@ type Redis interface {
 	StockFigures
 	GroupSlots
 	LiveMarks
+	WaitingRoom
+}
+
+// WaitingRoom is a SKU's waiting room in Redis (bucket 0): its queue of
+// tickets and whom it admitted.
+type WaitingRoom interface {
+	// Queue admits, in queue order, the tickets the stock can serve
+	// (while the admitted who have not reserved ≤ ⌈(available + held) ×
+	// the SKU's admit factor⌉, by Redis's clock, from the opening on), lapses
+	// admissions older than op.AdmitFor, and answers the queue's state and
+	// ticket's ("" for none). With op.Join it first gives ticket its place
+	// if it has none: before the opening a random one (op.Place), after it
+	// the next. Errors: ErrNoWaitingRoom, ErrUnknownSKU (Redis has no stock
+	// figure: warm bucket 0), *QueueNotOpenError and ErrSaleClosed (a join
+	// outside the queue's time), ErrUnavailable.
+	Queue(ctx context.Context, sku, ticket string, op QueueOp) (QueueState, error)
 }
 
 // Holds is a reservation's hold in Redis: taken, replayed, followed to

@@ -180,6 +180,11 @@ type Reservation struct {
 	// accepted (Holds.AcceptJoin). A join's hold that expires unsent never
 	// counted among its group's slots.
 	Sent bool
+	// Ticket is the waiting-room ticket a reserve's admission token names
+	// ("" without one), and TicketExpires when the admission ends: the
+	// reserve script holds for an admitted ticket only, once. Never stored.
+	Ticket        string
+	TicketExpires time.Time
 	// AlreadyCharged marks a reserve call whose attempt is charged to the
 	// buyer's attempt rate already (by Holds.Charge, or by the script on an
 	// earlier call: the retry after a warm-up or a refill): it is not

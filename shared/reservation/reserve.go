@@ -21,6 +21,11 @@ type ReserveRequest struct {
 	UserID         string
 	GroupID        string
 	IdempotencyKey string // optional; the same key from the same user for the same SKU is the same reservation
+	// Admission is the waiting room's admission token (Admission-Token),
+	// needed on a SKU with a waiting room. It fixes the reservation's id
+	// (the ticket's, as if it were the key): one ticket, one reservation,
+	// and a retry is a replay.
+	Admission string
 }
 
 // ReservationID returns the id of a request — "<sku>.<26 base32>" —
@@ -66,10 +71,20 @@ func newToken() string {
 // stays for the sweeper); a keyed request's hold stays for its retry. A keyed
 // join whose check in MySQL cannot be made is ErrUnavailable, nothing taken.
 func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation, bool, error) {
+	var ticket string
+	var ends time.Time
+	if req.Admission != "" {
+		var err error
+		if ticket, ends, err = s.admitted(req.Admission, req.SKU, req.UserID); err != nil {
+			return Reservation{}, false, err
+		}
+		req.IdempotencyKey = "admission:" + ticket
+	}
 	r, err := s.newReservation(req)
 	if err != nil {
 		return Reservation{}, false, err
 	}
+	r.Ticket, r.TicketExpires = ticket, ends
 	keyed := req.IdempotencyKey != ""
 	now := s.clock.Now()
 	// A sold-out SKU is answered here for a short while. Not for a request

@@ -32,6 +32,10 @@ type Config struct {
 	// (0: no cap): a group counts from its creation until its deadline plus
 	// the time the sweeper may take to end it (groupCountsAfter).
 	MaxOpenGroups int
+	// QueueLead is how long before a waiting-room SKU's sale opens its
+	// queue opens (tickets taken before the opening are shuffled);
+	// AdmitFor how long an admission lasts unused.
+	QueueLead, AdmitFor time.Duration
 }
 
 // DefaultConfig is what production runs unless told otherwise.
@@ -50,6 +54,8 @@ func DefaultConfig() Config {
 		SoldOutTTL:      500 * time.Millisecond,
 		MaxOpenGroups:   3,
 		WarmLead:        2 * time.Minute,
+		QueueLead:       15 * time.Minute,
+		AdmitFor:        2 * time.Minute,
 	}
 }
 
@@ -60,6 +66,7 @@ type Service struct {
 	figures       StockFigures // the buckets' figures,
 	slots         GroupSlots   // the groups' slots,
 	marks         LiveMarks    // what the sweeper visits
+	room          WaitingRoom  // the waiting rooms' queues
 	ledger        Ledger
 	queue         Enqueuer
 	notifier      Notifier
@@ -118,7 +125,7 @@ func NewService(cfg Config, d Deps) *Service {
 		d.Metrics = nopMetrics{}
 	}
 	return &Service{
-		cfg: cfg, holds: d.Redis, figures: d.Redis, slots: d.Redis, marks: d.Redis, ledger: d.Ledger, queue: d.Queue, notifier: d.Notifier,
+		cfg: cfg, holds: d.Redis, figures: d.Redis, slots: d.Redis, marks: d.Redis, room: d.Redis, ledger: d.Ledger, queue: d.Queue, notifier: d.Notifier,
 		metrics: d.Metrics, clock: d.Clock, log: d.Log, hooks: d.Hooks, sleep: sleepCtx, idSecret: d.IDSecret,
 	}
 }

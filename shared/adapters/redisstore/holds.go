@@ -18,7 +18,8 @@ import (
 // Reserve implements reservation.Holds.
 func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time.Duration) (reservation.Reservation, reservation.ReserveOutcome, error) {
 	var none reservation.ReserveOutcome
-	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.AlreadyCharged)}
+	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.AlreadyCharged),
+		r.Ticket, r.TicketExpires.UnixMilli()}
 	res := reserveScript.Run(ctx, s.rdb, ReserveKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
 	if err := res.Err(); err != nil {
 		return reservation.Reservation{}, none, reservation.Unavailable("redis reserve", err)
@@ -58,6 +59,10 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 		return reservation.Reservation{}, none, &reservation.NotOpenError{OpensAt: fromMS(opens), RetryAfter: time.Duration(wait) * time.Millisecond}
 	case "SALE_CLOSED":
 		return reservation.Reservation{}, none, reservation.ErrSaleClosed
+	case "NOT_ADMITTED":
+		return reservation.Reservation{}, none, reservation.ErrAdmissionRequired
+	case "ADMISSION_LAPSED":
+		return reservation.Reservation{}, none, reservation.ErrAdmissionExpired
 	case "UNKNOWN_SKU":
 		return reservation.Reservation{}, none, reservation.ErrUnknownSKU
 	case "SOLD_OUT":

@@ -32,6 +32,17 @@ func (k keys) members(gid string) string { return k.tag + ":gm:" + gid }
 // reset every buyer's budget on deploy.
 func (k keys) attempts(user string) string { return k.tag + ":rl:" + user }
 func (k keys) opened(user string) string   { return k.tag + ":og:" + user }
+// The waiting room's keys (queue.lua), in bucket 0 of its SKU.
+func (k keys) queue() string    { return k.tag + ":q" }
+func (k keys) qmeta() string    { return k.tag + ":qm" }
+func (k keys) admitted() string { return k.tag + ":qa" }
+func (k keys) done() string     { return k.tag + ":qd" }
+
+// queueKeys are queue.lua's KEYS.
+func (k keys) queueKeys() []string {
+	return []string{k.stock(), k.meta(), k.queue(), k.qmeta(), k.admitted(), k.done()}
+}
+
 func (k keys) holdKeys(r reservation.Reservation) []string {
 	// The group keys are placeholders (never written) when there is no group.
 	return []string{k.stock(), k.meta(), k.exp(), k.users(), k.hold(r.ID), k.group(r.GroupID), k.members(r.GroupID)}

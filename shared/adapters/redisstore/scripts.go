@@ -54,6 +54,8 @@ var (
 	budgetLua string
 	//go:embed lua/group_accept.lua
 	groupAcceptLua string
+	//go:embed lua/queue.lua
+	queueLua string
 )
 
 // ReserveLua is the reserve script's source (with its clock and budget preludes), for
@@ -64,14 +66,14 @@ var ReserveLua = clockLua + budgetLua + reserveLua
 // ReserveKeys returns the KEYS of reserve.lua for a reservation.
 func ReserveKeys(r reservation.Reservation) []string {
 	k := keysOfHold(r)
-	return append(k.holdKeys(r), k.attempts(r.UserID))
+	return append(k.holdKeys(r), k.attempts(r.UserID), k.admitted(), k.done())
 }
 
 // ReserveArgs returns the ARGV of reserve.lua for a reservation, reading the
 // time from Redis as production does, with rate and burst as the per-user
 // attempt defaults.
 func ReserveArgs(r reservation.Reservation, ttl time.Duration, rate, burst int) []any {
-	return []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, "", rate, burst}
+	return []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, "", rate, burst, "0", r.Ticket, r.TicketExpires.UnixMilli()}
 }
 
 var (
@@ -92,6 +94,7 @@ var (
 	creditScript      = redis.NewScript(clockLua + creditLua)
 	landedScript      = redis.NewScript(landedLua)
 	chargeScript      = redis.NewScript(clockLua + budgetLua + chargeLua)
+	queueScript       = redis.NewScript(clockLua + queueLua)
 )
 
 // pipeline sends the commands build queues in one pipeline and returns

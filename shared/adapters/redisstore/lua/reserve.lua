@@ -11,12 +11,16 @@
 -- KEYS[6] group    hash: capacity, remaining, status, deadline, formed_at (placeholder when no group)
 -- KEYS[7] members  hash: user -> reservation id (placeholder when no group)
 -- KEYS[8] attempts hash: this user's attempt budget on the SKU: tokens, at (unix ms)
+-- KEYS[9] admitted sorted set: the waiting room's admitted tickets -> when admitted (queue.lua)
+-- KEYS[10] done    hash: the waiting room's tickets done with -> "R" (reserved) or "L" (lapsed)
 -- ARGV[1] sku  ARGV[2] reservation id  ARGV[3] qty  ARGV[4] user  ARGV[5] group id ("" = none)
 -- ARGV[6] hold ttl (ms)  ARGV[7] token (names this incarnation of the hold)
 -- ARGV[8] now (unix ms; "" = Redis's clock, as in production)
 -- ARGV[9] default attempts per second per user  ARGV[10] default burst (0: no rate limit)
 -- ARGV[11] "1": this call repeats an attempt already charged (reserve's retry after it refilled
 --          the bucket), so it is not charged again
+-- ARGV[12] the waiting-room ticket the request's admission token names ("" = none)
+-- ARGV[13] when that admission ends (unix ms; the token's, which its signature fixes)
 --
 -- Returns a flat array whose first element is the code:
 --   {"OK", deadline, created, full}         hold recorded HELD, stock deducted; full "1" when this join
@@ -29,6 +33,9 @@
 --   {"RATE_LIMITED", retry_after_ms}       this user is over the SKU's attempt rate; nothing taken
 --   {"NOT_OPEN", opens, wait_ms}            the sale window opens at opens (unix ms), wait_ms from now
 --   {"SALE_CLOSED"}                         the sale window has closed
+--   {"NOT_ADMITTED"}                        the SKU has a waiting room (meta.room) and no ticket came
+--   {"ADMISSION_LAPSED"}                    the ticket is not admitted (any more): its admission
+--                                           ended, or it was used for another hold
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"}
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
 -- Idempotent: a retried call (the same token) finds the hold and answers REPLAY, free of charge;
@@ -70,10 +77,19 @@ if wait then return {'RATE_LIMITED', tostring(wait)} end
 
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
-local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit')
+local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit', 'room')
 local opens, closes = tonumber(m[1] or '0'), tonumber(m[2] or '0')
 if opens > 0 and now < opens then return {'NOT_OPEN', tostring(opens), tostring(opens - now)} end
 if closes > 0 and now >= closes then return {'SALE_CLOSED'} end
+-- A waiting-room SKU sells to admitted tickets only, one hold each: the ticket leaves the admitted
+-- set with its hold (below), so a second request under it (another id: the id is the ticket's, so
+-- only a forged one) is refused here.
+local ticket = ARGV[12] or ''
+local room = tonumber(m[4] or '0') > 0
+if room then
+  if ticket == '' then return {'NOT_ADMITTED'} end
+  if now >= tonumber(ARGV[13]) or not redis.call('ZSCORE', KEYS[9], ticket) then return {'ADMISSION_LAPSED'} end
+end
 
 -- The per-user limit before the stock: a request the limit refuses is LIMIT even at a dry bucket,
 -- so it never makes the caller refill the bucket from another (a transfer, and a version of the
@@ -108,4 +124,8 @@ redis.call('HINCRBY', KEYS[4], user, qty)
 redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid, 'token', token,
   'state', 'HELD', 'deadline', deadline, 'created', now)
 redis.call('ZADD', KEYS[3], deadline, id)
+if room then
+  redis.call('ZREM', KEYS[9], ticket)
+  redis.call('HSET', KEYS[10], ticket, 'R')
+end
 return {'OK', tostring(deadline), tostring(now), full}
