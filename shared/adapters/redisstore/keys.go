@@ -32,6 +32,7 @@ func (k keys) members(gid string) string { return k.tag + ":gm:" + gid }
 // reset every buyer's budget on deploy.
 func (k keys) attempts(user string) string { return k.tag + ":rl:" + user }
 func (k keys) opened(user string) string   { return k.tag + ":og:" + user }
+
 // The waiting room's keys (queue.lua), in bucket 0 of its SKU.
 func (k keys) queue() string    { return k.tag + ":q" }
 func (k keys) qmeta() string    { return k.tag + ":qm" }
