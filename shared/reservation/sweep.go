@@ -348,6 +348,15 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 	if level.BucketCount() > 1 {
 		s.cover(ctx, level.SKU, level.BucketCount())
 	}
+	if level.WaitingRoom() {
+		// The backstop of the waiters' looks, which admit: units that came
+		// back (a hold released above) admit the next in line even if
+		// nobody looks for a while.
+		if _, err := s.lookQueue(ctx, level.SKU, "", QueueOp{AdmitFor: s.cfg.AdmitFor}); err != nil && !errors.Is(err, ErrNoWaitingRoom) {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: admit from the waiting room", "sku", level.SKU, "error", err)
+		}
+	}
 	return quiet
 }
 

@@ -41,6 +41,17 @@ func (m *modelMachine) checkPayBy(t *rapid.T, x *modelRes, row modelRow, groups 
 	x.payBy = row.payBy
 }
 
+// learnPayBy takes the joins' payment deadlines from MySQL (a formation
+// sets them); checkPayBy holds them to the rule.
+func (m *modelMachine) learnPayBy(t *rapid.T) {
+	t.Helper()
+	for id, row := range m.rows(t) {
+		if x := m.res[id]; x != nil && row.group != "" && row.status == mConfirmed && x.row == mConfirmed {
+			x.payBy = row.payBy
+		}
+	}
+}
+
 // expectPay is the answer POST /admin/reservations/{id}/paid must give
 // (code, status or error), applied to the model.
 func (m *modelMachine) expectPay(t *rapid.T, x *modelRes) (int, string) {

@@ -1213,6 +1213,7 @@ func (m *modelMachine) checkCancel(t *rapid.T, what string, r modelReply, code i
 func (m *modelMachine) sweep(t *rapid.T, what string) reservation.SweepReport {
 	t.Helper()
 	cutoff := m.now().Add(-modelGrace)
+	m.learnPayBy(t) // a step within this one (quiescence's deliveries) may have formed a group
 	rep, err := m.s.sweeper.Handle(context.Background(), json.RawMessage(`{}`))
 	if err != nil {
 		m.fatalf(t, "sweep: %v", err)
@@ -1222,7 +1223,9 @@ func (m *modelMachine) sweep(t *rapid.T, what string) reservation.SweepReport {
 	}
 	var did []string
 	// 0. confirmed reservations not paid by their deadline (+ grace) are
-	// refunded payment_timeout (a paid one is final).
+	// refunded payment_timeout (a paid one is final). A join's deadline is
+	// the one its group's formation gave it in MySQL, learned before the
+	// sweep ran (checkPayBy holds it to the rule after every step).
 	for _, x := range m.all {
 		if x.row == mConfirmed && !x.paid && !x.payBy.IsZero() && !x.payBy.After(cutoff) {
 			m.refund(x, "payment_timeout")

@@ -26,7 +26,7 @@ type HoldsFactory func(t *testing.T, clock reservation.Clock, rate, burst int) H
 // Holds holds a Holds to the contract, one part per operation (river's
 // driver tests split so), each a subtest: <Test>/Reserve/<behaviour>,
 // <Test>/Follow/…, <Test>/Stock/…, <Test>/Groups/…, <Test>/Live/…,
-// <Test>/Transfer/….
+// <Test>/Transfer/…, <Test>/Room/….
 func Holds(t *testing.T, newHolds HoldsFactory) {
 	t.Run("Reserve", func(t *testing.T) { testReserve(t, newHolds) })
 	t.Run("Follow", func(t *testing.T) { testFollow(t, newHolds) })
@@ -34,4 +34,5 @@ func Holds(t *testing.T, newHolds HoldsFactory) {
 	t.Run("Groups", func(t *testing.T) { testGroups(t, newHolds) })
 	t.Run("Live", func(t *testing.T) { testLive(t, newHolds) })
 	t.Run("Transfer", func(t *testing.T) { testTransfer(t, newHolds) })
+	t.Run("Room", func(t *testing.T) { testRoom(t, newHolds) })
 }

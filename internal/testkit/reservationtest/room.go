@@ -1,0 +1,182 @@
+package reservationtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// testRoom is the Holds suite's WaitingRoom part: queue.lua's places,
+// admission by the stock, lapses, sold out, and reserve.lua selling a
+// waiting-room SKU to admitted tickets only, once each.
+func testRoom(t *testing.T, newHolds HoldsFactory) {
+	ctx := context.Background()
+	const admitFor = 2 * time.Minute
+	// room returns a Holds with a waiting-room SKU of stock units, admit
+	// factor permille, its sale opening at opens (zero: no window).
+	room := func(t *testing.T, stock int64, permille int, opens time.Time) (HoldsUnderTest, string, *clock) {
+		t.Helper()
+		c := &clock{now: t0}
+		s := newHolds(t, c, 0, 0)
+		sku := testservices.Name("room")
+		level := reservation.StockLevel{SKU: sku, Available: stock, Version: 1, AdmitPermille: permille, OpensAt: opens}
+		if res, err := s.Warm(ctx, level, nil, nil); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		return s, sku, c
+	}
+	join := func(t *testing.T, s HoldsUnderTest, sku, ticket string, place float64) reservation.QueueState {
+		t.Helper()
+		q, err := s.Queue(ctx, sku, ticket, reservation.QueueOp{Join: true, Place: place, Lead: 10 * time.Minute, AdmitFor: admitFor})
+		if err != nil {
+			t.Fatalf("join %s: %v", ticket, err)
+		}
+		return q
+	}
+	look := func(t *testing.T, s HoldsUnderTest, sku, ticket string) reservation.QueueState {
+		t.Helper()
+		q, err := s.Queue(ctx, sku, ticket, reservation.QueueOp{AdmitFor: admitFor})
+		if err != nil {
+			t.Fatalf("look %s: %v", ticket, err)
+		}
+		return q
+	}
+	buy := func(s HoldsUnderTest, sku, ticket string, q reservation.QueueState) error {
+		r := hold(sku, "r-"+ticket, "u-"+ticket, 1)
+		r.Ticket, r.TicketExpires = ticket, q.AdmittedAt.Add(admitFor)
+		_, _, err := s.Reserve(ctx, r, ttl)
+		return err
+	}
+
+	t.Run("tickets before the opening are shuffled by their places, later ones queue by arrival", func(t *testing.T) {
+		opens := t0.Add(time.Minute)
+		s, sku, c := room(t, 1, 1000, opens)
+		if _, err := s.Queue(ctx, sku, "early", reservation.QueueOp{Join: true, Lead: 30 * time.Second, AdmitFor: admitFor}); !errors.Is(err, reservation.ErrQueueNotOpen) {
+			t.Errorf("a join before the queue's lead = %v, want ErrQueueNotOpen", err)
+		}
+		for i, place := range []float64{0.9, 0.1, 0.5} {
+			q := join(t, s, sku, fmt.Sprint("p", i), place)
+			if q.Position != 0 || q.State != reservation.TicketWaiting || q.Open() {
+				t.Errorf("before the opening: %+v, want WAITING with no position", q)
+			}
+		}
+		if again := join(t, s, sku, "p0", 0.0); again.Length != 3 {
+			t.Errorf("joining again took a second place: length %d", again.Length)
+		}
+		c.now = opens
+		late := join(t, s, sku, "late", 0.0)
+		want := map[string]int64{"p1": 1, "p2": 2, "p0": 3, "late": 4}
+		for ticket, pos := range want {
+			if q := look(t, s, sku, ticket); q.Position != pos {
+				t.Errorf("%s at %d, want %d (places 0.1 < 0.5 < 0.9, then arrival)", ticket, q.Position, pos)
+			}
+		}
+		if late.Position != 4 {
+			t.Errorf("a join after the opening = %+v, want position 4", late)
+		}
+	})
+
+	t.Run("admission follows the stock: ⌈(available + held) × factor⌉ admitted who have not reserved", func(t *testing.T) {
+		s, sku, c := room(t, 3, 1500, time.Time{}) // factor 1.5: ⌈3 × 1.5⌉ = 5
+		for i := range 8 {
+			join(t, s, sku, fmt.Sprint("t", i), 0)
+		}
+		q := look(t, s, sku, "")
+		if q.Through != 5 || q.Length != 8 {
+			t.Fatalf("admitted %d of %d, want 5 of 8", q.Through, q.Length)
+		}
+		if got := look(t, s, sku, "t5"); got.State != reservation.TicketWaiting || got.Position != 6 {
+			t.Errorf("t5 = %+v, want WAITING at 6", got)
+		}
+		// t0 buys: one less admitted outstanding, one unit held (may return): ⌈(2+1) × 1.5⌉ = 5 → one more.
+		if err := buy(s, sku, "t0", look(t, s, sku, "t0")); err != nil {
+			t.Fatalf("admitted t0 reserves: %v", err)
+		}
+		if got := look(t, s, sku, "t0"); got.State != reservation.TicketReserved {
+			t.Errorf("t0 after its hold = %s, want RESERVED", got.State)
+		}
+		if q := look(t, s, sku, ""); q.Through != 6 {
+			t.Errorf("after a hold admitted %d, want 6", q.Through)
+		}
+		// Admissions lapse unused: t1..t5 lapse, and the next are admitted in order.
+		c.now = t0.Add(admitFor + time.Second)
+		if q := look(t, s, sku, ""); q.Through != 8 {
+			t.Errorf("after the lapses admitted %d, want all 8", q.Through)
+		}
+		if got := look(t, s, sku, "t1"); got.State != reservation.TicketExpired {
+			t.Errorf("t1 = %s, want EXPIRED", got.State)
+		}
+		if err := buy(s, sku, "t1", reservation.QueueState{AdmittedAt: t0.Add(time.Hour)}); !errors.Is(err, reservation.ErrAdmissionExpired) {
+			t.Errorf("a lapsed ticket reserves: %v, want ErrAdmissionExpired", err)
+		}
+	})
+
+	t.Run("a waiting-room SKU sells to admitted tickets only, once each", func(t *testing.T) {
+		s, sku, _ := room(t, 5, 1000, time.Time{})
+		join(t, s, sku, "a", 0)
+		q := look(t, s, sku, "a")
+		if _, _, err := s.Reserve(ctx, hold(sku, "x", "u-a", 1), ttl); !errors.Is(err, reservation.ErrAdmissionRequired) {
+			t.Errorf("a reserve without a ticket = %v, want ErrAdmissionRequired", err)
+		}
+		if err := buy(s, sku, "nobody", q); !errors.Is(err, reservation.ErrAdmissionExpired) {
+			t.Errorf("a ticket never admitted = %v, want ErrAdmissionExpired", err)
+		}
+		if err := buy(s, sku, "a", q); err != nil {
+			t.Fatalf("admitted: %v", err)
+		}
+		r := hold(sku, "another-id", "u-a", 1)
+		r.Ticket, r.TicketExpires = "a", q.AdmittedAt.Add(admitFor)
+		if _, _, err := s.Reserve(ctx, r, ttl); !errors.Is(err, reservation.ErrAdmissionExpired) {
+			t.Errorf("a second hold under one ticket = %v, want refused", err)
+		}
+		if _, out, err := s.Reserve(ctx, func() reservation.Reservation {
+			r := hold(sku, "r-a", "u-a", 1)
+			r.Ticket, r.TicketExpires = "a", q.AdmittedAt.Add(admitFor)
+			return r
+		}(), ttl); err != nil || !out.Replayed {
+			t.Errorf("the ticket's retry = %+v %v, want a replay", out, err)
+		}
+		if avail, held := stockOf(t, s, sku); avail != 4 || held != 1 {
+			t.Errorf("stock %d held %d, want 4 and 1 (one hold)", avail, held)
+		}
+		if _, _, err := s.Reserve(ctx, hold(sku, "y", "u", 1), ttl); !errors.Is(err, reservation.ErrAdmissionRequired) {
+			t.Errorf("without a ticket after a sale = %v", err)
+		}
+	})
+
+	t.Run("sold out when no unit is left and none can return", func(t *testing.T) {
+		s, sku, _ := room(t, 1, 1000, time.Time{})
+		for _, ticket := range []string{"a", "b", "c"} {
+			join(t, s, sku, ticket, 0)
+		}
+		if err := buy(s, sku, "a", look(t, s, sku, "a")); err != nil {
+			t.Fatal(err)
+		}
+		q := look(t, s, sku, "c")
+		if q.SoldOut() || !q.MayReturn() || q.State != reservation.TicketWaiting {
+			t.Errorf("with the last unit held: %+v, want waiting, may return", q)
+		}
+		// b was admitted on a held unit that may return; c waits. The hold is confirmed.
+		follow(t, s, row(reservation.Reservation{ID: "r-a", SKU: sku, Qty: 1, UserID: "u-a", Token: "t-r-a"}, reservation.StatusConfirmed, false))
+		q = look(t, s, sku, "c")
+		if !q.SoldOut() || q.State != reservation.TicketSoldOut {
+			t.Errorf("with no unit left: %+v, want SOLD_OUT", q)
+		}
+	})
+
+	t.Run("a SKU without a waiting room has no queue and sells as before", func(t *testing.T) {
+		s, sku, _ := setup(t, newHolds, 3, 0)
+		if _, err := s.Queue(ctx, sku, "a", reservation.QueueOp{Join: true, AdmitFor: admitFor}); !errors.Is(err, reservation.ErrNoWaitingRoom) {
+			t.Errorf("queue of a SKU without a room = %v", err)
+		}
+		reserve(t, s, hold(sku, "r", "u", 1))
+		if _, err := s.Queue(ctx, testservices.Name("nosuch"), "", reservation.QueueOp{AdmitFor: admitFor}); !errors.Is(err, reservation.ErrUnknownSKU) {
+			t.Errorf("queue of an unknown SKU = %v", err)
+		}
+	})
+}
