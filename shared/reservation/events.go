@@ -41,7 +41,8 @@ type Event struct {
 	// service's own note on its cancel, and whether it was a refund of a
 	// confirmed one. A group's: its id, SKU and capacity (its members are
 	// the ReservationConfirmed events that name it), and on GroupFormed the
-	// members' payment deadline when the SKU has a pay window.
+	// payment deadline of the members confirmed before it formed, when the
+	// SKU has a pay window (a member confirmed later carries its own).
 	ReservationID string `json:"reservation_id,omitempty"`
 	SKU           string `json:"sku"`
 	UserID        string `json:"user_id,omitempty"`

@@ -1379,6 +1379,7 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 		return out, nil
 	}
 	var g *memGroupRow
+	late := false // the group was FORMED before this join: it opens its own pay window only
 	if r.GroupID != "" { // joinGroup
 		if _, dup := l.members[r.GroupID][r.UserID]; dup {
 			out.Result = GroupDuplicate
@@ -1417,6 +1418,7 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 			l.members[r.GroupID] = map[string]string{}
 		}
 		l.members[r.GroupID][r.UserID] = r.ID
+		late = g.g.Status == GroupFormed
 		if g.g.Members+1 >= g.g.Capacity {
 			g.g.Status = GroupFormed
 			if g.g.FormedAt.IsZero() {
@@ -1424,10 +1426,14 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 			}
 		}
 		g.g.Members++
-		if g.g.Status == GroupFormed { // formedByJoin
-			l.startPayWindows(r.GroupID, now, within)
+		if g.g.Status == GroupFormed && !late { // formedByJoin (a late member's own window was set at its insert)
+			opened := l.startPayWindows(r.GroupID, now, within)
 			if g.g.Members >= g.g.Capacity {
-				l.write(GroupEvent(g.g, GroupFormed, now).WithPayBy(payDue(now, within)))
+				e := GroupEvent(g.g, GroupFormed, now)
+				if opened {
+					e = e.WithPayBy(payDue(now, within))
+				}
+				l.write(e)
 			}
 		}
 	}
@@ -1451,12 +1457,13 @@ func (l *memLedger) startPayWindows(group string, now time.Time, within time.Dur
 	if within <= 0 {
 		return false
 	}
+	opened := false
 	for _, row := range l.rows {
 		if row.r.GroupID == group && row.r.Status == StatusConfirmed && row.r.PayBy.IsZero() {
-			row.r.PayBy = msUTC(now).Add(within)
+			row.r.PayBy, opened = msUTC(now).Add(within), true
 		}
 	}
-	return true
+	return opened
 }
 
 // ApplyBatch mirrors mysqlstore's ApplyBatch (no group joins: group_id is not written).
@@ -1573,7 +1580,7 @@ func (l *memLedger) Refund(_ context.Context, id string, reason Reason, note str
 		return Reservation{}, false, err
 	}
 	row, ok := l.rows[id]
-	if !ok {
+	if !ok || row.r.Transfer {
 		return Reservation{}, false, ErrNotFound
 	}
 	if row.r.Status != StatusConfirmed || !row.r.PaidAt.IsZero() { // decided, or PAID: final
@@ -2162,7 +2169,7 @@ func (l *memLedger) UnsettledGroups(_ context.Context, limit int) ([]Group, erro
 
 // FormGroup mirrors `UPDATE group_buys SET status = 'FORMED', formed_at = ? WHERE group_id = ?
 // AND status = 'OPEN' AND NOT EXISTS (an unreleased CANCELLED member row)`, then reads the status.
-func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) (bool, error) {
+func (l *memLedger) FormGroup(_ context.Context, id string, formedAt, now time.Time) (bool, error) {
 	err := l.enter("FormGroup")
 	defer l.mu.Unlock()
 	if err != nil {
@@ -2184,8 +2191,11 @@ func (l *memLedger) FormGroup(_ context.Context, id string, formedAt time.Time) 
 		if st, ok := l.stock[g.g.SKU]; ok {
 			within = st.PayWithin
 		}
-		l.startPayWindows(id, formedAt, within)
-		l.write(GroupEvent(g.g, GroupFormed, formedAt).WithPayBy(payDue(formedAt, within)))
+		e := GroupEvent(g.g, GroupFormed, formedAt)
+		if l.startPayWindows(id, now, within) {
+			e = e.WithPayBy(payDue(now, within))
+		}
+		l.write(e)
 	}
 	return g.g.Status == GroupFormed, nil
 }

@@ -235,7 +235,7 @@ func (s *Service) endGroup(ctx context.Context, g Group, c GroupClosing) (bool, 
 	case c.NotDue:
 		return false, nil // Redis's clock is behind the sweeper's: next sweep
 	case c.Status == GroupFormed:
-		formed, err := s.ledger.FormGroup(ctx, g.ID, orDeadline(c.FormedAt))
+		formed, err := s.ledger.FormGroup(ctx, g.ID, orDeadline(c.FormedAt), s.clock.Now())
 		if err == nil && formed {
 			s.publish(ctx, g.ID)
 			err = s.ledger.GroupSettled(ctx, g.ID) // Redis has it FORMED already
@@ -266,7 +266,7 @@ func (s *Service) endGroup(ctx context.Context, g Group, c GroupClosing) (bool, 
 	seen := map[string]bool{}
 	for _, r := range rows {
 		seen[r.ID] = true
-		if _, err := s.refund(ctx, r.ID, ReasonGroupFailed, ""); err != nil {
+		if _, _, err := s.refund(ctx, r.ID, ReasonGroupFailed, ""); err != nil {
 			return true, err
 		}
 	}
@@ -305,7 +305,7 @@ func (s *Service) cancelMember(ctx context.Context, gid, id string) error {
 		return err
 	}
 	if row.Status == StatusConfirmed && row.GroupID == gid {
-		_, err = s.refund(ctx, id, ReasonGroupFailed, "")
+		_, _, err = s.refund(ctx, id, ReasonGroupFailed, "")
 	}
 	return err
 }
@@ -382,7 +382,7 @@ func (s *Service) recordFormed(ctx context.Context, g Group, at time.Time) error
 			return nil // a slot reopened: the group is not full after all
 		}
 	}
-	formed, err := s.ledger.FormGroup(ctx, g.ID, at)
+	formed, err := s.ledger.FormGroup(ctx, g.ID, at, s.clock.Now())
 	if err != nil || !formed {
 		return err
 	}

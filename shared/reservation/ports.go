@@ -379,6 +379,7 @@ type Ledger interface {
 	// written) and returns its stock, per-user units and — unless the group
 	// formed — its group slot in one transaction; refunded reports whether
 	// this call did it. A PAID row is returned as it stands: final.
+	// ErrNotFound: no such row, or a transfer's (no buyer's to refund).
 	Refund(ctx context.Context, id string, reason Reason, note string, now time.Time) (row Reservation, refunded bool, err error)
 	// Pay records the payment of a CONFIRMED unpaid row at now (PaidAt;
 	// its PaidEvent written) in one transaction; paid reports whether this
@@ -461,8 +462,10 @@ type Ledger interface {
 	// Redis at formedAt, before its deadline): OPEN → FORMED, final — unless
 	// a member's cancellation is still on its way to Redis (an unreleased
 	// row: Redis's slot count is behind MySQL). formed reports whether the
-	// group is FORMED now.
-	FormGroup(ctx context.Context, id string, formedAt time.Time) (formed bool, err error)
+	// group is FORMED now. The members it finds confirmed get their pay
+	// window from now, the record's time (formedAt may be long past: a
+	// record that failed and was retried).
+	FormGroup(ctx context.Context, id string, formedAt, now time.Time) (formed bool, err error)
 	// FailGroup turns an OPEN group FAILED and returns it as it stands
 	// (FORMED if it formed first).
 	FailGroup(ctx context.Context, id string, now time.Time) (Group, error)

@@ -77,6 +77,9 @@ func (s *Service) cancel(ctx context.Context, id string, owner *string, reason R
 		user = *owner
 	}
 	row, err := s.ledger.Reservation(ctx, id)
+	if err == nil && row.Transfer {
+		return Reservation{}, ErrNotFound // a transfer between buckets is nobody's to cancel
+	}
 	if err == nil {
 		if err := mine(row); err != nil {
 			return Reservation{}, err
@@ -86,6 +89,9 @@ func (s *Service) cancel(ctx context.Context, id string, owner *string, reason R
 		h, herr := s.holdOf(ctx, id, user)
 		if herr != nil {
 			return Reservation{}, herr
+		}
+		if h.Transfer {
+			return Reservation{}, ErrNotFound
 		}
 		if err := mine(h); err != nil {
 			return Reservation{}, err
@@ -107,7 +113,8 @@ func (s *Service) cancel(ctx context.Context, id string, owner *string, reason R
 			return row, fmt.Errorf("cancel %s: %w", id, ErrPaid)
 		}
 		s.formBeforeLeaving(ctx, row)
-		return s.refund(ctx, id, reason, note)
+		row, _, err := s.refund(ctx, id, reason, note)
+		return row, err
 	}
 	row = s.carryOut(ctx, row, 0)
 	s.publish(ctx, row.ID) // a repeat: what the outbox still owes of the row
@@ -127,9 +134,9 @@ func (s *Service) Pay(ctx context.Context, id string) (Reservation, error) {
 	}
 	row, paid, err := s.ledger.Pay(ctx, id, s.clock.Now())
 	if errors.Is(err, ErrNotFound) {
-		if _, herr := s.holdOf(ctx, id, ""); herr == nil {
+		if h, herr := s.holdOf(ctx, id, ""); herr == nil && !h.Transfer {
 			return Reservation{}, fmt.Errorf("pay %s: %w", id, ErrNotConfirmed)
-		} else if !errors.Is(herr, ErrNotFound) {
+		} else if herr != nil && !errors.Is(herr, ErrNotFound) {
 			return Reservation{}, herr
 		}
 		return Reservation{}, ErrNotFound
@@ -173,14 +180,15 @@ func (s *Service) fence(ctx context.Context, r Reservation, reason Reason) (Rese
 }
 
 // refund cancels a CONFIRMED reservation: stock back to MySQL, then Redis.
-// ErrPaid if it was paid first (the row is returned with it).
-func (s *Service) refund(ctx context.Context, id string, reason Reason, note string) (Reservation, error) {
-	row, refunded, err := s.ledger.Refund(ctx, id, reason, note, s.clock.Now())
+// refunded reports that this call did it (not a concurrent one). ErrPaid
+// if it was paid first (the row is returned with it).
+func (s *Service) refund(ctx context.Context, id string, reason Reason, note string) (row Reservation, refunded bool, err error) {
+	row, refunded, err = s.ledger.Refund(ctx, id, reason, note, s.clock.Now())
 	if err != nil {
-		return Reservation{}, fmt.Errorf("refund %s: %w", id, err)
+		return Reservation{}, false, fmt.Errorf("refund %s: %w", id, err)
 	}
 	if !refunded && row.Shown() == StatusPaid {
-		return row, fmt.Errorf("refund %s: %w", id, ErrPaid)
+		return row, false, fmt.Errorf("refund %s: %w", id, ErrPaid)
 	}
 	if refunded {
 		s.metrics.Count("cancelled_"+string(reason), 1)
@@ -189,7 +197,7 @@ func (s *Service) refund(ctx context.Context, id string, reason Reason, note str
 	if refunded {
 		s.publish(ctx, row.ID) // the refund wrote its ReservationCancelled
 	}
-	return row, nil
+	return row, refunded, nil
 }
 
 // carryOut carries out MySQL's decided row in Redis. Redis follows the row

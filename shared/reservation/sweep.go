@@ -182,13 +182,13 @@ func (s *Service) timeOutPayments(ctx context.Context, cutoff time.Time, rep *Sw
 		}
 		done := 0
 		for _, r := range due {
-			row, err := s.refund(ctx, r.ID, ReasonPaymentTimeout, "")
+			_, refunded, err := s.refund(ctx, r.ID, ReasonPaymentTimeout, "")
 			switch {
 			case errors.Is(err, ErrPaid): // paid at the last moment: final
 			case err != nil:
 				rep.Errors++
 				s.log.ErrorContext(ctx, "sweep: payment timeout", "reservation_id", r.ID, "error", err)
-			case row.Reason == ReasonPaymentTimeout:
+			case refunded: // not a concurrent sweep's (or cancel's)
 				done++
 			}
 		}

@@ -26,11 +26,32 @@ func (p *promise) payWindow(sku string, d time.Duration) {
 	}
 }
 
-// eventsOf returns the drained events by aggregate, each as "Type/version".
-func eventsOf(p *promise) map[string][]string {
+// eventsOf returns each aggregate's events as the outbox records them
+// (one row per event_id), as "Type/version" in version order. The bus
+// delivers them at least once (the stack's drain validates each against its
+// schema); the outbox is the record of what was decided.
+func eventsOf(p *promise, sku string) map[string][]string {
+	p.t.Helper()
+	rows, err := p.db.Query(`SELECT aggregate_id, type, version FROM events WHERE event_id LIKE 'reservation/%' AND aggregate_id LIKE CONCAT(?, '.%')
+		ORDER BY aggregate_id, version`, sku)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer rows.Close()
 	out := map[string][]string{}
-	for _, e := range p.drain() {
-		out[e.Detail.AggregateID] = append(out[e.Detail.AggregateID], fmt.Sprintf("%s/%d", e.Detail.Type, e.Detail.Version))
+	for rows.Next() {
+		var id, typ string
+		var v int
+		if err := rows.Scan(&id, &typ, &v); err != nil {
+			p.t.Fatal(err)
+		}
+		out[id] = append(out[id], fmt.Sprintf("%s/%d", typ, v))
+	}
+	if err := rows.Err(); err != nil {
+		p.t.Fatal(err)
+	}
+	if n := p.count(`SELECT COUNT(*) FROM events WHERE published_at IS NULL AND aggregate_id LIKE CONCAT(?, '.%')`, sku); n != 0 {
+		p.t.Errorf("%d events not published", n)
 	}
 	return out
 }
@@ -100,7 +121,7 @@ func TestPayment(t *testing.T) {
 		}
 		p.wantStores("swept again", sku, 8, 0, 8)
 
-		evs := eventsOf(p)
+		evs := eventsOf(p, sku)
 		want := map[string]string{
 			ann: "[ReservationConfirmed/1 ReservationPaid/2]", bob: "[ReservationConfirmed/1 ReservationCancelled/2]",
 			cy: "[ReservationConfirmed/1 ReservationCancelled/2]", held: "[ReservationConfirmed/1 ReservationCancelled/2]",
@@ -163,7 +184,7 @@ func TestPayment(t *testing.T) {
 		wg.Wait()
 		p.sweep()
 		npaid := 0
-		evs := eventsOf(p)
+		evs := eventsOf(p, sku)
 		for i, id := range ids {
 			b := p.status(id)
 			switch b["status"] {

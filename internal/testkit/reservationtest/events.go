@@ -150,7 +150,7 @@ func ledgerEvents(t *testing.T, newLedger LedgerFactory) {
 		group("g", 2, now.Add(time.Hour))
 		join("m1", "u1", "g")
 		for range 2 {
-			if formed, err := s.FormGroup(ctx, "g", now.Add(time.Minute)); err != nil || !formed {
+			if formed, err := s.FormGroup(ctx, "g", now.Add(time.Minute), now.Add(time.Minute)); err != nil || !formed {
 				t.Fatalf("FormGroup = %v %v", formed, err)
 			}
 		}

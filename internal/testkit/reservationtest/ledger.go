@@ -567,7 +567,7 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 			t.Fatalf("join = %v", got)
 		}
 		// Redis took the last slot before the deadline: FORMED, and a late member still joins.
-		if formed, err := s.FormGroup(ctx, "g", now.Add(time.Minute)); err != nil || !formed {
+		if formed, err := s.FormGroup(ctx, "g", now.Add(time.Minute), now.Add(time.Minute)); err != nil || !formed {
 			t.Fatalf("FormGroup = %v %v", formed, err)
 		}
 		if gr, _ := s.FailGroup(ctx, "g", now.Add(2*time.Hour)); gr.Status != reservation.GroupFormed {
@@ -691,19 +691,19 @@ func Ledger(t *testing.T, newLedger LedgerFactory) {
 		if _, _, err := s.Fence(ctx, r, reservation.ReasonBuyer, now); err != nil {
 			t.Fatal(err)
 		}
-		if formed, err := s.FormGroup(ctx, "g", now); err != nil || formed {
+		if formed, err := s.FormGroup(ctx, "g", now, now); err != nil || formed {
 			t.Fatalf("FormGroup with an unreleased member = %v %v, want not formed", formed, err)
 		}
 		if err := s.MarkReleased(ctx, "m1"); err != nil {
 			t.Fatal(err)
 		}
-		if formed, err := s.FormGroup(ctx, "g", now); err != nil || !formed {
+		if formed, err := s.FormGroup(ctx, "g", now, now); err != nil || !formed {
 			t.Fatalf("FormGroup once released = %v %v, want formed", formed, err)
 		}
 	})
 	t.Run("forming a group MySQL does not know is unknown_group, not an outage", func(t *testing.T) {
 		s := newLedger(t)
-		if _, err := s.FormGroup(context.Background(), "g-nosuch", now); !errors.Is(err, reservation.ErrUnknownGroup) {
+		if _, err := s.FormGroup(context.Background(), "g-nosuch", now, now); !errors.Is(err, reservation.ErrUnknownGroup) {
 			t.Errorf("FormGroup(unknown) = %v, want ErrUnknownGroup", err)
 		}
 	})

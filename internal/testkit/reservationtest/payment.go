@@ -264,7 +264,7 @@ func ledgerPayment(t *testing.T, newLedger LedgerFactory) {
 		// Formed by FormGroup (Redis said its last slot went in time).
 		join("h1", "h", now)
 		at := now.Add(2 * time.Minute)
-		if ok, err := s.FormGroup(ctx, "h", at); err != nil || !ok {
+		if ok, err := s.FormGroup(ctx, "h", at, at); err != nil || !ok {
 			t.Fatalf("FormGroup = %v %v", ok, err)
 		}
 		if r := row(t, s, "h1"); !r.PayBy.Equal(at.Add(within)) {

@@ -462,6 +462,11 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 	if err != nil {
 		return 0, false, translate("apply join group", err)
 	}
+	var before string // FORMED already: this join is a late member (opens its own pay window only)
+	err = tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ? AND sku = ? FOR UPDATE`, r.GroupID, r.SKU).Scan(&before)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, false, translate("apply lock group", err)
+	}
 	res, err := tx.ExecContext(ctx, `UPDATE group_buys
 		SET formed_at = IF(members + 1 >= capacity, COALESCE(formed_at, ?), formed_at),
 			status = IF(members + 1 >= capacity, 'FORMED', status), members = members + 1, updated_at = ?
@@ -472,7 +477,7 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 	if n, err := res.RowsAffected(); err != nil {
 		return 0, false, translate("apply take slot", err)
 	} else if n == 1 {
-		formed, err := formedByJoin(ctx, tx, r, now, within)
+		formed, err := formedByJoin(ctx, tx, r, now, within, before == string(reservation.GroupFormed))
 		return reservation.Applied, formed, err
 	}
 	var status string
@@ -490,8 +495,10 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 // a slot (joinGroup) took its last one: FORMED with every slot a member's.
 // A group FormGroup recorded FORMED first has its event already; the write
 // then leaves it as it is. formed reports that the group is FORMED (by this
-// join or before it, a late member's): the pay windows open.
-func formedByJoin(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time, within time.Duration) (formed bool, err error) {
+// join, or before it: late, r is a late member): the pay windows open — the
+// members' confirmed so far when this join formed it, r's alone when late
+// (a member confirmed before keeps the window it was given, none included).
+func formedByJoin(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now time.Time, within time.Duration, late bool) (formed bool, err error) {
 	g, err := scanGroup(tx.QueryRowContext(ctx, `SELECT `+groupColumns+` FROM group_buys WHERE group_id = ?`, r.GroupID))
 	if err != nil {
 		return false, translate("apply read group", err)
@@ -499,14 +506,23 @@ func formedByJoin(ctx context.Context, tx *sql.Tx, r reservation.Reservation, no
 	if g.Status != reservation.GroupFormed {
 		return false, nil
 	}
-	if err := startPayWindows(ctx, tx, g.ID, now, within); err != nil {
+	if within > 0 { // r's own: its ReservationConfirmed carries it
+		if _, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE reservation_id = ?`, utc(now).Add(within), r.ID); err != nil {
+			return false, translate("apply pay window", err)
+		}
+	}
+	if late {
+		return true, nil
+	}
+	opened, err := startPayWindows(ctx, tx, g.ID, now, within) // the members confirmed before it
+	if err != nil {
 		return false, err
 	}
 	if g.Members < g.Capacity {
 		return true, nil
 	}
 	ev := reservation.GroupEvent(g, reservation.GroupFormed, now)
-	if within > 0 {
+	if opened {
 		ev = ev.WithPayBy(utc(now).Add(within))
 	}
 	return true, writeEvents(ctx, tx, []reservation.Event{ev})
@@ -515,14 +531,21 @@ func formedByJoin(ctx context.Context, tx *sql.Tx, r reservation.Reservation, no
 // startPayWindows opens the pay windows of a FORMED group's CONFIRMED
 // members that have none yet: due within after now (nothing when the SKU
 // has no pay window). A join's window opens when its group forms (design.md,
-// "Payment"), for a member never paid before its group is sure.
-func startPayWindows(ctx context.Context, tx *sql.Tx, group string, now time.Time, within time.Duration) error {
+// "Payment"), for a member never paid before its group is sure. opened
+// reports whether any member's did: the GroupFormed then carries the
+// deadline (theirs: their ReservationConfirmed had none).
+func startPayWindows(ctx context.Context, tx *sql.Tx, group string, now time.Time, within time.Duration) (opened bool, err error) {
 	if within <= 0 {
-		return nil
+		return false, nil
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE group_id = ? AND status = 'CONFIRMED' AND pay_by IS NULL`,
-		utc(now).Add(within), group); err != nil {
-		return translate("open pay windows", err)
+	res, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE group_id = ? AND status = 'CONFIRMED' AND pay_by IS NULL`,
+		utc(now).Add(within), group)
+	if err != nil {
+		return false, translate("open pay windows", err)
 	}
-	return nil
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, translate("open pay windows", err)
+	}
+	return n > 0, nil
 }

@@ -83,11 +83,11 @@ func (s *Store) UnsettledGroups(ctx context.Context, limit int) ([]reservation.G
 
 // FormGroup implements reservation.Ledger: the transition and its
 // GroupFormed in one transaction.
-// The members' pay windows open with it (startPayWindows), from formedAt:
-// the GroupFormed's occurred_at, which carries their deadline.
-func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) (bool, error) {
+// The pay windows of the members confirmed so far open with it
+// (startPayWindows), from now: the GroupFormed carries their deadline.
+func (s *Store) FormGroup(ctx context.Context, id string, formedAt, now time.Time) (bool, error) {
 	err := retryDeadlocks(ctx, func() error {
-		return s.endGroup(ctx, "form group", id, reservation.GroupFormed, formedAt, `UPDATE group_buys g SET status = 'FORMED', formed_at = ?, updated_at = ?
+		return s.endGroup(ctx, "form group", id, reservation.GroupFormed, formedAt, now, `UPDATE group_buys g SET status = 'FORMED', formed_at = ?, updated_at = ?
 		WHERE group_id = ? AND status = 'OPEN' AND NOT EXISTS (SELECT 1 FROM reservations r
 			WHERE r.group_id = g.group_id AND r.status = 'CANCELLED' AND r.released = 0)`,
 			utc(formedAt), utc(formedAt), id)
@@ -107,8 +107,9 @@ func (s *Store) FormGroup(ctx context.Context, id string, formedAt time.Time) (b
 }
 
 // endGroup runs update, the transition of group id to status, and writes
-// the group's event with it when the group moved.
-func (s *Store) endGroup(ctx context.Context, op, id string, status reservation.GroupStatus, at time.Time, update string, args ...any) error {
+// the group's event with it when the group moved. A FORMED one's members
+// confirmed so far get their pay windows from now.
+func (s *Store) endGroup(ctx context.Context, op, id string, status reservation.GroupStatus, at, now time.Time, update string, args ...any) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return translate(op+" begin", err)
@@ -133,10 +134,13 @@ func (s *Store) endGroup(ctx context.Context, op, id string, status reservation.
 			}
 			if within > 0 {
 				d := time.Duration(within) * time.Second
-				if err := startPayWindows(ctx, tx, id, at, d); err != nil {
+				opened, err := startPayWindows(ctx, tx, id, now, d)
+				if err != nil {
 					return err
 				}
-				ev = ev.WithPayBy(utc(at).Add(d))
+				if opened {
+					ev = ev.WithPayBy(utc(now).Add(d))
+				}
 			}
 		}
 		if err := writeEvents(ctx, tx, []reservation.Event{ev}); err != nil {
@@ -152,7 +156,7 @@ func (s *Store) endGroup(ctx context.Context, op, id string, status reservation.
 // FailGroup implements reservation.Ledger: the transition and its
 // GroupFailed in one transaction.
 func (s *Store) FailGroup(ctx context.Context, id string, now time.Time) (reservation.Group, error) {
-	if err := s.endGroup(ctx, "fail group", id, reservation.GroupFailed, now, `UPDATE group_buys SET status = 'FAILED', updated_at = ?
+	if err := s.endGroup(ctx, "fail group", id, reservation.GroupFailed, now, now, `UPDATE group_buys SET status = 'FAILED', updated_at = ?
 		WHERE group_id = ? AND status = 'OPEN' AND deadline <= ?`, utc(now), id, utc(now)); err != nil {
 		return reservation.Group{}, err
 	}

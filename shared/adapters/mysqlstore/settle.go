@@ -84,7 +84,7 @@ func (s *Store) refund(ctx context.Context, id string, reason reservation.Reason
 
 	row, err := scanReservation(tx.QueryRowContext(ctx, `SELECT `+reservationColumns+`
 		FROM reservations WHERE reservation_id = ? FOR UPDATE`, id))
-	if errors.Is(err, sql.ErrNoRows) {
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.Transfer) { // a transfer is no buyer's: nothing to refund
 		return reservation.Reservation{}, false, reservation.ErrNotFound
 	}
 	if err != nil {
