@@ -147,6 +147,8 @@ func parse(getenv func(string) string) (Config, error) {
 		SoldOutTTL:      p.duration("HOLDFAST_SOLD_OUT_TTL", d.SoldOutTTL),
 		MaxOpenGroups:   p.integer("HOLDFAST_MAX_OPEN_GROUPS", d.MaxOpenGroups),
 		WarmLead:        p.duration("HOLDFAST_WARM_LEAD", d.WarmLead),
+		QueueLead:       p.duration("HOLDFAST_QUEUE_LEAD", d.QueueLead),
+		AdmitFor:        p.duration("HOLDFAST_ADMIT_FOR", d.AdmitFor),
 	}
 	if p.err != nil {
 		return Config{}, p.err
@@ -162,6 +164,9 @@ func parse(getenv func(string) string) (Config, error) {
 	}
 	if c.Protocol.WarmLead < 0 {
 		return Config{}, errors.New("config: HOLDFAST_WARM_LEAD must be 0 (never) or more")
+	}
+	if c.Protocol.QueueLead < 0 || c.Protocol.AdmitFor <= 0 {
+		return Config{}, errors.New("config: HOLDFAST_QUEUE_LEAD must be 0 or more and HOLDFAST_ADMIT_FOR positive")
 	}
 	if c.Protocol.MaxOpenGroups < 0 {
 		return Config{}, errors.New("config: HOLDFAST_MAX_OPEN_GROUPS must be 0 (no cap) or more")
