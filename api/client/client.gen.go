@@ -17,6 +17,27 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for AdmissionRefusedError.
+const (
+	AdmissionExpired  AdmissionRefusedError = "admission_expired"
+	AdmissionInvalid  AdmissionRefusedError = "admission_invalid"
+	AdmissionRequired AdmissionRefusedError = "admission_required"
+)
+
+// Valid indicates whether the value is a known member of the AdmissionRefusedError enum.
+func (e AdmissionRefusedError) Valid() bool {
+	switch e {
+	case AdmissionExpired:
+		return true
+	case AdmissionInvalid:
+		return true
+	case AdmissionRequired:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for BadReserveError.
 const (
 	BadReserveErrorInvalidRequest BadReserveError = "invalid_request"
@@ -266,6 +287,69 @@ func (e PreconditionRequiredError) Valid() bool {
 	}
 }
 
+// Defines values for QueueNotFoundError.
+const (
+	QueueNotFoundErrorNoWaitingRoom QueueNotFoundError = "no_waiting_room"
+	QueueNotFoundErrorUnknownSku    QueueNotFoundError = "unknown_sku"
+)
+
+// Valid indicates whether the value is a known member of the QueueNotFoundError enum.
+func (e QueueNotFoundError) Valid() bool {
+	switch e {
+	case QueueNotFoundErrorNoWaitingRoom:
+		return true
+	case QueueNotFoundErrorUnknownSku:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for QueueNotOpenError.
+const (
+	QueueNotOpenErrorQueueNotOpen QueueNotOpenError = "queue_not_open"
+)
+
+// Valid indicates whether the value is a known member of the QueueNotOpenError enum.
+func (e QueueNotOpenError) Valid() bool {
+	switch e {
+	case QueueNotOpenErrorQueueNotOpen:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for QueueTicketStatus.
+const (
+	ADMITTED QueueTicketStatus = "ADMITTED"
+	CLOSED   QueueTicketStatus = "CLOSED"
+	EXPIRED  QueueTicketStatus = "EXPIRED"
+	RESERVED QueueTicketStatus = "RESERVED"
+	SOLDOUT  QueueTicketStatus = "SOLD_OUT"
+	WAITING  QueueTicketStatus = "WAITING"
+)
+
+// Valid indicates whether the value is a known member of the QueueTicketStatus enum.
+func (e QueueTicketStatus) Valid() bool {
+	switch e {
+	case ADMITTED:
+		return true
+	case CLOSED:
+		return true
+	case EXPIRED:
+		return true
+	case RESERVED:
+		return true
+	case SOLDOUT:
+		return true
+	case WAITING:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for RateLimitedError.
 const (
 	RateLimitedErrorRateLimited RateLimitedError = "rate_limited"
@@ -347,6 +431,54 @@ func (e ReserveNotFoundError) Valid() bool {
 	case ReserveNotFoundErrorUnknownGroup:
 		return true
 	case ReserveNotFoundErrorUnknownSku:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SaleClosedError.
+const (
+	SaleClosedErrorSaleClosed SaleClosedError = "sale_closed"
+)
+
+// Valid indicates whether the value is a known member of the SaleClosedError enum.
+func (e SaleClosedError) Valid() bool {
+	switch e {
+	case SaleClosedErrorSaleClosed:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SkuAvailabilityWaitingRoom.
+const (
+	True SkuAvailabilityWaitingRoom = true
+)
+
+// Valid indicates whether the value is a known member of the SkuAvailabilityWaitingRoom enum.
+func (e SkuAvailabilityWaitingRoom) Valid() bool {
+	switch e {
+	case True:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TicketNotFoundError.
+const (
+	TicketNotFoundErrorNoWaitingRoom TicketNotFoundError = "no_waiting_room"
+	TicketNotFoundErrorUnknownTicket TicketNotFoundError = "unknown_ticket"
+)
+
+// Valid indicates whether the value is a known member of the TicketNotFoundError enum.
+func (e TicketNotFoundError) Valid() bool {
+	switch e {
+	case TicketNotFoundErrorNoWaitingRoom:
+		return true
+	case TicketNotFoundErrorUnknownTicket:
 		return true
 	default:
 		return false
@@ -442,6 +574,15 @@ func (e VersionMismatchError) Valid() bool {
 		return false
 	}
 }
+
+// AdmissionRefused defines model for AdmissionRefused.
+type AdmissionRefused struct {
+	Error   AdmissionRefusedError `json:"error"`
+	Message string                `json:"message"`
+}
+
+// AdmissionRefusedError defines model for AdmissionRefused.Error.
+type AdmissionRefusedError string
 
 // BadReserve defines model for BadReserve.
 type BadReserve struct {
@@ -544,6 +685,9 @@ type InvalidRequest struct {
 // InvalidRequestError defines model for InvalidRequest.Error.
 type InvalidRequestError string
 
+// JoinRequest Nothing: the body may be left out, or `{}`.
+type JoinRequest = map[string]interface{}
+
 // NotFound defines model for NotFound.
 type NotFound struct {
 	Error   NotFoundError `json:"error"`
@@ -602,6 +746,83 @@ type PreconditionRequired struct {
 
 // PreconditionRequiredError defines model for PreconditionRequired.Error.
 type PreconditionRequiredError string
+
+// QueueNotFound defines model for QueueNotFound.
+type QueueNotFound struct {
+	Error   QueueNotFoundError `json:"error"`
+	Message string             `json:"message"`
+}
+
+// QueueNotFoundError defines model for QueueNotFound.Error.
+type QueueNotFoundError string
+
+// QueueNotOpen defines model for QueueNotOpen.
+type QueueNotOpen struct {
+	Error   QueueNotOpenError `json:"error"`
+	Message string            `json:"message"`
+
+	// QueueOpensAt When the queue opens (HOLDFAST_QUEUE_LEAD before the sale).
+	QueueOpensAt time.Time `json:"queue_opens_at"`
+}
+
+// QueueNotOpenError defines model for QueueNotOpen.Error.
+type QueueNotOpenError string
+
+// QueueState defines model for QueueState.
+type QueueState struct {
+	// AdmittedThrough Places 1 to this one are admitted (0: none yet).
+	AdmittedThrough int64 `json:"admitted_through"`
+
+	// ClosesAt The sale closes (absent: no such bound).
+	ClosesAt *time.Time `json:"closes_at,omitempty"`
+
+	// Length Tickets in the queue.
+	Length int64 `json:"length"`
+
+	// MayReturn No unit left, but held ones may return (a waiter may yet be admitted).
+	MayReturn bool `json:"may_return"`
+
+	// Open The sale opened: places are drawn and admitted.
+	Open bool `json:"open"`
+
+	// OpensAt The sale opens (absent: no such bound).
+	OpensAt *time.Time `json:"opens_at,omitempty"`
+
+	// ServerTime The server's clock (Redis's), which judges the window: count down to opens_at from it.
+	ServerTime time.Time `json:"server_time"`
+	Sku        string    `json:"sku"`
+
+	// SoldOut No unit left and none can return: no waiter will be admitted.
+	SoldOut bool `json:"sold_out"`
+}
+
+// QueueTicket defines model for QueueTicket.
+type QueueTicket struct {
+	// AdmissionExpiresAt When the admission ends unused (with admission_token).
+	AdmissionExpiresAt *time.Time `json:"admission_expires_at,omitempty"`
+
+	// AdmissionToken ADMITTED, on GET only: send it as Admission-Token on POST /reservations.
+	AdmissionToken  *string    `json:"admission_token,omitempty"`
+	AdmittedThrough int64      `json:"admitted_through"`
+	ClosesAt        *time.Time `json:"closes_at,omitempty"`
+	Length          int64      `json:"length"`
+	MayReturn       bool       `json:"may_return"`
+	Open            bool       `json:"open"`
+	OpensAt         *time.Time `json:"opens_at,omitempty"`
+
+	// Position The ticket's place, from 1 (absent before the opening: places are drawn then).
+	Position   *int64            `json:"position,omitempty"`
+	ServerTime time.Time         `json:"server_time"`
+	Sku        string            `json:"sku"`
+	SoldOut    bool              `json:"sold_out"`
+	Status     QueueTicketStatus `json:"status"`
+
+	// Ticket The buyer's ticket on this SKU (the same every time they join).
+	Ticket string `json:"ticket"`
+}
+
+// QueueTicketStatus defines model for QueueTicket.Status.
+type QueueTicketStatus string
 
 // RateLimited defines model for RateLimited.
 type RateLimited struct {
@@ -686,6 +907,15 @@ type ReserveRequest struct {
 	UserId *string `json:"user_id,omitempty"`
 }
 
+// SaleClosed defines model for SaleClosed.
+type SaleClosed struct {
+	Error   SaleClosedError `json:"error"`
+	Message string          `json:"message"`
+}
+
+// SaleClosedError defines model for SaleClosed.Error.
+type SaleClosedError string
+
 // SkuAvailability defines model for SkuAvailability.
 type SkuAvailability struct {
 	Available int64 `json:"available"`
@@ -699,7 +929,13 @@ type SkuAvailability struct {
 	// ServerTime The server's clock, which judges the window (Redis's).
 	ServerTime time.Time `json:"server_time"`
 	Sku        string    `json:"sku"`
+
+	// WaitingRoom The SKU sells through its waiting room (absent: it does not).
+	WaitingRoom *SkuAvailabilityWaitingRoom `json:"waiting_room,omitempty"`
 }
+
+// SkuAvailabilityWaitingRoom The SKU sells through its waiting room (absent: it does not).
+type SkuAvailabilityWaitingRoom bool
 
 // SkuId Letters, digits and `._:-`, up to 64 characters; case matters.
 //
@@ -770,6 +1006,9 @@ type StockChange struct {
 	// Add Units to add (or, negative, remove).
 	Add *int64 `json:"add,omitempty"`
 
+	// AdmitFactor Buyers the waiting room admits per unit left (1 to 100, kept to a thousandth; needs waiting_room).
+	AdmitFactor *float32 `json:"admit_factor,omitempty"`
+
 	// Buckets Redis buckets the SKU's stock is split over, so that a cluster spreads one hot SKU over several shards (docs/operations.md, "When to raise K"). Can be raised, not lowered.
 	Buckets *int `json:"buckets,omitempty"`
 
@@ -800,7 +1039,10 @@ type StockChange struct {
 
 	// Version The version `stock` is based on (or If-Match).
 	Version *int64 `json:"version,omitempty"`
-	union   json.RawMessage
+
+	// WaitingRoom Sell through the waiting room (true; needs one bucket) or not (false).
+	WaitingRoom *bool `json:"waiting_room,omitempty"`
+	union       json.RawMessage
 }
 
 // StockChange0 defines model for StockChange.0.
@@ -811,8 +1053,10 @@ type StockChange1 = interface{}
 
 // StockLevel defines model for StockLevel.
 type StockLevel struct {
-	Buckets int `json:"buckets"`
-	Burst   int `json:"burst"`
+	// AdmitFactor Buyers admitted per unit left (with waiting_room only).
+	AdmitFactor *float32 `json:"admit_factor,omitempty"`
+	Buckets     int      `json:"buckets"`
+	Burst       int      `json:"burst"`
 
 	// ClosesAt The sale window's close (absent: none).
 	ClosesAt *time.Time `json:"closes_at,omitempty"`
@@ -827,6 +1071,9 @@ type StockLevel struct {
 	Sku              string `json:"sku"`
 	Stock            int64  `json:"stock"`
 	Version          int64  `json:"version"`
+
+	// WaitingRoom The SKU sells through its waiting room.
+	WaitingRoom bool `json:"waiting_room"`
 }
 
 // StockReport defines model for StockReport.
@@ -853,7 +1100,19 @@ type StockReport struct {
 	RedisAvailable   int64  `json:"redis_available"`
 	Sku              string `json:"sku"`
 	Version          int64  `json:"version"`
+
+	// WaitingRoom The SKU sells through its waiting room (as Redis has it).
+	WaitingRoom bool `json:"waiting_room"`
 }
+
+// TicketNotFound defines model for TicketNotFound.
+type TicketNotFound struct {
+	Error   TicketNotFoundError `json:"error"`
+	Message string              `json:"message"`
+}
+
+// TicketNotFoundError defines model for TicketNotFound.Error.
+type TicketNotFoundError string
 
 // TooManyGroups defines model for TooManyGroups.
 type TooManyGroups struct {
@@ -914,6 +1173,9 @@ type VersionMismatchError string
 // Example: 2026-12-01T09:00:00Z
 type WindowBound = string
 
+// AdmissionToken defines model for AdmissionToken.
+type AdmissionToken = string
+
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
@@ -957,6 +1219,16 @@ type Outage struct {
 // PaidConflict defines model for PaidConflict.
 type PaidConflict = Paid
 
+// QueueOutage defines model for QueueOutage.
+type QueueOutage struct {
+	union json.RawMessage
+}
+
+// QueueThrottled defines model for QueueThrottled.
+type QueueThrottled struct {
+	union json.RawMessage
+}
+
 // ReservationNotFound defines model for ReservationNotFound.
 type ReservationNotFound = NotFound
 
@@ -995,10 +1267,21 @@ type ReserveParams struct {
 	// IdempotencyKey Makes the request safe to retry, for ever: the same key and request are answered
 	// with the same result and applied at most once. Up to 128 characters.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+
+	// AdmissionToken A waiting-room SKU's admission (`admission_token` of the buyer's ADMITTED ticket,
+	// `GET /skus/{sku}/queue/{ticket}`): required on such a SKU (403 without). It fixes
+	// the reservation's id, so a retry with it is a replay, and the Idempotency-Key is
+	// ignored beside it.
+	AdmissionToken *AdmissionToken `json:"Admission-Token,omitempty"`
 }
 
 // Reserve409JSONResponseBody defines parameters for Reserve.
 type Reserve409JSONResponseBody struct {
+	union json.RawMessage
+}
+
+// JoinQueue409JSONResponseBody defines parameters for JoinQueue.
+type JoinQueue409JSONResponseBody struct {
 	union json.RawMessage
 }
 
@@ -1016,6 +1299,9 @@ type CreateGroupJSONRequestBody = CreateGroupRequest
 
 // ReserveJSONRequestBody defines body for Reserve for application/json ContentType.
 type ReserveJSONRequestBody = ReserveRequest
+
+// JoinQueueJSONRequestBody defines body for JoinQueue for application/json ContentType.
+type JoinQueueJSONRequestBody = JoinRequest
 
 // AsStockChange0 returns the union data inside the StockChange as a StockChange0
 func (t StockChange) AsStockChange0() (StockChange0, error) {
@@ -1089,6 +1375,13 @@ func (t StockChange) MarshalJSON() ([]byte, error) {
 		}
 	}
 
+	if t.AdmitFactor != nil {
+		object["admit_factor"], err = json.Marshal(t.AdmitFactor)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'admit_factor': %w", err)
+		}
+	}
+
 	if t.Buckets != nil {
 		object["buckets"], err = json.Marshal(t.Buckets)
 		if err != nil {
@@ -1151,6 +1444,13 @@ func (t StockChange) MarshalJSON() ([]byte, error) {
 			return nil, fmt.Errorf("error marshaling 'version': %w", err)
 		}
 	}
+
+	if t.WaitingRoom != nil {
+		object["waiting_room"], err = json.Marshal(t.WaitingRoom)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'waiting_room': %w", err)
+		}
+	}
 	b, err = json.Marshal(object)
 	return b, err
 }
@@ -1170,6 +1470,13 @@ func (t *StockChange) UnmarshalJSON(b []byte) error {
 		err = json.Unmarshal(raw, &t.Add)
 		if err != nil {
 			return fmt.Errorf("error reading 'add': %w", err)
+		}
+	}
+
+	if raw, found := object["admit_factor"]; found {
+		err = json.Unmarshal(raw, &t.AdmitFactor)
+		if err != nil {
+			return fmt.Errorf("error reading 'admit_factor': %w", err)
 		}
 	}
 
@@ -1233,6 +1540,13 @@ func (t *StockChange) UnmarshalJSON(b []byte) error {
 		err = json.Unmarshal(raw, &t.Version)
 		if err != nil {
 			return fmt.Errorf("error reading 'version': %w", err)
+		}
+	}
+
+	if raw, found := object["waiting_room"]; found {
+		err = json.Unmarshal(raw, &t.WaitingRoom)
+		if err != nil {
+			return fmt.Errorf("error reading 'waiting_room': %w", err)
 		}
 	}
 
@@ -1509,6 +1823,130 @@ func (t Outage) MarshalJSON() ([]byte, error) {
 }
 
 func (t *Outage) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
+// AsUnavailable returns the union data inside the QueueOutage as a Unavailable
+func (t QueueOutage) AsUnavailable() (Unavailable, error) {
+	var body Unavailable
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromUnavailable overwrites any union data inside the QueueOutage as the provided Unavailable
+func (t *QueueOutage) FromUnavailable(v Unavailable) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeUnavailable performs a merge with any union data inside the QueueOutage, using the provided Unavailable
+func (t *QueueOutage) MergeUnavailable(v Unavailable) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the QueueOutage as a GatewayMessage
+func (t QueueOutage) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the QueueOutage as the provided GatewayMessage
+func (t *QueueOutage) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the QueueOutage, using the provided GatewayMessage
+func (t *QueueOutage) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t QueueOutage) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *QueueOutage) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
+// AsRateLimited returns the union data inside the QueueThrottled as a RateLimited
+func (t QueueThrottled) AsRateLimited() (RateLimited, error) {
+	var body RateLimited
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromRateLimited overwrites any union data inside the QueueThrottled as the provided RateLimited
+func (t *QueueThrottled) FromRateLimited(v RateLimited) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeRateLimited performs a merge with any union data inside the QueueThrottled, using the provided RateLimited
+func (t *QueueThrottled) MergeRateLimited(v RateLimited) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the QueueThrottled as a GatewayMessage
+func (t QueueThrottled) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the QueueThrottled as the provided GatewayMessage
+func (t *QueueThrottled) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the QueueThrottled, using the provided GatewayMessage
+func (t *QueueThrottled) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t QueueThrottled) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *QueueThrottled) UnmarshalJSON(b []byte) error {
 	err := t.union.UnmarshalJSON(b)
 	return err
 }
@@ -1823,6 +2261,68 @@ func (t *Reserve409JSONResponseBody) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// AsQueueNotOpen returns the union data inside the JoinQueue409JSONResponseBody as a QueueNotOpen
+func (t JoinQueue409JSONResponseBody) AsQueueNotOpen() (QueueNotOpen, error) {
+	var body QueueNotOpen
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromQueueNotOpen overwrites any union data inside the JoinQueue409JSONResponseBody as the provided QueueNotOpen
+func (t *JoinQueue409JSONResponseBody) FromQueueNotOpen(v QueueNotOpen) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeQueueNotOpen performs a merge with any union data inside the JoinQueue409JSONResponseBody, using the provided QueueNotOpen
+func (t *JoinQueue409JSONResponseBody) MergeQueueNotOpen(v QueueNotOpen) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsSaleClosed returns the union data inside the JoinQueue409JSONResponseBody as a SaleClosed
+func (t JoinQueue409JSONResponseBody) AsSaleClosed() (SaleClosed, error) {
+	var body SaleClosed
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromSaleClosed overwrites any union data inside the JoinQueue409JSONResponseBody as the provided SaleClosed
+func (t *JoinQueue409JSONResponseBody) FromSaleClosed(v SaleClosed) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeSaleClosed performs a merge with any union data inside the JoinQueue409JSONResponseBody, using the provided SaleClosed
+func (t *JoinQueue409JSONResponseBody) MergeSaleClosed(v SaleClosed) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t JoinQueue409JSONResponseBody) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *JoinQueue409JSONResponseBody) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
 
@@ -2002,7 +2502,11 @@ type ClientInterface interface {
 	// change is due to be paid that long after its confirmation (a group join: after its
 	// group formed), its `pay_by`; one the order service has not paid by then
 	// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
-	// stock returns to the sale.
+	// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
+	// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
+	// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
+	// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+	// it off (and `admit_factor` without a room is 400).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -2027,7 +2531,11 @@ type ClientInterface interface {
 	// change is due to be paid that long after its confirmation (a group join: after its
 	// group formed), its `pay_by`; one the order service has not paid by then
 	// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
-	// stock returns to the sale.
+	// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
+	// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
+	// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
+	// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+	// it off (and `admit_factor` without a room is 400).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2121,10 +2629,81 @@ type ClientInterface interface {
 	//
 	// The figure buyers see, the SKU's sale window (`opens_at`, `closes_at`; each only
 	// when set) and `server_time`, the clock the window is judged by: a page counts down
-	// to `opens_at` from `server_time`, not from the buyer's clock.
+	// to `opens_at` from `server_time`, not from the buyer's clock. `waiting_room: true`
+	// when the SKU sells through its waiting room (`/skus/{sku}/queue`).
 	//
 	// Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 	GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// QueueStatus A SKU's waiting room, for everyone (public, cacheable)
+	//
+	// The queue's state, the same for every caller: whether the sale is `open`, how many
+	// places are admitted (`admitted_through`: places 1 to it), how many tickets the
+	// queue has (`length`), whether it is `sold_out` (no unit left and none can return)
+	// or no unit is left but held ones `may_return`. No token: it is public, answered
+	// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
+	// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
+	// location whatever the query string, headers or cookies: pollers cost about one
+	// origin request a second per edge, not one Lambda invocation each. Errors are
+	// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
+	// second all the same). Reading it admits whom the stock can serve, as every look at
+	// the queue does.
+	//
+	// Corresponds with GET /skus/{sku}/queue (the `QueueStatus` operationId).
+	QueueStatus(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// JoinQueueWithBody Join a SKU's waiting room (the buyer's ticket)
+	//
+	// Gives the buyer their ticket in the SKU's waiting room, or the one they have: a
+	// ticket is the buyer's and the SKU's, so joining again is the same ticket in the
+	// same place. The queue opens `HOLDFAST_QUEUE_LEAD` (15 minutes) before the sale;
+	// tickets taken before the opening have no `position` yet — their places are drawn
+	// at random at the opening, so arriving first is no advantage; after it a ticket
+	// takes the next place. From the opening, tickets are admitted in order while the
+	// stock can serve them (`admit_factor` buyers per unit left; held units count, as
+	// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
+	// for the admission token. A join is one of the buyer's attempts on the SKU (429
+	// `rate_limited` past the rate). No body is needed; a client that always sends one
+	// sends `{}` (any member is 400).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /skus/{sku}/queue (the `JoinQueue` operationId).
+	JoinQueueWithBody(ctx context.Context, sku Sku, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// JoinQueue Join a SKU's waiting room (the buyer's ticket)
+	//
+	// Gives the buyer their ticket in the SKU's waiting room, or the one they have: a
+	// ticket is the buyer's and the SKU's, so joining again is the same ticket in the
+	// same place. The queue opens `HOLDFAST_QUEUE_LEAD` (15 minutes) before the sale;
+	// tickets taken before the opening have no `position` yet — their places are drawn
+	// at random at the opening, so arriving first is no advantage; after it a ticket
+	// takes the next place. From the opening, tickets are admitted in order while the
+	// stock can serve them (`admit_factor` buyers per unit left; held units count, as
+	// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
+	// for the admission token. A join is one of the buyer's attempts on the SKU (429
+	// `rate_limited` past the rate). No body is needed; a client that always sends one
+	// sends `{}` (any member is 400).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /skus/{sku}/queue (the `JoinQueue` operationId).
+	JoinQueue(ctx context.Context, sku Sku, body JoinQueueJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTicket The buyer's ticket, and its admission token once admitted
+	//
+	// The ticket's state: WAITING (its `position` from 1 once the sale opened; none
+	// before, as the places are drawn at the opening), ADMITTED (with `admission_token`
+	// and `admission_expires_at`: send it as `Admission-Token` on `POST /reservations`
+	// before then; it fixes the reservation's id, so a retry with it is a replay),
+	// RESERVED (its reservation was taken), EXPIRED (admitted, not used in time),
+	// SOLD_OUT (no unit left and none can return), CLOSED (the sale closed). Only the
+	// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`).
+	//
+	// Corresponds with GET /skus/{sku}/queue/{ticket} (the `GetTicket` operationId).
+	GetTicket(ctx context.Context, sku Sku, ticket string, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // OrderCancelReservationWithBody Release a reservation (the order service)
@@ -2292,7 +2871,11 @@ func (c *Client) InspectStock(ctx context.Context, sku Sku, reqEditors ...Reques
 // change is due to be paid that long after its confirmation (a group join: after its
 // group formed), its `pay_by`; one the order service has not paid by then
 // (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
-// stock returns to the sale.
+// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
+// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
+// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
+// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+// it off (and `admit_factor` without a room is 400).
 //
 // Takes any type of body and a specified content type.
 //
@@ -2327,7 +2910,11 @@ func (c *Client) ChangeStockWithBody(ctx context.Context, sku Sku, params *Chang
 // change is due to be paid that long after its confirmation (a group join: after its
 // group formed), its `pay_by`; one the order service has not paid by then
 // (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
-// stock returns to the sale.
+// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
+// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
+// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
+// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+// it off (and `admit_factor` without a room is 400).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2501,11 +3088,122 @@ func (c *Client) GetReservation(ctx context.Context, id ReservationId, reqEditor
 //
 // The figure buyers see, the SKU's sale window (`opens_at`, `closes_at`; each only
 // when set) and `server_time`, the clock the window is judged by: a page counts down
-// to `opens_at` from `server_time`, not from the buyer's clock.
+// to `opens_at` from `server_time`, not from the buyer's clock. `waiting_room: true`
+// when the SKU sells through its waiting room (`/skus/{sku}/queue`).
 //
 // Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 func (c *Client) GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSkuRequest(c.Server, sku)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// QueueStatus A SKU's waiting room, for everyone (public, cacheable)
+//
+// The queue's state, the same for every caller: whether the sale is `open`, how many
+// places are admitted (`admitted_through`: places 1 to it), how many tickets the
+// queue has (`length`), whether it is `sold_out` (no unit left and none can return)
+// or no unit is left but held ones `may_return`. No token: it is public, answered
+// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
+// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
+// location whatever the query string, headers or cookies: pollers cost about one
+// origin request a second per edge, not one Lambda invocation each. Errors are
+// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
+// second all the same). Reading it admits whom the stock can serve, as every look at
+// the queue does.
+//
+// Corresponds with GET /skus/{sku}/queue (the `QueueStatus` operationId).
+func (c *Client) QueueStatus(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewQueueStatusRequest(c.Server, sku)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// JoinQueueWithBody Join a SKU's waiting room (the buyer's ticket)
+//
+// Gives the buyer their ticket in the SKU's waiting room, or the one they have: a
+// ticket is the buyer's and the SKU's, so joining again is the same ticket in the
+// same place. The queue opens `HOLDFAST_QUEUE_LEAD` (15 minutes) before the sale;
+// tickets taken before the opening have no `position` yet — their places are drawn
+// at random at the opening, so arriving first is no advantage; after it a ticket
+// takes the next place. From the opening, tickets are admitted in order while the
+// stock can serve them (`admit_factor` buyers per unit left; held units count, as
+// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
+// for the admission token. A join is one of the buyer's attempts on the SKU (429
+// `rate_limited` past the rate). No body is needed; a client that always sends one
+// sends `{}` (any member is 400).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /skus/{sku}/queue (the `JoinQueue` operationId).
+func (c *Client) JoinQueueWithBody(ctx context.Context, sku Sku, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewJoinQueueRequestWithBody(c.Server, sku, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// JoinQueue Join a SKU's waiting room (the buyer's ticket)
+//
+// Gives the buyer their ticket in the SKU's waiting room, or the one they have: a
+// ticket is the buyer's and the SKU's, so joining again is the same ticket in the
+// same place. The queue opens `HOLDFAST_QUEUE_LEAD` (15 minutes) before the sale;
+// tickets taken before the opening have no `position` yet — their places are drawn
+// at random at the opening, so arriving first is no advantage; after it a ticket
+// takes the next place. From the opening, tickets are admitted in order while the
+// stock can serve them (`admit_factor` buyers per unit left; held units count, as
+// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
+// for the admission token. A join is one of the buyer's attempts on the SKU (429
+// `rate_limited` past the rate). No body is needed; a client that always sends one
+// sends `{}` (any member is 400).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /skus/{sku}/queue (the `JoinQueue` operationId).
+func (c *Client) JoinQueue(ctx context.Context, sku Sku, body JoinQueueJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewJoinQueueRequest(c.Server, sku, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetTicket The buyer's ticket, and its admission token once admitted
+//
+// The ticket's state: WAITING (its `position` from 1 once the sale opened; none
+// before, as the places are drawn at the opening), ADMITTED (with `admission_token`
+// and `admission_expires_at`: send it as `Admission-Token` on `POST /reservations`
+// before then; it fixes the reservation's id, so a retry with it is a replay),
+// RESERVED (its reservation was taken), EXPIRED (admitted, not used in time),
+// SOLD_OUT (no unit left and none can return), CLOSED (the sale closed). Only the
+// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`).
+//
+// Corresponds with GET /skus/{sku}/queue/{ticket} (the `GetTicket` operationId).
+func (c *Client) GetTicket(ctx context.Context, sku Sku, ticket string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTicketRequest(c.Server, sku, ticket)
 	if err != nil {
 		return nil, err
 	}
@@ -2875,6 +3573,17 @@ func NewReserveRequestWithBody(server string, params *ReserveParams, contentType
 			req.Header.Set("Idempotency-Key", headerParam0)
 		}
 
+		if params.AdmissionToken != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Admission-Token", *params.AdmissionToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Admission-Token", headerParam1)
+		}
+
 	}
 
 	return req, nil
@@ -2965,6 +3674,128 @@ func NewGetSkuRequest(server string, sku Sku) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/skus/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewQueueStatusRequest constructs an http.Request for the QueueStatus method
+func NewQueueStatusRequest(server string, sku Sku) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sku", sku, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/skus/%s/queue", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewJoinQueueRequest calls the generic JoinQueue builder with application/json body
+func NewJoinQueueRequest(server string, sku Sku, body JoinQueueJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewJoinQueueRequestWithBody(server, sku, "application/json", bodyReader)
+}
+
+// NewJoinQueueRequestWithBody constructs an http.Request for the JoinQueue method, with any body, and a specified content type
+func NewJoinQueueRequestWithBody(server string, sku Sku, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sku", sku, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/skus/%s/queue", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewGetTicketRequest constructs an http.Request for the GetTicket method
+func NewGetTicketRequest(server string, sku Sku, ticket string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sku", sku, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "ticket", ticket, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/skus/%s/queue/%s", pathParam0, pathParam1)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -3135,7 +3966,11 @@ type ClientWithResponsesInterface interface {
 	// change is due to be paid that long after its confirmation (a group join: after its
 	// group formed), its `pay_by`; one the order service has not paid by then
 	// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
-	// stock returns to the sale.
+	// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
+	// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
+	// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
+	// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+	// it off (and `admit_factor` without a room is 400).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3160,7 +3995,11 @@ type ClientWithResponsesInterface interface {
 	// change is due to be paid that long after its confirmation (a group join: after its
 	// group formed), its `pay_by`; one the order service has not paid by then
 	// (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
-	// stock returns to the sale.
+	// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
+	// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
+	// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
+	// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+	// it off (and `admit_factor` without a room is 400).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3260,12 +4099,87 @@ type ClientWithResponsesInterface interface {
 	//
 	// The figure buyers see, the SKU's sale window (`opens_at`, `closes_at`; each only
 	// when set) and `server_time`, the clock the window is judged by: a page counts down
-	// to `opens_at` from `server_time`, not from the buyer's clock.
+	// to `opens_at` from `server_time`, not from the buyer's clock. `waiting_room: true`
+	// when the SKU sells through its waiting room (`/skus/{sku}/queue`).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /skus/{sku} (the `GetSku` operationId).
 	GetSkuWithResponse(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*GetSkuResponse, error)
+
+	// QueueStatusWithResponse A SKU's waiting room, for everyone (public, cacheable)
+	//
+	// The queue's state, the same for every caller: whether the sale is `open`, how many
+	// places are admitted (`admitted_through`: places 1 to it), how many tickets the
+	// queue has (`length`), whether it is `sold_out` (no unit left and none can return)
+	// or no unit is left but held ones `may_return`. No token: it is public, answered
+	// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
+	// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
+	// location whatever the query string, headers or cookies: pollers cost about one
+	// origin request a second per edge, not one Lambda invocation each. Errors are
+	// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
+	// second all the same). Reading it admits whom the stock can serve, as every look at
+	// the queue does.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /skus/{sku}/queue (the `QueueStatus` operationId).
+	QueueStatusWithResponse(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*QueueStatusResponse, error)
+
+	// JoinQueueWithBodyWithResponse Join a SKU's waiting room (the buyer's ticket)
+	//
+	// Gives the buyer their ticket in the SKU's waiting room, or the one they have: a
+	// ticket is the buyer's and the SKU's, so joining again is the same ticket in the
+	// same place. The queue opens `HOLDFAST_QUEUE_LEAD` (15 minutes) before the sale;
+	// tickets taken before the opening have no `position` yet — their places are drawn
+	// at random at the opening, so arriving first is no advantage; after it a ticket
+	// takes the next place. From the opening, tickets are admitted in order while the
+	// stock can serve them (`admit_factor` buyers per unit left; held units count, as
+	// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
+	// for the admission token. A join is one of the buyer's attempts on the SKU (429
+	// `rate_limited` past the rate). No body is needed; a client that always sends one
+	// sends `{}` (any member is 400).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /skus/{sku}/queue (the `JoinQueue` operationId).
+	JoinQueueWithBodyWithResponse(ctx context.Context, sku Sku, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*JoinQueueResponse, error)
+
+	// JoinQueueWithResponse Join a SKU's waiting room (the buyer's ticket)
+	//
+	// Gives the buyer their ticket in the SKU's waiting room, or the one they have: a
+	// ticket is the buyer's and the SKU's, so joining again is the same ticket in the
+	// same place. The queue opens `HOLDFAST_QUEUE_LEAD` (15 minutes) before the sale;
+	// tickets taken before the opening have no `position` yet — their places are drawn
+	// at random at the opening, so arriving first is no advantage; after it a ticket
+	// takes the next place. From the opening, tickets are admitted in order while the
+	// stock can serve them (`admit_factor` buyers per unit left; held units count, as
+	// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
+	// for the admission token. A join is one of the buyer's attempts on the SKU (429
+	// `rate_limited` past the rate). No body is needed; a client that always sends one
+	// sends `{}` (any member is 400).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /skus/{sku}/queue (the `JoinQueue` operationId).
+	JoinQueueWithResponse(ctx context.Context, sku Sku, body JoinQueueJSONRequestBody, reqEditors ...RequestEditorFn) (*JoinQueueResponse, error)
+
+	// GetTicketWithResponse The buyer's ticket, and its admission token once admitted
+	//
+	// The ticket's state: WAITING (its `position` from 1 once the sale opened; none
+	// before, as the places are drawn at the opening), ADMITTED (with `admission_token`
+	// and `admission_expires_at`: send it as `Admission-Token` on `POST /reservations`
+	// before then; it fixes the reservation's id, so a retry with it is a replay),
+	// RESERVED (its reservation was taken), EXPIRED (admitted, not used in time),
+	// SOLD_OUT (no unit left and none can return), CLOSED (the sale closed). Only the
+	// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /skus/{sku}/queue/{ticket} (the `GetTicket` operationId).
+	GetTicketWithResponse(ctx context.Context, sku Sku, ticket string, reqEditors ...RequestEditorFn) (*GetTicketResponse, error)
 }
 
 // OrderCancelReservationResponse503Headers the declared response headers of an HTTP 503 response for OrderCancelReservation
@@ -4027,6 +4941,8 @@ type ReserveResponse struct {
 	JSON400 *BadReserve
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *AdmissionRefused
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ReserveNotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
@@ -4071,6 +4987,11 @@ func (r ReserveResponse) GetJSON400() *BadReserve {
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
 func (r ReserveResponse) GetJSON401() *Unauthorized {
 	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ReserveResponse) GetJSON403() *AdmissionRefused {
+	return r.JSON403
 }
 
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
@@ -4433,6 +5354,351 @@ func (r GetSkuResponse) ContentType() string {
 	return ""
 }
 
+// QueueStatusResponse200Headers the declared response headers of an HTTP 200 response for QueueStatus
+type QueueStatusResponse200Headers struct {
+	CacheControl string
+}
+
+// QueueStatusResponse404Headers the declared response headers of an HTTP 404 response for QueueStatus
+type QueueStatusResponse404Headers struct {
+	CacheControl string
+}
+
+// QueueStatusResponse503Headers the declared response headers of an HTTP 503 response for QueueStatus
+type QueueStatusResponse503Headers struct {
+	CacheControl *string
+	RetryAfter   *int
+}
+
+type QueueStatusResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *QueueState
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *QueueNotFound
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *QueueOutage
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *QueueStatusResponse200Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *QueueStatusResponse404Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *QueueStatusResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r QueueStatusResponse) GetJSON200() *QueueState {
+	return r.JSON200
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r QueueStatusResponse) GetJSON404() *QueueNotFound {
+	return r.JSON404
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r QueueStatusResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r QueueStatusResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r QueueStatusResponse) GetJSON503() *QueueOutage {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r QueueStatusResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r QueueStatusResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r QueueStatusResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r QueueStatusResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// JoinQueueResponse200Headers the declared response headers of an HTTP 200 response for JoinQueue
+type JoinQueueResponse200Headers struct {
+	CacheControl string
+}
+
+// JoinQueueResponse401Headers the declared response headers of an HTTP 401 response for JoinQueue
+type JoinQueueResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// JoinQueueResponse404Headers the declared response headers of an HTTP 404 response for JoinQueue
+type JoinQueueResponse404Headers struct {
+	CacheControl string
+}
+
+// JoinQueueResponse409Headers the declared response headers of an HTTP 409 response for JoinQueue
+type JoinQueueResponse409Headers struct {
+	CacheControl string
+	RetryAfter   *int
+}
+
+// JoinQueueResponse429Headers the declared response headers of an HTTP 429 response for JoinQueue
+type JoinQueueResponse429Headers struct {
+	CacheControl *string
+	RetryAfter   *int
+}
+
+// JoinQueueResponse503Headers the declared response headers of an HTTP 503 response for JoinQueue
+type JoinQueueResponse503Headers struct {
+	CacheControl *string
+	RetryAfter   *int
+}
+
+type JoinQueueResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *QueueTicket
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *QueueNotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *JoinQueue409JSONResponseBody
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *TooLarge
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *QueueThrottled
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *QueueOutage
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *JoinQueueResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *JoinQueueResponse401Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *JoinQueueResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *JoinQueueResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *JoinQueueResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *JoinQueueResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r JoinQueueResponse) GetJSON200() *QueueTicket {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r JoinQueueResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r JoinQueueResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r JoinQueueResponse) GetJSON404() *QueueNotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r JoinQueueResponse) GetJSON409() *JoinQueue409JSONResponseBody {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r JoinQueueResponse) GetJSON413() *TooLarge {
+	return r.JSON413
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r JoinQueueResponse) GetJSON429() *QueueThrottled {
+	return r.JSON429
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r JoinQueueResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r JoinQueueResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r JoinQueueResponse) GetJSON503() *QueueOutage {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r JoinQueueResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r JoinQueueResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r JoinQueueResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r JoinQueueResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetTicketResponse200Headers the declared response headers of an HTTP 200 response for GetTicket
+type GetTicketResponse200Headers struct {
+	CacheControl string
+}
+
+// GetTicketResponse401Headers the declared response headers of an HTTP 401 response for GetTicket
+type GetTicketResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// GetTicketResponse404Headers the declared response headers of an HTTP 404 response for GetTicket
+type GetTicketResponse404Headers struct {
+	CacheControl string
+}
+
+// GetTicketResponse503Headers the declared response headers of an HTTP 503 response for GetTicket
+type GetTicketResponse503Headers struct {
+	CacheControl *string
+	RetryAfter   *int
+}
+
+type GetTicketResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *QueueTicket
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *TicketNotFound
+	// JSON431 the response for an HTTP 431 `application/json` response
+	JSON431 *HeadTooLarge
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *Fault
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *QueueOutage
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetTicketResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetTicketResponse401Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetTicketResponse404Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetTicketResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetTicketResponse) GetJSON200() *QueueTicket {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetTicketResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetTicketResponse) GetJSON404() *TicketNotFound {
+	return r.JSON404
+}
+
+// GetJSON431 returns the response for an HTTP 431 `application/json` response
+func (r GetTicketResponse) GetJSON431() *HeadTooLarge {
+	return r.JSON431
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetTicketResponse) GetJSON500() *Fault {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetTicketResponse) GetJSON503() *QueueOutage {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetTicketResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTicketResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTicketResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetTicketResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // OrderCancelReservationWithBodyWithResponse Release a reservation (the order service)
 //
 // The order service's cancel of a HELD or CONFIRMED reservation it will not take
@@ -4578,7 +5844,11 @@ func (c *ClientWithResponses) InspectStockWithResponse(ctx context.Context, sku 
 // change is due to be paid that long after its confirmation (a group join: after its
 // group formed), its `pay_by`; one the order service has not paid by then
 // (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
-// stock returns to the sale.
+// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
+// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
+// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
+// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+// it off (and `admit_factor` without a room is 400).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -4609,7 +5879,11 @@ func (c *ClientWithResponses) ChangeStockWithBodyWithResponse(ctx context.Contex
 // change is due to be paid that long after its confirmation (a group join: after its
 // group formed), its `pay_by`; one the order service has not paid by then
 // (`POST /admin/reservations/{id}/paid`) the sweeper cancels, `payment_timeout`, and its
-// stock returns to the sale.
+// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
+// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
+// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
+// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+// it off (and `admit_factor` without a room is 400).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -4757,7 +6031,8 @@ func (c *ClientWithResponses) GetReservationWithResponse(ctx context.Context, id
 //
 // The figure buyers see, the SKU's sale window (`opens_at`, `closes_at`; each only
 // when set) and `server_time`, the clock the window is judged by: a page counts down
-// to `opens_at` from `server_time`, not from the buyer's clock.
+// to `opens_at` from `server_time`, not from the buyer's clock. `waiting_room: true`
+// when the SKU sells through its waiting room (`/skus/{sku}/queue`).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -4768,6 +6043,104 @@ func (c *ClientWithResponses) GetSkuWithResponse(ctx context.Context, sku Sku, r
 		return nil, err
 	}
 	return ParseGetSkuResponse(rsp)
+}
+
+// QueueStatusWithResponse A SKU's waiting room, for everyone (public, cacheable)
+//
+// The queue's state, the same for every caller: whether the sale is `open`, how many
+// places are admitted (`admitted_through`: places 1 to it), how many tickets the
+// queue has (`length`), whether it is `sold_out` (no unit left and none can return)
+// or no unit is left but held ones `may_return`. No token: it is public, answered
+// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
+// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
+// location whatever the query string, headers or cookies: pollers cost about one
+// origin request a second per edge, not one Lambda invocation each. Errors are
+// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
+// second all the same). Reading it admits whom the stock can serve, as every look at
+// the queue does.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /skus/{sku}/queue (the `QueueStatus` operationId).
+func (c *ClientWithResponses) QueueStatusWithResponse(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*QueueStatusResponse, error) {
+	rsp, err := c.QueueStatus(ctx, sku, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseQueueStatusResponse(rsp)
+}
+
+// JoinQueueWithBodyWithResponse Join a SKU's waiting room (the buyer's ticket)
+//
+// Gives the buyer their ticket in the SKU's waiting room, or the one they have: a
+// ticket is the buyer's and the SKU's, so joining again is the same ticket in the
+// same place. The queue opens `HOLDFAST_QUEUE_LEAD` (15 minutes) before the sale;
+// tickets taken before the opening have no `position` yet — their places are drawn
+// at random at the opening, so arriving first is no advantage; after it a ticket
+// takes the next place. From the opening, tickets are admitted in order while the
+// stock can serve them (`admit_factor` buyers per unit left; held units count, as
+// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
+// for the admission token. A join is one of the buyer's attempts on the SKU (429
+// `rate_limited` past the rate). No body is needed; a client that always sends one
+// sends `{}` (any member is 400).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /skus/{sku}/queue (the `JoinQueue` operationId).
+func (c *ClientWithResponses) JoinQueueWithBodyWithResponse(ctx context.Context, sku Sku, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*JoinQueueResponse, error) {
+	rsp, err := c.JoinQueueWithBody(ctx, sku, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseJoinQueueResponse(rsp)
+}
+
+// JoinQueueWithResponse Join a SKU's waiting room (the buyer's ticket)
+//
+// Gives the buyer their ticket in the SKU's waiting room, or the one they have: a
+// ticket is the buyer's and the SKU's, so joining again is the same ticket in the
+// same place. The queue opens `HOLDFAST_QUEUE_LEAD` (15 minutes) before the sale;
+// tickets taken before the opening have no `position` yet — their places are drawn
+// at random at the opening, so arriving first is no advantage; after it a ticket
+// takes the next place. From the opening, tickets are admitted in order while the
+// stock can serve them (`admit_factor` buyers per unit left; held units count, as
+// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
+// for the admission token. A join is one of the buyer's attempts on the SKU (429
+// `rate_limited` past the rate). No body is needed; a client that always sends one
+// sends `{}` (any member is 400).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /skus/{sku}/queue (the `JoinQueue` operationId).
+func (c *ClientWithResponses) JoinQueueWithResponse(ctx context.Context, sku Sku, body JoinQueueJSONRequestBody, reqEditors ...RequestEditorFn) (*JoinQueueResponse, error) {
+	rsp, err := c.JoinQueue(ctx, sku, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseJoinQueueResponse(rsp)
+}
+
+// GetTicketWithResponse The buyer's ticket, and its admission token once admitted
+//
+// The ticket's state: WAITING (its `position` from 1 once the sale opened; none
+// before, as the places are drawn at the opening), ADMITTED (with `admission_token`
+// and `admission_expires_at`: send it as `Admission-Token` on `POST /reservations`
+// before then; it fixes the reservation's id, so a retry with it is a replay),
+// RESERVED (its reservation was taken), EXPIRED (admitted, not used in time),
+// SOLD_OUT (no unit left and none can return), CLOSED (the sale closed). Only the
+// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /skus/{sku}/queue/{ticket} (the `GetTicket` operationId).
+func (c *ClientWithResponses) GetTicketWithResponse(ctx context.Context, sku Sku, ticket string, reqEditors ...RequestEditorFn) (*GetTicketResponse, error) {
+	rsp, err := c.GetTicket(ctx, sku, ticket, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTicketResponse(rsp)
 }
 
 // ParseOrderCancelReservationResponse parses an HTTP response from a OrderCancelReservationWithResponse call
@@ -5495,6 +6868,13 @@ func ParseReserveResponse(rsp *http.Response) (*ReserveResponse, error) {
 		}
 		response.JSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest AdmissionRefused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest ReserveNotFound
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -5862,6 +7242,384 @@ func ParseGetSkuResponse(rsp *http.Response) (*GetSkuResponse, error) {
 		response.Headers401 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetSkuResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseQueueStatusResponse parses an HTTP response from a QueueStatusWithResponse call
+func ParseQueueStatusResponse(rsp *http.Response) (*QueueStatusResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &QueueStatusResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest QueueState
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest QueueNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest QueueOutage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers QueueStatusResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 404:
+		var headers QueueStatusResponse404Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 503:
+		var headers QueueStatusResponse503Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseJoinQueueResponse parses an HTTP response from a JoinQueueWithResponse call
+func ParseJoinQueueResponse(rsp *http.Response) (*JoinQueueResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &JoinQueueResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest QueueTicket
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest QueueNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest JoinQueue409JSONResponseBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QueueThrottled
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest QueueOutage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers JoinQueueResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers JoinQueueResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 404:
+		var headers JoinQueueResponse404Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers JoinQueueResponse409Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers JoinQueueResponse429Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers JoinQueueResponse503Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetTicketResponse parses an HTTP response from a GetTicketWithResponse call
+func ParseGetTicketResponse(rsp *http.Response) (*GetTicketResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTicketResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest QueueTicket
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest TicketNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest HeadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON431 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Fault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest QueueOutage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetTicketResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetTicketResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetTicketResponse404Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetTicketResponse503Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

@@ -18,7 +18,8 @@ import (
 // make dev's stack: the admin creates the SKU with a pay window, a buyer
 // reserves with an Idempotency-Key, polls it to CONFIRMED (with its pay_by),
 // a retry of the same key is answered 200 with the same reservation, and
-// the order service pays it: PAID, which its cancel can no longer move.
+// the order service pays it: PAID, which its cancel can no longer move; and
+// a buyer goes through a SKU's waiting room to buy it.
 func TestGeneratedClientCompletesAReservation(t *testing.T) {
 	env := testservices.Require(t)
 	ctx := context.Background()
@@ -78,6 +79,30 @@ func TestGeneratedClientCompletesAReservation(t *testing.T) {
 	cancel, err := admin.OrderCancelReservationWithResponse(ctx, id, client.OrderCancelReservationJSONRequestBody{Reason: "checkout:abandoned"})
 	if err != nil || cancel.JSON409 == nil || cancel.JSON409.Error != client.PaidErrorPaid {
 		t.Errorf("order cancel of a PAID reservation = %v %s, %v; want 409 paid", cancel.StatusCode(), cancel.Body, err)
+	}
+
+	// Through a waiting room: the buyer joins, anyone reads the queue
+	// without a token, the admitted ticket's token buys.
+	roomSKU, on := testservices.Name("genroom"), true
+	if lv, err := admin.ChangeStockWithResponse(ctx, roomSKU, &client.ChangeStockParams{},
+		client.ChangeStockJSONRequestBody{Stock: &stock, WaitingRoom: &on}); err != nil || lv.JSON200 == nil || !lv.JSON200.WaitingRoom || lv.JSON200.AdmitFactor == nil || *lv.JSON200.AdmitFactor != 1 {
+		t.Fatalf("change stock with a room = %v %s, %v; want waiting_room true, admit_factor 1", lv.StatusCode(), lv.Body, err)
+	}
+	joined, err := buyer.JoinQueueWithResponse(ctx, roomSKU, client.JoinQueueJSONRequestBody{})
+	if err != nil || joined.JSON200 == nil || joined.JSON200.Ticket == "" {
+		t.Fatalf("join = %v %s, %v", joined.StatusCode(), joined.Body, err)
+	}
+	status, err := admin.QueueStatusWithResponse(ctx, roomSKU) // no token
+	if err != nil || status.JSON200 == nil || !status.JSON200.Open || status.JSON200.AdmittedThrough < 1 || status.HTTPResponse.Header.Get("Cache-Control") != "public, max-age=1" {
+		t.Fatalf("queue status = %v %s, %v; want 200 open, place 1 admitted, public for a second", status.StatusCode(), status.Body, err)
+	}
+	ticket, err := buyer.GetTicketWithResponse(ctx, roomSKU, joined.JSON200.Ticket)
+	if err != nil || ticket.JSON200 == nil || ticket.JSON200.Status != client.ADMITTED || ticket.JSON200.AdmissionToken == nil {
+		t.Fatalf("ticket = %v %s, %v; want ADMITTED with a token", ticket.StatusCode(), ticket.Body, err)
+	}
+	bought, err := buyer.ReserveWithResponse(ctx, &client.ReserveParams{AdmissionToken: ticket.JSON200.AdmissionToken}, client.ReserveJSONRequestBody{Sku: roomSKU, Qty: 1})
+	if err != nil || bought.JSON202 == nil || bought.JSON202.Status != client.HELD {
+		t.Fatalf("reserve with the admission = %v %s, %v; want 202 HELD", bought.StatusCode(), bought.Body, err)
 	}
 }
 

@@ -117,6 +117,11 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	if body := api("skus-get.json", 200); body["available"] != float64(99) {
 		t.Errorf("sku = %v, want 99 available", body)
 	}
+	// The waiting room's public status needs no token (no authorizer);
+	// demo-phone sells without a room.
+	if body := api("skus-queue-get.json", 404); body["error"] != "no_waiting_room" {
+		t.Errorf("queue status without a token = %v, want 404 no_waiting_room", body)
+	}
 	if body := api("groups-post.json", 201); body["status"] != "OPEN" || !strings.HasPrefix(body["group_id"].(string), "g-") {
 		t.Errorf("group = %v", body)
 	}

@@ -9,6 +9,7 @@
 package devstack
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -317,6 +319,10 @@ type APIHandler func(ctx context.Context, req events.APIGatewayV2HTTPRequest) (e
 //     or with one v rejects (signature, kid, iss, aud, exp, nbf): 401
 //     {"message":"Unauthorized"}. A nil v rejects every token.
 //
+// A GET answered "Cache-Control: public, max-age=N" (the waiting room's
+// status) is answered again from memory for up to a second, as the stack's
+// CloudFront distribution does (edgeCache).
+//
 // Otherwise the event carries RouteKey ("GET /reservations/{id}"),
 // PathParameters and, behind a JWT authorizer, the token's claims at
 // RequestContext.Authorizer.JWT.Claims (Scopes nil). AWS_IAM routes (/admin)
@@ -334,7 +340,7 @@ func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Log
 	for _, route := range routes {
 		mux.Handle(pattern(route), invoke(h, route, v, log))
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return newEdgeCache(time.Now, log).wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// API Gateway's quotas come before routing: the request line and
 		// headers, then the payload (a body of unknown length is counted
 		// as it is read, in invoke).
@@ -356,7 +362,111 @@ func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Log
 			return
 		}
 		mux.ServeHTTP(w, r)
+	}))
+}
+
+// EdgeMaxAge is how long the stack's CloudFront distribution keeps the
+// waiting room's public status (template.yaml's QueueStatusCachePolicy).
+const EdgeMaxAge = time.Second
+
+// edgeCache is what the CloudFront distribution in front of the API does
+// for the waiting room's public status, kept small: a GET answered with
+// Cache-Control "public, max-age=N" (N ≥ 1) is served again to every GET of
+// the same path — whatever its query string, headers or cookies — for N
+// seconds, at most EdgeMaxAge, and then asked of the API anew. Nothing else
+// is kept (the distribution caches nothing else: CachingDisabled).
+type edgeCache struct {
+	now func() time.Time
+	log *slog.Logger
+
+	mu   sync.Mutex
+	kept map[string]keptAnswer // by path
+}
+
+type keptAnswer struct {
+	status int
+	header http.Header
+	body   []byte
+	until  time.Time
+}
+
+func newEdgeCache(now func() time.Time, log *slog.Logger) *edgeCache {
+	return &edgeCache{now: now, log: log, kept: map[string]keptAnswer{}}
+}
+
+func (c *edgeCache) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			next.ServeHTTP(w, r)
+			return
+		}
+		c.mu.Lock()
+		a, ok := c.kept[r.URL.Path]
+		c.mu.Unlock()
+		if ok && c.now().Before(a.until) {
+			for k, v := range a.header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(a.status)
+			_, _ = w.Write(a.body)
+			c.log.Info(r.Method+" "+r.URL.Path, "status", a.status, "cache", "hit")
+			return
+		}
+		rec := &recording{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(rec, r)
+		if ttl := publicMaxAge(w.Header().Get("Cache-Control")); ttl > 0 {
+			c.mu.Lock()
+			now := c.now()
+			for p, old := range c.kept {
+				if !now.Before(old.until) {
+					delete(c.kept, p)
+				}
+			}
+			c.kept[r.URL.Path] = keptAnswer{status: rec.status, header: w.Header().Clone(), body: rec.body.Bytes(), until: now.Add(min(ttl, EdgeMaxAge))}
+			c.mu.Unlock()
+		}
 	})
+}
+
+// publicMaxAge is the max-age of a Cache-Control value that says public
+// (0 if it does not, or says no-store, no-cache or private).
+func publicMaxAge(cc string) time.Duration {
+	var public bool
+	var age time.Duration
+	for _, d := range strings.Split(cc, ",") {
+		d = strings.ToLower(strings.TrimSpace(d))
+		switch {
+		case d == "public":
+			public = true
+		case d == "no-store" || d == "no-cache" || d == "private":
+			return 0
+		case strings.HasPrefix(d, "max-age="):
+			if n, err := strconv.Atoi(strings.TrimPrefix(d, "max-age=")); err == nil && n > 0 {
+				age = time.Duration(n) * time.Second
+			}
+		}
+	}
+	if !public {
+		return 0
+	}
+	return age
+}
+
+// recording passes a response on and keeps a copy of its status and body.
+type recording struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recording) WriteHeader(status int) {
+	r.status = status
+	r.ResponseWriter.WriteHeader(status)
+}
+
+func (r *recording) Write(b []byte) (int, error) {
+	r.body.Write(b)
+	return r.ResponseWriter.Write(b)
 }
 
 // invoke serves one route: the authorizer, then the function.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -268,5 +269,57 @@ func TestGatewayWithoutVerifierRejects(t *testing.T) {
 	}
 	if len(rec.take()) != 0 {
 		t.Error("the handler was called")
+	}
+}
+
+// The waiting room's routes: joining and a ticket are the buyer's (JWT);
+// the queue's status is public (no authorizer, no claims in the event), and
+// its public answer is kept a second, as CloudFront keeps it in AWS.
+func TestGatewayServesTheWaitingRoom(t *testing.T) {
+	srv, iss, rec := gateway(t)
+	tok, err := iss.Mint("ann", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ method, path string }{{"POST", "/skus/demo-phone/queue"}, {"GET", "/skus/demo-phone/queue/t1"}} {
+		if resp, body := send(t, srv, c.method, c.path, "", ""); resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s %s without a token = %d %s, want 401", c.method, c.path, resp.StatusCode, body)
+		}
+		if resp, _ := send(t, srv, c.method, c.path, "Bearer "+tok, ""); resp.StatusCode != http.StatusTeapot {
+			t.Errorf("%s %s with a token = %d, want the handler's 418", c.method, c.path, resp.StatusCode)
+		}
+	}
+	evs := rec.take()
+	if len(evs) != 2 || evs[0].RouteKey != "POST /skus/{sku}/queue" || evs[1].RouteKey != "GET /skus/{sku}/queue/{ticket}" ||
+		evs[1].PathParameters["ticket"] != "t1" || evs[1].RequestContext.Authorizer == nil {
+		t.Fatalf("events = %+v, want the join and the ticket, with claims", evs)
+	}
+	if resp, _ := send(t, srv, "GET", "/skus/demo-phone/queue", "", ""); resp.StatusCode != http.StatusTeapot {
+		t.Errorf("GET /skus/demo-phone/queue without a token = %d, want the handler's 418", resp.StatusCode)
+	}
+	if evs := rec.take(); len(evs) != 1 || evs[0].RouteKey != "GET /skus/{sku}/queue" || evs[0].RequestContext.Authorizer != nil {
+		t.Errorf("public status events = %+v, want one, without an authorizer", evs)
+	}
+
+	tpl, err := samtemplate.Load("../../template.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls int
+	var mu sync.Mutex
+	public := func(_ context.Context, ev events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		return events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "public, max-age=1"},
+			Body: `{"n":` + strconv.Itoa(calls) + `}`}, nil
+	}
+	cached := httptest.NewServer(devstack.Gateway(public, tpl.Routes(), iss.Verifier(), slog.New(slog.DiscardHandler)))
+	defer cached.Close()
+	start := time.Now()
+	_, first := send(t, cached, "GET", "/skus/demo-phone/queue", "", "")
+	resp, second := send(t, cached, "GET", "/skus/demo-phone/queue?poll=2", "", "")
+	if time.Since(start) < devstack.EdgeMaxAge && (first != `{"n":1}` || second != first || resp.Header.Get("Cache-Control") != "public, max-age=1") {
+		t.Errorf("two GETs within a second = %s, %s (Cache-Control %q), want the first answer twice", first, second, resp.Header.Get("Cache-Control"))
 	}
 }

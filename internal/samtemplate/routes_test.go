@@ -1,6 +1,7 @@
 package samtemplate_test
 
 import (
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -12,7 +13,8 @@ import (
 )
 
 // The dev gateway authorizes from Routes: every served route must be there,
-// buyer routes behind the JWT authorizer, /admin behind IAM.
+// buyer routes behind the JWT authorizer, /admin behind IAM, and one route
+// public: the waiting room's status, the same answer for everyone.
 func TestRoutesCarryTheirAuthorizers(t *testing.T) {
 	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
 	if err != nil {
@@ -23,8 +25,11 @@ func TestRoutesCarryTheirAuthorizers(t *testing.T) {
 		keys = append(keys, r.Key()) // API Gateway's routeKey, which the handler dispatches on
 		want := samtemplate.Route{Function: "ReserveFunction", Method: r.Method, Path: r.Path,
 			Authorizer: "BuyerJwt", AuthType: "JWT", IdentityHeader: "Authorization"}
-		if strings.HasPrefix(r.Path, "/admin/") {
+		switch {
+		case strings.HasPrefix(r.Path, "/admin/"):
 			want.Authorizer, want.AuthType, want.IdentityHeader = "AWS_IAM", "AWS_IAM", ""
+		case r.Key() == "GET /skus/{sku}/queue": // the waiting room's public status
+			want.Authorizer, want.AuthType, want.IdentityHeader = "NONE", "NONE", ""
 		}
 		if r != want {
 			t.Errorf("route %s = %+v, want %+v", r.Key(), r, want)
@@ -93,3 +98,79 @@ func TestOrderServicePolicyGrantsItsRoutesOnly(t *testing.T) {
 
 // param is a path parameter of a route ("{id}").
 var param = regexp.MustCompile(`\{[^}]+\}`)
+
+// The CloudFront distribution caches the waiting room's public status and
+// nothing else: one cache behaviour, whose path pattern reaches no GET route
+// but the public one, keeps it 1 s keyed by the path alone; every other path
+// goes to the API uncached with the viewer's headers (the buyer's JWT) but
+// Host. The origin is this API's stage.
+func TestTheCDNCachesThePublicStatusOnly(t *testing.T) {
+	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := tpl.Doc["Resources"].(map[string]any)
+	get := func(v any, keys ...string) any {
+		for _, k := range keys {
+			m, _ := v.(map[string]any)
+			v = m[k]
+		}
+		return v
+	}
+	const cachingDisabled, allViewerExceptHost = "4135ea2d-6df8-44a3-9df3-4b5a84be39ad", "b689b0a8-53d0-40ab-baf2-68738e2966ac"
+	cfg := get(res["ApiCdn"], "Properties", "DistributionConfig")
+	if get(res["ApiCdn"], "Type") != "AWS::CloudFront::Distribution" || cfg == nil {
+		t.Fatalf("ApiCdn = %v, want a CloudFront distribution", res["ApiCdn"])
+	}
+	origins, _ := get(cfg, "Origins").([]any)
+	if len(origins) != 1 || get(origins[0], "DomainName", "Fn::Sub") != "${HttpApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}" ||
+		get(origins[0], "OriginPath", "Fn::Sub") != "/${Stage}" || get(origins[0], "CustomOriginConfig", "OriginProtocolPolicy") != "https-only" {
+		t.Errorf("origins = %v, want this HTTP API's stage, over HTTPS only", origins)
+	}
+	def := get(cfg, "DefaultCacheBehavior")
+	if get(def, "CachePolicyId") != cachingDisabled || get(def, "OriginRequestPolicyId") != allViewerExceptHost {
+		t.Errorf("default behaviour = %v, want CachingDisabled with AllViewerExceptHostHeader", def)
+	}
+	behaviours, _ := get(cfg, "CacheBehaviors").([]any)
+	if len(behaviours) != 1 {
+		t.Fatalf("cache behaviours = %v, want one (the public status)", behaviours)
+	}
+	b := behaviours[0]
+	if ref := get(b, "CachePolicyId", "Ref"); ref != "QueueStatusCachePolicy" {
+		t.Fatalf("the status behaviour's cache policy = %v, want QueueStatusCachePolicy", get(b, "CachePolicyId"))
+	}
+	policy := get(res["QueueStatusCachePolicy"], "Properties", "CachePolicyConfig")
+	for _, ttl := range []string{"MinTTL", "DefaultTTL", "MaxTTL"} {
+		if v := get(policy, ttl); fmt.Sprint(v) != "1" {
+			t.Errorf("QueueStatusCachePolicy %s = %v, want 1 (second)", ttl, v)
+		}
+	}
+	key := get(policy, "ParametersInCacheKeyAndForwardedToOrigin")
+	if get(key, "CookiesConfig", "CookieBehavior") != "none" || get(key, "HeadersConfig", "HeaderBehavior") != "none" ||
+		get(key, "QueryStringsConfig", "QueryStringBehavior") != "none" {
+		t.Errorf("the status's cache key = %v, want the path alone (no cookie, header or query string)", key)
+	}
+	// CloudFront's * is any text, slashes included.
+	pattern, _ := get(b, "PathPattern").(string)
+	re := regexp.MustCompile("^" + strings.ReplaceAll(regexp.QuoteMeta(pattern), `\*`, ".*") + "$")
+	var cached []string
+	for _, r := range tpl.Routes() {
+		if r.Method == "GET" && re.MatchString(param.ReplaceAllString(r.Path, "p")) {
+			cached = append(cached, r.Key())
+			if r.AuthType != "NONE" {
+				t.Errorf("the distribution caches %s, which has the %s authorizer: one buyer's answer would be served to others", r.Key(), r.AuthType)
+			}
+		}
+	}
+	if !slices.Equal(cached, []string{"GET /skus/{sku}/queue"}) {
+		t.Errorf("the distribution caches %v (pattern %q), want exactly GET /skus/{sku}/queue", cached, pattern)
+	}
+	methods, _ := get(b, "AllowedMethods").([]any)
+	if !slices.Contains(methods, any("POST")) || get(b, "OriginRequestPolicyId") != allViewerExceptHost {
+		t.Errorf("the status behaviour = %v, want POST (joining) allowed through, with the viewer's headers", b)
+	}
+	outputs, _ := tpl.Doc["Outputs"].(map[string]any)
+	if get(outputs, "CdnDomainName", "Value", "Fn::GetAtt") == nil || get(outputs, "CdnUrl", "Value", "Fn::Sub") != "https://${ApiCdn.DomainName}" {
+		t.Errorf("outputs CdnDomainName %v, CdnUrl %v; want the distribution's domain", outputs["CdnDomainName"], outputs["CdnUrl"])
+	}
+}

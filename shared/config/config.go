@@ -165,8 +165,8 @@ func parse(getenv func(string) string) (Config, error) {
 	if c.Protocol.WarmLead < 0 {
 		return Config{}, errors.New("config: HOLDFAST_WARM_LEAD must be 0 (never) or more")
 	}
-	if c.Protocol.QueueLead < 0 || c.Protocol.AdmitFor < time.Second {
-		return Config{}, errors.New("config: HOLDFAST_QUEUE_LEAD must be 0 or more, HOLDFAST_ADMIT_FOR at least 1s")
+	if c.Protocol.QueueLead < 0 || c.Protocol.AdmitFor <= 0 {
+		return Config{}, errors.New("config: HOLDFAST_QUEUE_LEAD must be 0 or more and HOLDFAST_ADMIT_FOR positive")
 	}
 	if c.Protocol.MaxOpenGroups < 0 {
 		return Config{}, errors.New("config: HOLDFAST_MAX_OPEN_GROUPS must be 0 (no cap) or more")

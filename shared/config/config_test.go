@@ -13,10 +13,13 @@ func env(m map[string]string) func(string) string { return func(k string) string
 func TestLoadDefaultsAndOverrides(t *testing.T) {
 	c, err := config.Load(env(map[string]string{
 		"HOLDFAST_REDIS_ADDR": "127.0.0.1:6379", "HOLDFAST_DB_DSN": "u:p@tcp(127.0.0.1:3306)/h",
-		"HOLDFAST_HOLD_TTL": "90s", "HOLDFAST_MAX_QTY": "3",
+		"HOLDFAST_HOLD_TTL": "90s", "HOLDFAST_MAX_QTY": "3", "HOLDFAST_ADMIT_FOR": "1s",
 	}))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.Protocol.AdmitFor != time.Second || c.Protocol.QueueLead != 15*time.Minute {
+		t.Errorf("Load: AdmitFor %v, QueueLead %v; want 1s and the default 15m", c.Protocol.AdmitFor, c.Protocol.QueueLead)
 	}
 	if c.Protocol.HoldTTL != 90*time.Second || c.Protocol.MaxQty != 3 || c.Protocol.PersistAttempts != 8 || c.HoldRetention != 24*time.Hour {
 		t.Errorf("Load = %+v", c)
@@ -32,6 +35,8 @@ func TestLoadErrorsNameTheSetting(t *testing.T) {
 		"HOLDFAST_REDIS_ADDR":       "",
 		"HOLDFAST_DB_DSN":           "",
 		"HOLDFAST_PERSIST_ATTEMPTS": "0",
+		"HOLDFAST_ADMIT_FOR":        "0s",
+		"HOLDFAST_QUEUE_LEAD":       "-1m",
 	} {
 		m := map[string]string{}
 		for k, v := range base {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base32"
+	"errors"
 	"log/slog"
 	"net/http"
 	"sort"
@@ -35,6 +36,9 @@ type Service interface {
 	ChangeStock(ctx context.Context, c reservation.StockChange) (reservation.StockLevel, error)
 	InspectStock(ctx context.Context, sku string) (reservation.StockReport, error)
 	Account(ctx context.Context, sku string) (reservation.SKUAccount, error)
+	JoinQueue(ctx context.Context, user, sku string) (reservation.QueueState, error)
+	QueueStatus(ctx context.Context, sku string) (reservation.QueueState, error)
+	Ticket(ctx context.Context, user, sku, ticket string) (reservation.QueueState, reservation.Admission, error)
 }
 
 // Handler is the API Gateway handler of functions/reserve.
@@ -136,9 +140,38 @@ var routes = map[string]route{
 		if err != nil {
 			return h.fail(ctx, err)
 		}
+		room, err := h.hasRoom(ctx, st.SKU)
+		if err != nil {
+			return h.fail(ctx, err)
+		}
 		body := map[string]any{"sku": st.SKU, "available": st.Available, "server_time": timestamp(st.Now)}
 		window(body, st.OpensAt, st.ClosesAt)
+		if room {
+			body["waiting_room"] = true
+		}
 		return reply(http.StatusOK, body)
+	},
+	// The waiting room: a buyer joins (their ticket), everyone reads the
+	// queue's state (public: a CDN caches it for a second), a buyer reads
+	// their ticket and, once admitted, its admission token.
+	"POST /skus/{sku}/queue": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, user string) response {
+		return h.joinQueue(ctx, req, p["sku"], user)
+	},
+	publicRoute: func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		q, err := h.svc.QueueStatus(ctx, p["sku"])
+		if err != nil {
+			return noStore(h.fail(ctx, err))
+		}
+		resp := reply(http.StatusOK, queueBody(q))
+		resp.Headers["Cache-Control"] = "public, max-age=1"
+		return resp
+	},
+	"GET /skus/{sku}/queue/{ticket}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, user string) response {
+		q, a, err := h.svc.Ticket(ctx, user, p["sku"], p["ticket"])
+		if err != nil {
+			return noStore(h.fail(ctx, err))
+		}
+		return noStore(reply(http.StatusOK, ticketBody(q, a)))
 	},
 	"PUT /admin/skus/{sku}/stock": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
 		return h.setStock(ctx, req, p["sku"])
@@ -154,6 +187,11 @@ var routes = map[string]route{
 			"pay_within_seconds": wholeSeconds(r.PayWithin),
 		}
 		window(body, r.OpensAt, r.ClosesAt)
+		room, err := h.hasRoom(ctx, r.SKU)
+		if err != nil {
+			return h.fail(ctx, err)
+		}
+		body["waiting_room"] = room
 		resp := reply(http.StatusOK, body)
 		resp.Headers["ETag"] = etag(r.Version)
 		return resp
@@ -174,6 +212,10 @@ var routes = map[string]route{
 		return h.orderCancel(ctx, req, p["id"])
 	},
 }
+
+// publicRoute is the one route without a caller: the waiting room's state,
+// the same answer for everyone (no authorizer in api/openapi.yaml).
+const publicRoute = "GET /skus/{sku}/queue"
 
 // Routes lists the route keys the handler serves ("GET /reservations/{id}"),
 // sorted.
@@ -199,7 +241,9 @@ func (h *Handler) Handle(ctx context.Context, req events.APIGatewayV2HTTPRequest
 		return errorReply(http.StatusNotFound, "not_found", "no route "+key), nil
 	}
 	var user string
-	if !strings.Contains(key, " /admin/") { // buyer routes: API Gateway's JWT authorizer (admin: IAM)
+	// Buyer routes: API Gateway's JWT authorizer (admin: IAM); the public
+	// queue status names nobody.
+	if !strings.Contains(key, " /admin/") && key != publicRoute {
 		var resp response
 		var ok bool
 		if user, resp, ok = h.caller(req); !ok {
@@ -239,7 +283,7 @@ func (h *Handler) reserve(ctx context.Context, req events.APIGatewayV2HTTPReques
 	}
 	r, replayed, err := h.svc.Reserve(ctx, reservation.ReserveRequest{
 		SKU: b.SKU, Qty: *b.Qty, UserID: user, GroupID: group,
-		IdempotencyKey: header(req, "Idempotency-Key"),
+		IdempotencyKey: header(req, "Idempotency-Key"), Admission: header(req, "Admission-Token"),
 	})
 	if err != nil {
 		return h.fail(ctx, err)
@@ -287,16 +331,18 @@ func (h *Handler) createGroup(ctx context.Context, req events.APIGatewayV2HTTPRe
 }
 
 type stockRequest struct {
-	Stock        *int64  `json:"stock"`
-	Add          *int64  `json:"add"`
-	PerUserLimit *int    `json:"per_user_limit"`
-	RatePerSec   *int    `json:"rate_per_second"`
-	Burst        *int    `json:"burst"`
-	Buckets      *int    `json:"buckets"`
-	OpensAt      *string `json:"opens_at"`
-	ClosesAt     *string `json:"closes_at"`
-	PayWithin    *int64  `json:"pay_within_seconds"`
-	Version      *int64  `json:"version"`
+	Stock        *int64   `json:"stock"`
+	Add          *int64   `json:"add"`
+	PerUserLimit *int     `json:"per_user_limit"`
+	RatePerSec   *int     `json:"rate_per_second"`
+	Burst        *int     `json:"burst"`
+	Buckets      *int     `json:"buckets"`
+	OpensAt      *string  `json:"opens_at"`
+	ClosesAt     *string  `json:"closes_at"`
+	PayWithin    *int64   `json:"pay_within_seconds"`
+	WaitingRoom  *bool    `json:"waiting_room"`
+	AdmitFactor  *float64 `json:"admit_factor"`
+	Version      *int64   `json:"version"`
 }
 
 // payWithin reads pay_within_seconds into a Duration: a figure outside
@@ -350,7 +396,8 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 		return invalid(problem)
 	}
 	c := reservation.StockChange{SKU: sku, Set: b.Stock, Add: b.Add, Limit: b.PerUserLimit, Rate: b.RatePerSec, Burst: b.Burst, IfVersion: b.Version,
-		Buckets: b.Buckets, OpensAt: opens, ClosesAt: closes, PayWithin: payWithin(b.PayWithin), Key: header(req, "Idempotency-Key")}
+		Buckets: b.Buckets, OpensAt: opens, ClosesAt: closes, PayWithin: payWithin(b.PayWithin),
+		WaitingRoom: b.WaitingRoom, AdmitFactor: b.AdmitFactor, Key: header(req, "Idempotency-Key")}
 	if m := strings.TrimSpace(header(req, "If-Match")); m == "*" {
 		// RFC 9110: * matches any current representation: the SKU as it
 		// stands, whatever its version (and 412 if there is none).
@@ -375,7 +422,10 @@ func (h *Handler) setStock(ctx context.Context, req events.APIGatewayV2HTTPReque
 	body := map[string]any{
 		"sku": level.SKU, "stock": level.Available, "per_user_limit": level.PerUserLimit, "version": level.Version,
 		"rate_per_second": level.UserRate, "burst": level.UserBurst, "buckets": level.BucketCount(),
-		"pay_within_seconds": wholeSeconds(level.PayWithin),
+		"pay_within_seconds": wholeSeconds(level.PayWithin), "waiting_room": level.WaitingRoom(),
+	}
+	if level.WaitingRoom() {
+		body["admit_factor"] = float64(level.AdmitPermille) / 1000
 	}
 	window(body, level.OpensAt, level.ClosesAt)
 	resp := reply(http.StatusOK, body)
@@ -421,4 +471,43 @@ func (h *Handler) orderCancel(ctx context.Context, req events.APIGatewayV2HTTPRe
 		return h.fail(ctx, err)
 	}
 	return reply(http.StatusOK, reservationBody(r))
+}
+
+// joinRequest is POST /skus/{sku}/queue's body: none, or {} (any member is
+// refused as unknown).
+type joinRequest struct{}
+
+// joinQueue gives the caller their ticket in the SKU's waiting room (the
+// one they have, if any): 200 with the ticket's state. Its admission token
+// comes with GET /skus/{sku}/queue/{ticket}.
+func (h *Handler) joinQueue(ctx context.Context, req events.APIGatewayV2HTTPRequest, sku, user string) response {
+	if resp, ok := optionalBody(req, &joinRequest{}); !ok {
+		return resp
+	}
+	q, err := h.svc.JoinQueue(ctx, user, sku)
+	if err != nil {
+		return noStore(h.fail(ctx, err))
+	}
+	return noStore(reply(http.StatusOK, ticketBody(q, reservation.Admission{})))
+}
+
+// hasRoom reports whether sku sells through a waiting room, as Redis has
+// it: the queue's state answers ErrNoWaitingRoom when it does not.
+// (reservation.SKUState and StockReport do not carry the room.)
+func (h *Handler) hasRoom(ctx context.Context, sku string) (bool, error) {
+	_, err := h.svc.QueueStatus(ctx, sku)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, reservation.ErrNoWaitingRoom):
+		return false, nil
+	}
+	return false, err
+}
+
+// noStore marks resp as nobody's to keep: a ticket's answer (its admission
+// token), and every error of the queue's routes.
+func noStore(resp response) response {
+	resp.Headers["Cache-Control"] = "no-store"
+	return resp
 }

@@ -27,6 +27,13 @@ type stub struct {
 	user      string // the caller Get or Cancel was asked for
 	groupUser string // the creator CreateGroup was asked for
 	id, note  string // the reservation Pay or OrderCancel was asked for, and OrderCancel's note
+	// The waiting room: room makes QueueStatus answer (else
+	// ErrNoWaitingRoom); queue and admission are what the queue's methods
+	// answer; asked records their arguments ("user sku ticket").
+	room      bool
+	queue     reservation.QueueState
+	admission reservation.Admission
+	asked     string
 }
 
 func (s *stub) Reserve(_ context.Context, req reservation.ReserveRequest) (reservation.Reservation, bool, error) {
@@ -76,6 +83,29 @@ func (s *stub) ChangeStock(_ context.Context, c reservation.StockChange) (reserv
 		return reservation.StockLevel{SKU: c.SKU, Available: *c.Set, Version: 4}, s.err
 	}
 	return reservation.StockLevel{SKU: c.SKU, Available: *c.Add, Version: 4}, s.err
+}
+
+func (s *stub) JoinQueue(_ context.Context, user, sku string) (reservation.QueueState, error) {
+	s.calls++
+	s.asked = user + " " + sku
+	return s.queue, s.err
+}
+
+func (s *stub) QueueStatus(_ context.Context, sku string) (reservation.QueueState, error) {
+	s.calls++
+	s.asked = sku
+	if s.err == nil && !s.room {
+		return reservation.QueueState{}, reservation.ErrNoWaitingRoom
+	}
+	q := s.queue
+	q.Ticket, q.Position, q.State, q.AdmittedAt = "", 0, reservation.TicketNone, time.Time{}
+	return q, s.err
+}
+
+func (s *stub) Ticket(_ context.Context, user, sku, ticket string) (reservation.QueueState, reservation.Admission, error) {
+	s.calls++
+	s.asked = user + " " + sku + " " + ticket
+	return s.queue, s.admission, s.err
 }
 
 func (s *stub) InspectStock(_ context.Context, sku string) (reservation.StockReport, error) {
@@ -308,6 +338,8 @@ func FuzzHandle(f *testing.F) {
 	f.Add("POST", "/reservations", `eyJza3UiOiJzIn0=`, true)
 	f.Add("POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/paid", ``, false)
 	f.Add("POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{"reason":"fraud"}`, false)
+	f.Add("POST", "/skus/s/queue", ``, false)
+	f.Add("GET", "/skus/s/queue/t", ``, false)
 	f.Fuzz(func(t *testing.T, method, path, body string, b64 bool) {
 		svc := &stub{}
 		h := httpapi.New(svc, slog.New(slog.NewTextHandler(io.Discard, nil)))

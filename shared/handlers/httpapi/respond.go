@@ -229,6 +229,28 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 		return errorReply(http.StatusConflict, "already_joined", "this user already joined the group")
 	case errors.Is(err, reservation.ErrGroupClosed):
 		return errorReply(http.StatusConflict, "group_closed", "the group is no longer open")
+	case errors.Is(err, reservation.ErrQueueNotOpen):
+		resp := errorReply(http.StatusConflict, "queue_not_open", "the waiting room of this sku opens at queue_opens_at; no ticket was given")
+		var qo *reservation.QueueNotOpenError
+		if errors.As(err, &qo) {
+			resp = reply(http.StatusConflict, map[string]string{"error": "queue_not_open",
+				"message": "the waiting room of this sku opens at queue_opens_at; no ticket was given", "queue_opens_at": timestamp(qo.OpensAt)})
+			resp.Headers["Retry-After"] = seconds(max(time.Second, time.Until(qo.OpensAt)))
+		} else {
+			resp.Headers["Retry-After"] = "1"
+		}
+		return resp
+	case errors.Is(err, reservation.ErrNoWaitingRoom):
+		return errorReply(http.StatusNotFound, "no_waiting_room", "this sku sells without a waiting room: reserve it directly")
+	case errors.Is(err, reservation.ErrUnknownTicket):
+		return errorReply(http.StatusNotFound, "unknown_ticket", "no such ticket of this buyer in this sku's waiting room")
+	case errors.Is(err, reservation.ErrAdmissionRequired):
+		return errorReply(http.StatusForbidden, "admission_required",
+			"this sku sells through its waiting room: join it (POST /skus/{sku}/queue) and send the Admission-Token your ticket gets when admitted; nothing was held")
+	case errors.Is(err, reservation.ErrAdmissionInvalid):
+		return errorReply(http.StatusForbidden, "admission_invalid", "the Admission-Token is not this buyer's for this sku; nothing was held")
+	case errors.Is(err, reservation.ErrAdmissionExpired):
+		return errorReply(http.StatusForbidden, "admission_expired", "the admission has ended (it lasts a short while, once); nothing was held")
 	case errors.Is(err, reservation.ErrNotOpen):
 		resp := errorReply(http.StatusConflict, "not_open", "the sale of this sku has not opened yet; nothing was held")
 		wait := time.Second
@@ -399,6 +421,32 @@ func accountBody(a reservation.SKUAccount) map[string]any {
 			"at": timestamp(la.At), "clean": la.Clean(), "ledger_mismatch": la.Mismatch, "drift": la.Drift,
 			"put_in": la.PutIn, "mysql_available": la.Available, "sold": la.Taken,
 		}
+	}
+	return body
+}
+
+// queueBody is a waiting room's state for everyone (GET
+// /skus/{sku}/queue): the same answer whoever asks.
+func queueBody(q reservation.QueueState) map[string]any {
+	body := map[string]any{
+		"sku": q.SKU, "server_time": timestamp(q.Now), "open": q.Open(),
+		"admitted_through": q.Through, "length": q.Length, "sold_out": q.SoldOut(), "may_return": q.MayReturn(),
+	}
+	window(body, q.OpensAt, q.ClosesAt)
+	return body
+}
+
+// ticketBody is a buyer's ticket (POST /skus/{sku}/queue and GET
+// /skus/{sku}/queue/{ticket}): the queue's state, the ticket's place (from
+// the opening on) and, when ADMITTED and a is set, its admission token.
+func ticketBody(q reservation.QueueState, a reservation.Admission) map[string]any {
+	body := queueBody(q)
+	body["ticket"], body["status"] = q.Ticket, string(q.State)
+	if q.Position > 0 {
+		body["position"] = q.Position
+	}
+	if q.State == reservation.TicketAdmitted && a.Token != "" {
+		body["admission_token"], body["admission_expires_at"] = a.Token, timestamp(a.Expires)
 	}
 	return body
 }

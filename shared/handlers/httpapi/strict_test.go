@@ -18,6 +18,7 @@ func TestBodiesAreDecodedStrictly(t *testing.T) {
 		{"group", "POST", "/groups", `{"sku":"s","capacity":3,"ttl_seconds":60`},
 		{"stock", "PUT", "/admin/skus/s/stock", `{"stock":9,"per_user_limit":1,"rate_per_second":2,"burst":2,"buckets":1,"version":3`},
 		{"add", "PUT", "/admin/skus/s/stock", `{"add":1,"pay_within_seconds":900`},
+		{"room", "PUT", "/admin/skus/s/stock", `{"add":0,"waiting_room":true,"admit_factor":2`},
 		{"order cancel", "POST", "/admin/reservations/s.aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel", `{"reason":"fraud"`},
 	}
 	// A member of each body, its value, and the same name folded.
@@ -27,6 +28,7 @@ func TestBodiesAreDecodedStrictly(t *testing.T) {
 		"group":        {"capacity", "1000", "Capacity"},
 		"stock":        {"stock", "1", "STOCK"},
 		"add":          {"add", "1000", "Add"},
+		"room":         {"waiting_room", "false", "Waiting_Room"},
 		"order cancel": {"reason", `"customer:changed-mind"`, "Reason"},
 	}
 	for _, r := range routes {
