@@ -34,7 +34,13 @@
     $("buy").hidden = !(s === "ADMITTED" || s === "OPEN");
     $("buy").disabled = false;
     $("admission").hidden = s !== "ADMITTED";
+    if (terminal.has(s) && token) refreshAvailable();
     tick();
+  }
+
+  async function refreshAvailable() {
+    const r = await call("GET", "/skus/" + encodeURIComponent(sku));
+    if (r.status === 200) $("available").textContent = String(r.body.available);
   }
 
   function note(msg) { $("message").textContent = msg || ""; }
