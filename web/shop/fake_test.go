@@ -190,5 +190,3 @@ func contains(s []string, v string) bool {
 	}
 	return false
 }
-
-

@@ -198,5 +198,3 @@ func TestBuyerPageAgainstTheContract(t *testing.T) {
 	}
 	t.Logf("public polls %d, ticket GETs %v", f.publicGets, f.ticketGets)
 }
-
-
