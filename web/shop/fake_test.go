@@ -21,6 +21,7 @@ type fakeRoom struct {
 	sku     string
 	units   int
 	opensAt time.Time
+	config  string // the page's config.json (shop.DevConfig unless set)
 
 	mu       sync.Mutex
 	queue    []string // users in order (drawn at the opening: join order here)
@@ -40,12 +41,15 @@ const confirmAfter = 300 * time.Millisecond
 
 func (f *fakeRoom) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/shop/", shop.Handler(shop.DevConfig))
+	config := f.config
+	if config == "" {
+		config = shop.DevConfig
+	}
+	mux.Handle("/shop/", shop.Handler(config))
 	mux.HandleFunc("POST /dev/token", func(w http.ResponseWriter, r *http.Request) {
 		var b struct{ Sub string }
 		_ = json.NewDecoder(r.Body).Decode(&b)
-		claims, _ := json.Marshal(map[string]any{"sub": b.Sub, "exp": time.Now().Add(time.Hour).Unix()})
-		reply(w, 200, map[string]any{"token": "e30." + base64.RawURLEncoding.EncodeToString(claims) + ".fake", "sub": b.Sub})
+		reply(w, 200, map[string]any{"token": fakeToken(b.Sub), "sub": b.Sub})
 	})
 	sku := "/skus/" + f.sku
 	mux.HandleFunc("GET "+sku, func(w http.ResponseWriter, r *http.Request) {
@@ -160,6 +164,12 @@ func (f *fakeRoom) ticket(u string) map[string]any {
 		b["status"], b["position"] = "WAITING", pos
 	}
 	return b
+}
+
+// fakeToken is a JWT-shaped token for sub (the fake checks no signature).
+func fakeToken(sub string) string {
+	claims, _ := json.Marshal(map[string]any{"sub": sub, "exp": time.Now().Add(time.Hour).Unix()})
+	return "e30." + base64.RawURLEncoding.EncodeToString(claims) + ".fake"
 }
 
 // user is the fake token's sub (the page decodes the same claims).

@@ -44,7 +44,7 @@ func sale(t *testing.T, base, sku string, buyers []string, units int, open func(
 	for i, name := range buyers {
 		tab := browser.Tab(t, b)
 		tabs[i] = tab
-		if err := chromedp.Do(tab, chromedp.Navigate(base+"/shop/?sku="+sku)); err != nil {
+		if err := browser.Do(tab, step, chromedp.Navigate(base+"/shop/?sku="+sku)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := browser.WaitAttr(tab, step, "#state", "data-state", "SIGNED_OUT"); err != nil {
@@ -53,7 +53,7 @@ func sale(t *testing.T, base, sku string, buyers []string, units int, open func(
 		if i == 0 {
 			browser.Screenshot(t, tab, dir, "1-signed-out")
 		}
-		if err := chromedp.Do(tab, chromedp.SendKeys("#user", name), chromedp.Click("#signin-button")); err != nil {
+		if err := browser.Do(tab, step, chromedp.SendKeys("#user", name), chromedp.Click("#signin-button")); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := browser.WaitAttr(tab, step, "#state", "data-state", "COUNTDOWN"); err != nil {
@@ -70,7 +70,7 @@ func sale(t *testing.T, base, sku string, buyers []string, units int, open func(
 			t.Logf("%s sees the countdown: %s", name, ms)
 			browser.Screenshot(t, tab, dir, "2-countdown")
 		}
-		if err := chromedp.Do(tab, chromedp.Click("#join")); err != nil {
+		if err := browser.Do(tab, step, chromedp.Click("#join")); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := browser.WaitAttr(tab, step, "#state", "data-state", "WAITING"); err != nil {
@@ -110,7 +110,7 @@ func sale(t *testing.T, base, sku string, buyers []string, units int, open func(
 			}
 			if st == "ADMITTED" {
 				browser.Screenshot(t, tab, dir, "4-admitted-"+name)
-				if err := chromedp.Do(tab, chromedp.Click("#buy")); err != nil {
+				if err := browser.Do(tab, step, chromedp.Click("#buy")); err != nil {
 					fail(err)
 					return
 				}

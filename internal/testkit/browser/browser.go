@@ -69,6 +69,14 @@ func Tab(t testing.TB, b context.Context) context.Context {
 	return ctx
 }
 
+// Do runs steps in the tab, failing after timeout (a step that waits for an
+// element waits for ever otherwise).
+func Do(ctx context.Context, timeout time.Duration, steps ...chromedp.Action[chromedp.Void]) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return chromedp.Do(ctx, steps...)
+}
+
 // WaitAttr waits until the element sel's attribute attr is one of want and
 // returns it (the page's own polling, watched on every DOM change).
 func WaitAttr(ctx context.Context, timeout time.Duration, sel, attr string, want ...string) (string, error) {
