@@ -2,15 +2,19 @@
 # test.sh — what `make test` runs: scripts/verify.sh (gofmt, go mod tidy, the
 # linter, generated files current), every test against real services started
 # on free loopback ports (integration tests fail rather than skip if one is
-# missing), the packages with goroutines and locks again under the race
-# detector against the same services, then the network guard: the unit tests again, without the
-# services' settings, in a network namespace that has only loopback, so a
+# missing; chromium is installed too, for the buyer page's browser test), the
+# packages with goroutines and locks again under the race detector against
+# the same services, then the network guard: the unit tests again, without
+# the services' settings, in a network namespace that has only loopback, so a
 # test that reaches beyond 127.0.0.0/8 (the EC2 metadata address, an AWS
 # endpoint) fails here rather than leaking. With arguments, a focused
 # `go test` run instead (make chaos).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HOLDFAST_REQUIRE_SERVICES=1
+# The buyer page's browser test needs chromium: services.sh installs it
+# when missing (about 2 minutes, once).
+export HOLDFAST_BROWSER=1
 if [ $# -gt 0 ]; then
   exec scripts/with-services.sh go test -count=1 "$@"
 fi

@@ -5,7 +5,10 @@
 //
 // Buyer routes want a JWT as API Gateway's authorizer does; dev checks them
 // against the dev issuer's key in -jwt-dir (created on first use), the key
-// `make token SUB=ann` mints with. Admin routes are open on loopback.
+// `make token SUB=ann` mints with. Admin routes are open on loopback. Beside
+// the API it serves the buyer page at /shop/?sku=... and the page's dev
+// sign-in, POST /dev/token, which mints with the same key; neither exists in
+// AWS.
 package main
 
 import (
@@ -80,7 +83,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	s, err := devstack.Start(ctx, cfg, devstack.Options{
 		Addr: *addr, Template: *tpl, DLQURL: getenv("HOLDFAST_DLQ_URL"), CreateQueues: true,
 		Seed: map[string]int64{"demo-phone": 100, "demo-tee": 1000}, Log: log, SweepEvery: *sweep,
-		Verifier: issuer.Verifier(), APIOnly: *apiOnly,
+		Verifier: issuer.Verifier(), APIOnly: *apiOnly, Shop: true, SignIn: issuer,
 	})
 	if err != nil {
 		return err
@@ -90,6 +93,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		mint = "go run ./cmd/token -sub ann -dir " + *jwtDir
 	}
 	fmt.Printf("buyer routes need a JWT from the dev issuer: curl -H \"Authorization: Bearer $(%s)\" %s/skus/demo-phone\n", mint, s.URL)
+	fmt.Printf("the buyer page (sign in as anyone): %s/shop/?sku=demo-phone\n", s.URL)
 	<-ctx.Done()
 	start := time.Now()
 	s.Stop()

@@ -1,13 +1,16 @@
 // Command services installs, starts and stops the local data tier
 // (redis-server, MariaDB, goaws) on loopback; scripts/services.sh wraps it.
 //
-//	services install          install what is missing (apt, the pinned goaws)
+//	services install          install what is missing (apt, the pinned goaws;
+//	                          chromium too when HOLDFAST_BROWSER=1)
 //	services start DIR        install, then start everything with data under
 //	                          DIR; writes DIR/env (shell exports) and DIR/pids
 //	services stop DIR         stop what `start DIR` started, by PID
 //
 // Ports are free ones unless HOLDFAST_REDIS_PORT, HOLDFAST_DB_PORT or
-// HOLDFAST_SQS_PORT say; HOLDFAST_DB_DURABLE=1 syncs MariaDB at every commit.
+// HOLDFAST_SQS_PORT say; HOLDFAST_DB_DURABLE=1 syncs MariaDB at every commit;
+// HOLDFAST_BROWSER=1 (make test) installs chromium as well, for the buyer
+// page's browser test.
 package main
 
 import (
@@ -38,9 +41,9 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	}
 	switch {
 	case args[0] == "install" && len(args) == 1:
-		return services.Install(ctx, root, os.Stderr)
+		return services.Install(ctx, root, getenv("HOLDFAST_BROWSER") == "1", os.Stderr)
 	case args[0] == "start" && len(args) == 2:
-		if err := services.Install(ctx, root, os.Stderr); err != nil {
+		if err := services.Install(ctx, root, getenv("HOLDFAST_BROWSER") == "1", os.Stderr); err != nil {
 			return err
 		}
 		port := func(key string) int { n, _ := strconv.Atoi(getenv(key)); return n }

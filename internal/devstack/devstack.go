@@ -5,7 +5,8 @@
 // compensate like Lambda's SQS event source (batch size, batching window,
 // visibility timeout, partial batch responses, bounded concurrency), and the
 // sweeper on its schedule. Every setting comes from template.yaml, the place
-// production takes it from. `make dev` and the end-to-end test use it.
+// production takes it from. `make dev` and the end-to-end test use it; make
+// dev also serves the buyer page and a dev sign-in beside the API (Pages).
 package devstack
 
 import (
@@ -58,6 +59,11 @@ type Options struct {
 	// this process (make bench measures the reserve path's CPU with it;
 	// another process, or nothing, drains the queue).
 	APIOnly bool
+	// Shop serves the buyer page at /shop/ beside the API and, with SignIn,
+	// the dev sign-in at POST /dev/token (see Pages): make dev only, neither
+	// is deployed.
+	Shop   bool
+	SignIn Minter
 }
 
 // Stack is a running local holdfast.
@@ -160,7 +166,15 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 		return nil, err
 	}
 	s.URL = "http://" + ln.Addr().String()
-	s.srv = &http.Server{Handler: Gateway(api.Handle, routes, o.Verifier, o.Log), ReadHeaderTimeout: 5 * time.Second}
+	handler := Gateway(api.Handle, routes, o.Verifier, o.Log)
+	if o.Shop {
+		if handler, err = Pages(handler, routes, o.SignIn, o.Log); err != nil {
+			_ = ln.Close()
+			s.Stop()
+			return nil, err
+		}
+	}
+	s.srv = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -2,6 +2,8 @@ package samtemplate_test
 
 import (
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -172,5 +174,45 @@ func TestTheCDNCachesThePublicStatusOnly(t *testing.T) {
 	outputs, _ := tpl.Doc["Outputs"].(map[string]any)
 	if get(outputs, "CdnDomainName", "Value", "Fn::GetAtt") == nil || get(outputs, "CdnUrl", "Value", "Fn::Sub") != "https://${ApiCdn.DomainName}" {
 		t.Errorf("outputs CdnDomainName %v, CdnUrl %v; want the distribution's domain", outputs["CdnDomainName"], outputs["CdnUrl"])
+	}
+}
+
+// make dev's dev sign-in (POST /dev/token, a token for anyone who asks) and
+// its buyer page never ship: neither template.yaml nor api/openapi.yaml has
+// a route or a path under /dev or /shop, and no function's code names the
+// sign-in. In AWS the page comes from S3 and tokens from the real identity
+// provider (docs/operations.md, "The buyer page").
+func TestDevSignInIsNotDeployed(t *testing.T) {
+	tpl, err := samtemplate.Load(filepath.Join(root, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range tpl.Routes() {
+		if p := r.Path + "/"; strings.HasPrefix(p, "/dev/") || strings.HasPrefix(p, "/shop/") {
+			t.Errorf("route %s is a dev page's: it must not be deployed", r.Key())
+		}
+	}
+	files := []string{filepath.Join(root, "template.yaml"), filepath.Join(root, "api", "openapi.yaml")}
+	for _, dir := range []string{"functions", "shared"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && strings.HasSuffix(path, ".go") {
+				files = append(files, path)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []string{"/dev/token", "/dev/{"} {
+			if strings.Contains(string(b), bad) {
+				t.Errorf("%s names %q: the dev sign-in must not ship", f, bad)
+			}
+		}
 	}
 }

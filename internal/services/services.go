@@ -37,6 +37,10 @@ const SQLMode = "ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_
 // generated Secrets Manager secret).
 const idSecret = "holdfast-local-dev-id-key (not a secret; AWS uses Secrets Manager)\n"
 
+// Chromium is the browser the buyer page's end-to-end test drives
+// (Debian's package of that name; about 2 minutes to install).
+const Chromium = "chromium"
+
 // FreePort returns a loopback port nothing listens on now.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -47,11 +51,16 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// Install installs with apt what is missing (redis-server, MariaDB) and
+// Install installs with apt what is missing (redis-server, MariaDB and,
+// with browser, Debian's chromium for the buyer page's browser test) and
 // builds the pinned goaws into root/bin.
-func Install(ctx context.Context, root string, log io.Writer) error {
+func Install(ctx context.Context, root string, browser bool, log io.Writer) error {
+	bins := map[string]string{"redis-server": "redis-server", "mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server"}
+	if browser {
+		bins[Chromium] = "chromium"
+	}
 	var need []string
-	for bin, pkg := range map[string]string{"redis-server": "redis-server", "mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server"} {
+	for bin, pkg := range bins {
 		if _, err := exec.LookPath(bin); err != nil && !contains(need, pkg) {
 			need = append(need, pkg)
 		}

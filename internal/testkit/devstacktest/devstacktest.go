@@ -40,7 +40,18 @@ func Start(t testing.TB, env testservices.Env, vars map[string]string) *Stack {
 // stacks sharing buyers).
 func StartTrusting(t testing.TB, env testservices.Env, vars map[string]string, issuer *devauth.Issuer) *Stack {
 	t.Helper()
-	return start(t, env, vars, issuer, false)
+	return start(t, env, vars, issuer, false, false)
+}
+
+// StartShop starts a stack as make dev runs it, with the buyer page at
+// /shop/ and the dev sign-in (POST /dev/token) of its own issuer.
+func StartShop(t testing.TB, env testservices.Env, vars map[string]string) *Stack {
+	t.Helper()
+	issuer, err := devauth.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, env, vars, issuer, false, true)
 }
 
 // StartAPIOnly starts a stack that serves the API alone, trusting issuer's
@@ -50,10 +61,10 @@ func StartTrusting(t testing.TB, env testservices.Env, vars map[string]string, i
 // test holds a reservation HELD without racing persist.
 func StartAPIOnly(t testing.TB, env testservices.Env, vars map[string]string, issuer *devauth.Issuer) *Stack {
 	t.Helper()
-	return start(t, env, vars, issuer, true)
+	return start(t, env, vars, issuer, true, false)
 }
 
-func start(t testing.TB, env testservices.Env, vars map[string]string, issuer *devauth.Issuer, apiOnly bool) *Stack {
+func start(t testing.TB, env testservices.Env, vars map[string]string, issuer *devauth.Issuer, apiOnly, shop bool) *Stack {
 	t.Helper()
 	q := env.CreateQueues(t, env.SQS(t), 5)
 	settings := map[string]string{
@@ -74,6 +85,7 @@ func start(t testing.TB, env testservices.Env, vars map[string]string, issuer *d
 	stack, err := devstack.Start(context.Background(), cfg, devstack.Options{
 		Addr: "127.0.0.1:0", Template: template(), DLQURL: q.DLQURL,
 		Visibility: 2 * time.Second, SweepEvery: time.Hour, Verifier: issuer.Verifier(), APIOnly: apiOnly,
+		Shop: shop, SignIn: issuer,
 	})
 	if err != nil {
 		t.Fatal(err)
