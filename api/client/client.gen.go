@@ -1078,6 +1078,9 @@ type StockLevel struct {
 
 // StockReport defines model for StockReport.
 type StockReport struct {
+	// AdmitFactor Buyers the waiting room admits per unit left (with waiting_room only).
+	AdmitFactor *float32 `json:"admit_factor,omitempty"`
+
 	// Buckets K; the Redis figures are the sums over the buckets.
 	Buckets int `json:"buckets"`
 
@@ -1101,7 +1104,7 @@ type StockReport struct {
 	Sku              string `json:"sku"`
 	Version          int64  `json:"version"`
 
-	// WaitingRoom The SKU sells through its waiting room (as Redis has it).
+	// WaitingRoom The SKU sells through its waiting room (MySQL's setting).
 	WaitingRoom bool `json:"waiting_room"`
 }
 

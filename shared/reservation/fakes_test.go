@@ -177,7 +177,8 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 	q := m.queueOf(name)
 	if _, in := q.place[ticket]; op.Join && !in {
 		if opens > 0 && now < opens-op.Lead.Milliseconds() {
-			return st, &QueueNotOpenError{OpensAt: st.OpensAt.Add(-op.Lead)}
+			opens := st.OpensAt.Add(-op.Lead)
+			return st, &QueueNotOpenError{OpensAt: opens, RetryAfter: opens.Sub(st.Now)}
 		}
 		if closed {
 			return st, ErrSaleClosed
@@ -1379,7 +1380,7 @@ func (l *memLedger) Apply(_ context.Context, r Reservation, lock Locking, now ti
 		return out, nil
 	}
 	var g *memGroupRow
-	late := false // the group was FORMED before this join: it opens its own pay window only
+	late := false        // the group was FORMED before this join: it opens its own pay window only
 	if r.GroupID != "" { // joinGroup
 		if _, dup := l.members[r.GroupID][r.UserID]; dup {
 			out.Result = GroupDuplicate

@@ -282,6 +282,8 @@ type RedisStock struct {
 	// OpensAt and ClosesAt are the sale window the bucket's figures carry
 	// (zero: no such bound), the one its reserves are judged by.
 	OpensAt, ClosesAt time.Time
+	// AdmitPermille is the waiting room bucket 0's figures carry (0: none).
+	AdmitPermille int
 }
 
 // SyncResult is what Sync did.

@@ -529,6 +529,7 @@ type SKUState struct {
 	Available         int64
 	OpensAt, ClosesAt time.Time
 	Now               time.Time
+	WaitingRoom       bool // buyers queue first (bucket 0's figures say so)
 }
 
 // SKU returns the SKU's state as Redis has it (warmed from MySQL when Redis
@@ -549,7 +550,7 @@ func (s *Service) SKU(ctx context.Context, sku string) (SKUState, error) {
 		}
 		st.Available += rs.Available
 		if b == 0 {
-			st.OpensAt, st.ClosesAt = rs.OpensAt, rs.ClosesAt
+			st.OpensAt, st.ClosesAt, st.WaitingRoom = rs.OpensAt, rs.ClosesAt, rs.AdmitPermille > 0
 		}
 	}
 	if st.Now, err = s.slots.Now(ctx); err != nil {

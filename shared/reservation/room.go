@@ -113,8 +113,12 @@ var (
 	ErrAdmissionExpired = errors.New("admission expired")
 )
 
-// QueueNotOpenError is ErrQueueNotOpen with when the queue opens.
-type QueueNotOpenError struct{ OpensAt time.Time }
+// QueueNotOpenError is ErrQueueNotOpen with when the queue opens, and how
+// long that is from Redis's now.
+type QueueNotOpenError struct {
+	OpensAt    time.Time
+	RetryAfter time.Duration
+}
 
 func (e *QueueNotOpenError) Error() string {
 	return fmt.Sprintf("%v: opens at %s", ErrQueueNotOpen, e.OpensAt.UTC().Format(time.RFC3339Nano))

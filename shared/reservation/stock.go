@@ -169,6 +169,7 @@ type StockReport struct {
 	// OpensAt and ClosesAt are MySQL's sale window (zero: no such bound).
 	OpensAt, ClosesAt time.Time
 	PayWithin         time.Duration // the SKU's pay window (0: none)
+	AdmitPermille     int           // MySQL's waiting room (0: none; StockLevel.AdmitPermille)
 }
 
 // Drift is MySQL's figure minus what Redis accounts for; 0 at quiescence.
@@ -185,7 +186,7 @@ func (s *Service) InspectStock(ctx context.Context, sku string) (StockReport, er
 		return StockReport{}, err
 	}
 	rep := StockReport{SKU: sku, MySQLAvailable: level.Available, Version: level.Version, PerUserLimit: level.PerUserLimit,
-		Buckets: level.BucketCount(), OpensAt: level.OpensAt, ClosesAt: level.ClosesAt, PayWithin: level.PayWithin}
+		Buckets: level.BucketCount(), OpensAt: level.OpensAt, ClosesAt: level.ClosesAt, PayWithin: level.PayWithin, AdmitPermille: level.AdmitPermille}
 	for b := range level.BucketCount() {
 		name := BucketName(sku, b)
 		rs, err := s.figures.Stock(ctx, name)

@@ -45,7 +45,8 @@ func (s *Store) Queue(ctx context.Context, sku, ticket string, op reservation.Qu
 	case "NO_ROOM":
 		return q, reservation.ErrNoWaitingRoom
 	case "QUEUE_NOT_OPEN":
-		return q, &reservation.QueueNotOpenError{OpensAt: q.OpensAt.Add(-op.Lead)}
+		opens := q.OpensAt.Add(-op.Lead)
+		return q, &reservation.QueueNotOpenError{OpensAt: opens, RetryAfter: opens.Sub(q.Now)}
 	case "SALE_CLOSED":
 		return q, reservation.ErrSaleClosed
 	default:

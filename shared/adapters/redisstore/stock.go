@@ -24,7 +24,7 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 	var meta *redis.SliceCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		stock = p.Get(ctx, k.stock())
-		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver", "moving", "opens", "closes", "ahead")
+		meta = p.HMGet(ctx, k.meta(), "held", "added", "ver", "moving", "opens", "closes", "ahead", "room")
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -38,15 +38,15 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.RedisStock, 
 	if err != nil {
 		return reservation.RedisStock{}, fmt.Errorf("redis stock %s: %w", sku, err)
 	}
-	var opens, closes int64
-	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version, &rs.Moving, &opens, &closes, &rs.Ahead} {
+	var opens, closes, room int64
+	for i, dst := range []*int64{&rs.Held, &rs.AdminDelta, &rs.Version, &rs.Moving, &opens, &closes, &rs.Ahead, &room} {
 		if v, ok := meta.Val()[i].(string); ok {
 			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
 				return reservation.RedisStock{}, fmt.Errorf("redis meta %s: %w", sku, err)
 			}
 		}
 	}
-	rs.OpensAt, rs.ClosesAt = fromMS(opens), fromMS(closes)
+	rs.OpensAt, rs.ClosesAt, rs.AdmitPermille = fromMS(opens), fromMS(closes), int(room)
 	return rs, nil
 }
 

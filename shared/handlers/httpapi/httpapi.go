@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base32"
-	"errors"
 	"log/slog"
 	"net/http"
 	"sort"
@@ -140,13 +139,9 @@ var routes = map[string]route{
 		if err != nil {
 			return h.fail(ctx, err)
 		}
-		room, err := h.hasRoom(ctx, st.SKU)
-		if err != nil {
-			return h.fail(ctx, err)
-		}
 		body := map[string]any{"sku": st.SKU, "available": st.Available, "server_time": timestamp(st.Now)}
 		window(body, st.OpensAt, st.ClosesAt)
-		if room {
+		if st.WaitingRoom {
 			body["waiting_room"] = true
 		}
 		return reply(http.StatusOK, body)
@@ -187,11 +182,10 @@ var routes = map[string]route{
 			"pay_within_seconds": wholeSeconds(r.PayWithin),
 		}
 		window(body, r.OpensAt, r.ClosesAt)
-		room, err := h.hasRoom(ctx, r.SKU)
-		if err != nil {
-			return h.fail(ctx, err)
+		body["waiting_room"] = r.AdmitPermille > 0
+		if r.AdmitPermille > 0 {
+			body["admit_factor"] = float64(r.AdmitPermille) / 1000
 		}
-		body["waiting_room"] = room
 		resp := reply(http.StatusOK, body)
 		resp.Headers["ETag"] = etag(r.Version)
 		return resp
@@ -489,20 +483,6 @@ func (h *Handler) joinQueue(ctx context.Context, req events.APIGatewayV2HTTPRequ
 		return noStore(h.fail(ctx, err))
 	}
 	return noStore(reply(http.StatusOK, ticketBody(q, reservation.Admission{})))
-}
-
-// hasRoom reports whether sku sells through a waiting room, as Redis has
-// it: the queue's state answers ErrNoWaitingRoom when it does not.
-// (reservation.SKUState and StockReport do not carry the room.)
-func (h *Handler) hasRoom(ctx context.Context, sku string) (bool, error) {
-	_, err := h.svc.QueueStatus(ctx, sku)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, reservation.ErrNoWaitingRoom):
-		return false, nil
-	}
-	return false, err
 }
 
 // noStore marks resp as nobody's to keep: a ticket's answer (its admission

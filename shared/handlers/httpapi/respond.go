@@ -235,7 +235,7 @@ func (h *Handler) fail(ctx context.Context, err error) response {
 		if errors.As(err, &qo) {
 			resp = reply(http.StatusConflict, map[string]string{"error": "queue_not_open",
 				"message": "the waiting room of this sku opens at queue_opens_at; no ticket was given", "queue_opens_at": timestamp(qo.OpensAt)})
-			resp.Headers["Retry-After"] = seconds(max(time.Second, time.Until(qo.OpensAt)))
+			resp.Headers["Retry-After"] = seconds(max(time.Second, qo.RetryAfter)) // by Redis's clock
 		} else {
 			resp.Headers["Retry-After"] = "1"
 		}
