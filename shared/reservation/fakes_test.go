@@ -710,7 +710,7 @@ func (m *memHolds) Stock(_ context.Context, sku string) (RedisStock, error) {
 	}
 	meta := m.meta[sku]
 	return RedisStock{SKU: sku, Available: avail, Held: meta["held"], AdminDelta: meta["added"], Version: meta["ver"], Moving: meta["moving"],
-		OpensAt: fromMS(meta["opens"]), ClosesAt: fromMS(meta["closes"]), Ahead: meta["ahead"]}, nil
+		OpensAt: fromMS(meta["opens"]), ClosesAt: fromMS(meta["closes"]), Ahead: meta["ahead"], AdmitPermille: int(meta["room"])}, nil
 }
 
 // Sync mirrors stock.lua (admin changes of a SKU Redis knows).
