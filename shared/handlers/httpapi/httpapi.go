@@ -364,7 +364,7 @@ func windowBound(name string, v *string) (*time.Time, string) {
 		return &time.Time{}, ""
 	}
 	t, err := time.Parse(time.RFC3339, *v)
-	if err != nil {
+	if err != nil || t.IsZero() { // the zero time would read as "no bound": only "" clears one
 		return nil, name + ` must be an RFC 3339 time such as "2026-12-01T09:00:00Z", or "" for no bound`
 	}
 	return &t, ""

@@ -27,7 +27,8 @@ type stub struct {
 	user      string // the caller Get or Cancel was asked for
 	groupUser string // the creator CreateGroup was asked for
 	id, note  string // the reservation Pay or OrderCancel was asked for, and OrderCancel's note
-	// The waiting room: room makes QueueStatus answer (else
+	// The waiting room: room makes QueueStatus answer, and SKU and
+	// InspectStock report one (else
 	// ErrNoWaitingRoom); queue and admission are what the queue's methods
 	// answer; asked records their arguments ("user sku ticket").
 	room      bool
@@ -74,7 +75,7 @@ func (s *stub) Group(context.Context, string) (reservation.Group, error) {
 }
 func (s *stub) SKU(_ context.Context, sku string) (reservation.SKUState, error) {
 	s.calls++
-	return reservation.SKUState{SKU: sku, Available: 7, OpensAt: time.UnixMilli(1_800_000_000_000), Now: time.UnixMilli(1_799_999_990_500)}, s.err
+	return reservation.SKUState{SKU: sku, Available: 7, OpensAt: time.UnixMilli(1_800_000_000_000), Now: time.UnixMilli(1_799_999_990_500), WaitingRoom: s.room}, s.err
 }
 func (s *stub) ChangeStock(_ context.Context, c reservation.StockChange) (reservation.StockLevel, error) {
 	s.calls++
@@ -110,7 +111,11 @@ func (s *stub) Ticket(_ context.Context, user, sku, ticket string) (reservation.
 
 func (s *stub) InspectStock(_ context.Context, sku string) (reservation.StockReport, error) {
 	s.calls++
-	return reservation.StockReport{SKU: sku, MySQLAvailable: 10, RedisAvailable: 7, Held: 2}, s.err
+	r := reservation.StockReport{SKU: sku, MySQLAvailable: 10, RedisAvailable: 7, Held: 2}
+	if s.room {
+		r.AdmitPermille = 2500
+	}
+	return r, s.err
 }
 
 func (s *stub) Account(_ context.Context, sku string) (reservation.SKUAccount, error) {
@@ -181,6 +186,7 @@ func TestBadInputIsA4xxThatNamesTheProblemAndReachesNothing(t *testing.T) {
 		{"opens_at not a time", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":"tomorrow"}`, 400, "opens_at must be an RFC 3339 time"},
 		{"closes_at without a zone", "PUT", "/admin/skus/s/stock", `{"add":0,"closes_at":"2026-12-01T09:00:00"}`, 400, "closes_at must be an RFC 3339 time"},
 		{"opens_at a number", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":1800000000}`, 400, `"opens_at" must be a string`},
+		{"opens_at the zero time", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":"0001-01-01T00:00:00Z"}`, 400, "opens_at must be an RFC 3339 time"},
 		{"opens_at null", "PUT", "/admin/skus/s/stock", `{"add":0,"opens_at":null}`, 400, `"opens_at" must not be null`},
 		{"pay_within_seconds a string", "PUT", "/admin/skus/s/stock", `{"add":0,"pay_within_seconds":"60"}`, 400, `"pay_within_seconds" must be an integer`},
 		{"pay_within_seconds a fraction", "PUT", "/admin/skus/s/stock", `{"add":0,"pay_within_seconds":1.5}`, 400, `"pay_within_seconds"`},

@@ -103,7 +103,7 @@ func TestWaitingRoomErrors(t *testing.T) {
 	}{
 		{reservation.ErrUnknownSKU, 404, "unknown_sku", false},
 		{reservation.ErrNoWaitingRoom, 404, "no_waiting_room", false},
-		{&reservation.QueueNotOpenError{OpensAt: opens}, 409, "queue_not_open", true},
+		{&reservation.QueueNotOpenError{OpensAt: opens, RetryAfter: 90 * time.Second}, 409, "queue_not_open", true},
 		{reservation.ErrSaleClosed, 409, "sale_closed", false},
 		{&reservation.RateLimitedError{RetryAfter: 200 * time.Millisecond}, 429, "rate_limited", true},
 		{reservation.Unavailable("redis queue", fmt.Errorf("i/o timeout")), 503, "unavailable", true},
