@@ -119,10 +119,11 @@ type memHolds struct {
 // memRoom mirrors a waiting room's keys: the queue (ticket -> place),
 // qmeta (seq, through), admitted (ticket -> ms) and done (ticket -> R|L).
 type memRoom struct {
-	place        map[string]float64
-	seq, through int64
-	admitted     map[string]int64
-	done         map[string]string
+	place                         map[string]float64
+	seq, through, round, rthrough int64
+	base                          float64
+	admitted                      map[string]int64
+	done                          map[string]string
 }
 
 func (m *memHolds) queueOf(name string) *memRoom {
@@ -175,6 +176,9 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 	open := opens <= 0 || now >= opens
 	closed := closes > 0 && now >= closes
 	q := m.queueOf(name)
+	if len(q.place) == 0 { // the queue gone: the room starts over
+		*q = memRoom{place: q.place, admitted: map[string]int64{}, done: map[string]string{}}
+	}
 	if _, in := q.place[ticket]; op.Join && !in {
 		if opens > 0 && now < opens-op.Lead.Milliseconds() {
 			opens := st.OpensAt.Add(-op.Lead)
@@ -183,20 +187,31 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 		if closed {
 			return st, ErrSaleClosed
 		}
-		place := op.Place
+		if q.round != opens { // another opening: a new round past every place, if this one opened
+			if q.seq > 0 || q.through > q.rthrough {
+				for _, p := range q.place {
+					q.base = max(q.base, math.Floor(p)+1)
+				}
+				q.seq, q.rthrough = 0, q.through
+			}
+			q.round = opens
+		}
+		place := q.base + op.Place
 		if open {
 			q.seq++
-			place = float64(1 + q.seq)
+			place = q.base + float64(1+q.seq)
 		}
 		q.place[ticket] = place
 	}
-	if open && !closed {
+	if open { // admissions lapse after the close too
 		for t, at := range q.admitted {
 			if at <= now-op.AdmitFor.Milliseconds() {
 				q.done[t] = "L"
 				delete(q.admitted, t)
 			}
 		}
+	}
+	if open && !closed {
 		units := (max(avail, 0) + max(held, 0)) * room
 		budget := (units+999)/1000 - int64(len(q.admitted)) // math.ceil
 		order := q.order()

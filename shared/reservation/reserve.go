@@ -74,8 +74,11 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	var ticket string
 	var ends time.Time
 	if req.Admission != "" {
+		// A genuine admission past its time still names its id: a retry of
+		// a reserve held in time replays it (Redis's hold, else MySQL's row:
+		// judgeKeyed), and a new hold is refused by the script.
 		var err error
-		if ticket, ends, err = s.admitted(req.Admission, req.SKU, req.UserID); err != nil {
+		if ticket, ends, err = s.admitted(req.Admission, req.SKU, req.UserID); err != nil && !errors.Is(err, ErrAdmissionExpired) {
 			return Reservation{}, false, err
 		}
 		req.IdempotencyKey = "admission:" + ticket
@@ -369,7 +372,8 @@ func (s *Service) sendFailed(ctx context.Context, held Reservation, out ReserveO
 // moved the window back after selling, and the hold is gone too), and a
 // crowd waiting with keys must cost MySQL nothing.
 func refusal(err error) bool {
-	for _, e := range []error{ErrSoldOut, ErrGroupFull, ErrGroupClosed, ErrAlreadyJoined, ErrLimitExceeded, ErrUnknownGroup, ErrSaleClosed} {
+	for _, e := range []error{ErrSoldOut, ErrGroupFull, ErrGroupClosed, ErrAlreadyJoined, ErrLimitExceeded, ErrUnknownGroup, ErrSaleClosed,
+		ErrAdmissionExpired} { // a ticket's admission lapsed in Redis, which may have lost its hold
 		if errors.Is(err, e) {
 			return true
 		}

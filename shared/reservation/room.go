@@ -158,9 +158,10 @@ func (s *Service) admission(sku, user, ticket string, exp time.Time) Admission {
 }
 
 // admitted verifies token as user's admission to sku and returns its
-// ticket and expiry: ErrAdmissionInvalid if it is not theirs for this SKU,
-// ErrAdmissionExpired once it is past (by this instance's clock; the
-// reserve script checks it again by Redis's).
+// ticket and expiry: ErrAdmissionInvalid if it is not theirs for this SKU;
+// ErrAdmissionExpired, with the ticket and expiry all the same, once it is
+// past (by this instance's clock; the reserve script checks it again by
+// Redis's): a retry of a reserve that was held in time is still a replay.
 func (s *Service) admitted(token, sku, user string) (ticket string, exp time.Time, err error) {
 	ms, sig, ok := strings.Cut(token, ".")
 	n, perr := strconv.ParseInt(ms, 10, 64)
@@ -175,7 +176,7 @@ func (s *Service) admitted(token, sku, user string) (ticket string, exp time.Tim
 	}
 	exp = time.UnixMilli(n).UTC()
 	if !s.clock.Now().Before(exp) {
-		return "", time.Time{}, ErrAdmissionExpired
+		return ticket, exp, ErrAdmissionExpired
 	}
 	return ticket, exp, nil
 }

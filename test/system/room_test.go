@@ -201,9 +201,13 @@ func TestWaitingRoom(t *testing.T) {
 		if got, _, _ := svc.Ticket(ctx, "b", sku, svc.TicketOf(sku, "b")); got.State != reservation.TicketAdmitted {
 			t.Errorf("b after the unit came back = %s, want ADMITTED (by the sweep)", got.State)
 		}
-		if _, _, err := svc.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: "a", Admission: a.Token}); !errors.Is(err, reservation.ErrAdmissionExpired) {
-			t.Errorf("a's used admission, after its time = %v, want ErrAdmissionExpired (%s took nothing more)", err, r.ID)
+		// a's retry after its admission's time replays its reservation (now
+		// CANCELLED expired) and takes nothing: the admission fixed the id.
+		if got, replayed, err := svc.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: "a", Admission: a.Token}); err != nil || !replayed ||
+			got.ID != r.ID || got.Status != reservation.StatusCancelled {
+			t.Errorf("a's used admission, after its time = %+v %v %v, want its reservation %s replayed, CANCELLED", got, replayed, err, r.ID)
 		}
+		p.wantStores("a's retry", sku, 1, 0, 1)
 		// c queues behind b; b lets its admission lapse; the sweep admits c.
 		if _, err := svc.JoinQueue(ctx, "c", sku); err != nil {
 			t.Fatal(err)

@@ -6,16 +6,21 @@
 -- KEYS[1] stock     string: units buyers can still reserve
 -- KEYS[2] meta      hash: held (units HELD, which may still return), room (the admit factor in
 --                   thousandths; 0 or absent = no waiting room), opens, closes (unix ms; 0 = none)
--- KEYS[3] queue     sorted set: ticket -> place: a random fraction in [0, 1) for a ticket taken
---                   before opens (so they are shuffled at the opening), 1 + its arrival number after
--- KEYS[4] qmeta     hash: seq (arrivals since the opening), through (places admitted, from the first)
+-- KEYS[3] queue     sorted set: ticket -> place, by rounds (a round: the tickets of one opening):
+--                   base + a random fraction in [0, 1) for a ticket taken before the opening (so
+--                   they are shuffled at it), base + 1 + its arrival number after; a round's base
+--                   is past every place before it, so a place never goes before one admitted
+-- KEYS[4] qmeta     hash: round (the opens, unix ms, of the current round), base (its places'),
+--                   seq (arrivals since its opening), through (places admitted, from the first),
+--                   rthrough (through when the round began)
 -- KEYS[5] admitted  sorted set: ticket -> when it was admitted (unix ms): admitted, not reserved yet
 --                   and not lapsed (reserve.lua takes a ticket out when it holds for it)
 -- KEYS[6] done      hash: ticket -> "R" (reserved) or "L" (lapsed: admitted, not reserved in time)
 -- ARGV[1] "join" or "look"  ARGV[2] ticket ("" with look: the SKU's state only)
 -- ARGV[3] join: the ticket's random fraction, [0, 1)  ARGV[4] join: how long before opens the queue
 --         opens (ms)  ARGV[5] how long an admission lasts (ms)  ARGV[6] now (unix ms; "" = Redis's
---         clock, as in production)  ARGV[7] join: how long the queue's keys live (s)
+--         clock, as in production)  ARGV[7] how long the queue's keys live after it was last
+--         joined or looked at (s)
 --
 -- Returns {code, now, opens, closes, through, length, available, held, position, state, admitted_at}:
 --   code         OK; UNKNOWN_SKU (no stock figure: warm bucket 0 and ask again); NO_ROOM (the SKU has
@@ -25,7 +30,8 @@
 --   state        the ticket's: "" (not queued), WAITING, ADMITTED, RESERVED, EXPIRED, SOLD_OUT, CLOSED
 --   admitted_at  unix ms, when ADMITTED (the admission lasts ARGV[5] from it)
 -- The admission never goes back: through only grows, a lapsed ticket is not admitted again, and a
--- place after through is admitted only once every place before it was.
+-- place after through is admitted only once every place before it was. Without its queue (lost,
+-- or expired) the room starts over: what the other keys kept of it goes too.
 local op, ticket = ARGV[1], ARGV[2]
 local now, ttl = clock_ms(ARGV[6]), tonumber(ARGV[5])
 local stock = redis.call('GET', KEYS[1])
@@ -37,23 +43,37 @@ if room <= 0 then return {'NO_ROOM'} end
 local available = tonumber(stock)
 local open = opens <= 0 or now >= opens
 local closed = closes > 0 and now >= closes
+if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('DEL', KEYS[4], KEYS[5], KEYS[6]) end
 
 if op == 'join' and redis.call('ZSCORE', KEYS[3], ticket) == false then
   local lead = tonumber(ARGV[4])
   if opens > 0 and now < opens - lead then return {'QUEUE_NOT_OPEN', tostring(now), tostring(opens), tostring(closes)} end
   if closed then return {'SALE_CLOSED', tostring(now), tostring(opens), tostring(closes)} end
-  local place = ARGV[3]
-  if open then place = 1 + redis.call('HINCRBY', KEYS[4], 'seq', 1) end
+  local q = redis.call('HMGET', KEYS[4], 'round', 'base', 'seq', 'through', 'rthrough')
+  local base, through = tonumber(q[2] or '0'), tonumber(q[4] or '0')
+  if tonumber(q[1] or '0') ~= opens then
+    -- Another opening (the admin set or moved the window). If the round so far opened (a place
+    -- of it was admitted, or arrived after its opening), the new round starts past every place
+    -- so far; if not, its tickets stay where they are, shuffled with the new ones.
+    if tonumber(q[3] or '0') > 0 or through > tonumber(q[5] or '0') then
+      local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+      if #last == 2 then base = math.floor(tonumber(last[2])) + 1 end
+      redis.call('HSET', KEYS[4], 'base', base, 'seq', 0, 'rthrough', through)
+    end
+    redis.call('HSET', KEYS[4], 'round', opens)
+  end
+  local place = base + tonumber(ARGV[3])
+  if open then place = base + 1 + redis.call('HINCRBY', KEYS[4], 'seq', 1) end
   redis.call('ZADD', KEYS[3], place, ticket)
-  local life = tonumber(ARGV[7])
-  for i = 3, 6 do redis.call('EXPIRE', KEYS[i], life) end
 end
 
 local through = tonumber(redis.call('HGET', KEYS[4], 'through') or '0')
-if open and not closed then
+if open then -- admissions lapse after the close too; none is made from it on
   local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now - ttl)
   for _, t in ipairs(lapsed) do redis.call('HSET', KEYS[6], t, 'L') end
   if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - ttl) end
+end
+if open and not closed then
   local budget = math.ceil((math.max(available, 0) + math.max(held, 0)) * room / 1000) - redis.call('ZCARD', KEYS[5])
   if budget > 0 then
     local next = redis.call('ZRANGE', KEYS[3], through, through + budget - 1)
@@ -64,6 +84,9 @@ if open and not closed then
     end
   end
 end
+
+local life = tonumber(ARGV[7])
+for i = 3, 6 do redis.call('EXPIRE', KEYS[i], life) end
 
 local position, state, admitted = 0, '', 0
 if ticket ~= '' then

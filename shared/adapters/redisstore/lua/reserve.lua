@@ -125,7 +125,9 @@ redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid, 
   'state', 'HELD', 'deadline', deadline, 'created', now)
 redis.call('ZADD', KEYS[3], deadline, id)
 if room then
+  local life = redis.call('PTTL', KEYS[9]) -- the room's keys live as long (queue.lua sets it)
   redis.call('ZREM', KEYS[9], ticket)
   redis.call('HSET', KEYS[10], ticket, 'R')
+  if life > 0 then redis.call('PEXPIRE', KEYS[10], life) end
 end
 return {'OK', tostring(deadline), tostring(now), full}
