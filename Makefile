@@ -56,6 +56,7 @@ chaos:
 ## the run's events are read from make dev's events queue (named in
 ## $(DEV_DIR)/env) and held against its decisions
 ##   make load ARGS="-n 5000 -c 128 -stock 300 -groups 3"
+##   make load ARGS="-room -n 3000 -stock 300"   (the same sale without and with a waiting room)
 ##   (a deployed stage: ARGS="-url https://... -sigv4 -token-cmd 'CMD {user}'")
 load:
 	$(GO) run ./cmd/load -jwt-dir $(DEV_DIR)/jwt -dev-env $(DEV_DIR)/env $(ARGS)

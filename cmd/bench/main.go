@@ -4,7 +4,8 @@
 // with and without the SQS send, the pure-database design), persist of a
 // backlog on one hot SKU (the textbook optimistic consumer vs holdfast's
 // batch path), the sold-out storm with and without the per-instance flag, the
-// whole pipeline through the dev stack, a catalog import by concurrent
+// whole pipeline through the dev stack, one sale without and with its
+// waiting room (the load tool's -room mode), a catalog import by concurrent
 // admins, and each function's cold start under
 // the Lambda Runtime Interface Emulator. It prints a table and
 // benchstat-compatible lines, and rewrites docs/benchmarks.md.
@@ -55,6 +56,8 @@ type options struct {
 	out         string
 	chart       string
 	devProfile  string
+	// The waiting-room part's sale: buyers and units.
+	roomN, roomStock int
 }
 
 // result is one measured mode.
@@ -85,7 +88,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "report to rewrite (empty: none)")
 	fs.StringVar(&o.chart, "chart", "docs/benchmarks.png", "chart of the load run")
 	fs.StringVar(&o.devProfile, "dev-profile", "", "write a CPU profile of make dev's process in the http part to this file")
-	only := fs.String("only", "", "run only these parts (comma-separated: http,cpu,decode,reserve,persist,lag,buckets,soldout,e2e,sweep,groups,catalog,cold); implies -out ''")
+	fs.IntVar(&o.roomN, "room-n", 3000, "waiting room part: buyers")
+	fs.IntVar(&o.roomStock, "room-stock", 300, "waiting room part: units")
+	only := fs.String("only", "", "run only these parts (comma-separated: http,cpu,decode,reserve,persist,lag,buckets,soldout,e2e,room,sweep,groups,catalog,cold); implies -out ''")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -118,7 +123,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}{
 		// The sweep first: the parts after it leave holds that expire.
 		{"sweep", b.sweep}, {"groups", b.groups}, {"http", b.httpFigures}, {"cpu", b.handlerCPU}, {"decode", b.decodeCost}, {"reserve", b.reserve}, {"persist", b.persist},
-		{"lag", b.confirmLag}, {"buckets", b.buckets}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"catalog", b.catalog}, {"cold", b.coldStart},
+		{"lag", b.confirmLag}, {"buckets", b.buckets}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"room", b.room}, {"catalog", b.catalog}, {"cold", b.coldStart},
 	}
 	for _, step := range steps {
 		if *only != "" && !strings.Contains(","+*only+",", ","+step.name+",") {
@@ -130,7 +135,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if *only != "" {
 		b.printResults()
-		for _, l := range append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...) {
+		for _, l := range append(append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...) {
 			fmt.Fprintln(b.stdout, l)
 		}
 		return nil
@@ -151,6 +156,7 @@ type bench struct {
 	results []result
 	checks  []string
 	load    *loadgen.Report
+	roomRun *loadgen.Comparison // the waiting-room part's two sales
 	cold    map[string]time.Duration
 	sweeps  []sweepFigure
 	// groupRuns is the groups part's run.
@@ -710,7 +716,7 @@ func (b *bench) printSummary() {
 		fmt.Fprintf(w, "  load tool run (a mixed figure: every answer counts, sold out and group joins too): %.0f answers/s, accepted %d, accept → CONFIRMED p50 %v p99 %v\n",
 			b.load.Throughput, b.load.Accepted, b.load.Lag.P50.Round(time.Millisecond), b.load.Lag.P99.Round(time.Millisecond))
 	}
-	for _, l := range append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...) {
+	for _, l := range append(append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...) {
 		fmt.Fprintln(w, "  "+l)
 	}
 	for _, fn := range []string{"reserve", "persist", "compensate", "sweeper"} {

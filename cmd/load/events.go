@@ -113,3 +113,45 @@ func eventsQueue(ctx context.Context, queueURL string) (*loadgen.SQSQueue, error
 	}
 	return loadgen.NewSQSQueue(sqs.NewFromConfig(cfg), queueURL), nil
 }
+
+// serverCounters returns the counters of the servers a -room run reads
+// around its burst of polls, or nil and why none. redisAddr and dsn are
+// -redis-addr and -db-dsn when given; without them a run against a
+// loopback API (make dev) reads make dev's servers, found as make dev
+// finds them: HOLDFAST_REDIS_ADDR and HOLDFAST_DB_DSN, else those lines of
+// devEnv. A deployed stage has none (its ElastiCache and RDS are not the
+// load tool's to reach).
+func serverCounters(ctx context.Context, redisAddr, dsn *string, apiURL, devEnv string, getenv func(string) string) (*loadgen.ServerCounters, string, error) {
+	setting := func(explicit *string, key, flag string) (string, string) {
+		if explicit != nil {
+			if *explicit == "" {
+				return "", flag + ` ""`
+			}
+			return *explicit, ""
+		}
+		if !loopback(apiURL) {
+			return "", "a deployed stage's servers are not the load tool's to read: " + flag + " names one"
+		}
+		if v := getenv(key); v != "" {
+			return v, ""
+		}
+		v, err := envFileValue(devEnv, key)
+		if err != nil || v == "" {
+			return "", fmt.Sprintf("make dev's %s not found in %s (%v); %s names it", key, devEnv, err, flag)
+		}
+		return v, ""
+	}
+	addr, skip := setting(redisAddr, "HOLDFAST_REDIS_ADDR", "-redis-addr")
+	if skip != "" {
+		return nil, skip, nil
+	}
+	d, skip := setting(dsn, "HOLDFAST_DB_DSN", "-db-dsn")
+	if skip != "" {
+		return nil, skip, nil
+	}
+	c, err := loadgen.NewServerCounters(ctx, addr, d)
+	if err != nil {
+		return nil, "", err
+	}
+	return c, "", nil
+}

@@ -29,6 +29,16 @@
 // (its events go to EventBridge: -events-queue names a queue a rule
 // delivers them to, or the check is skipped).
 //
+// -room runs the sale twice, without and then with a waiting room (-admit-factor),
+// the same stock and buyers on two SKUs, and prints both reports and the
+// figures side by side: reserve attempts per unit sold, the last unit's hold
+// to every waiter's SOLD_OUT, units unsold while buyers waited, admission
+// order against queue order, and what a poll of the public status costs
+// Redis and MySQL by their own counters (make dev's, from -dev-env;
+// -redis-addr and -db-dsn name others):
+//
+//	go run ./cmd/load -room -n 3000 -stock 300
+//
 // -token <JWT> sends one token for every buyer instead (the API then takes
 // the user from the request body, as before per-user tokens).
 package main
@@ -90,16 +100,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (bool, er
 	fs.String("events-queue", "", "SQS queue URL the run's events reach (default: make dev's, for a loopback -url); \"\" skips the events check")
 	devEnv := fs.String("dev-env", ".holdfast/dev/env", "make dev's settings file, where the default events queue is named")
 	fs.DurationVar(&cfg.EventsWait, "events-wait", 2*time.Minute, "longest wait for the events once the sale settled")
+	room := fs.Bool("room", false, "run the sale twice, without and with a waiting room, and compare (see -admit-factor)")
+	fs.Float64Var(&cfg.AdmitFactor, "admit-factor", 1, "with -room: the waiting room's buyers admitted per unit left (1–100)")
+	fs.String("redis-addr", "", "with -room: the Redis server whose INFO commandstats count a poll's commands (default: make dev's, for a loopback -url); \"\" skips")
+	fs.String("db-dsn", "", "with -room: the MySQL DSN whose Questions count a poll's statements (default: make dev's, for a loopback -url); \"\" skips")
+	fs.DurationVar(&cfg.PollBurst, "poll-burst", 3*time.Second, "with -room: how long the burst of polls the servers' counters measure lasts")
 	if err := fs.Parse(args); err != nil {
 		return false, err
 	}
-	var explicit *string
+	var explicit, redisAddr, dbDSN *string
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "events-queue" {
-			v := f.Value.String()
+		v := f.Value.String()
+		switch f.Name {
+		case "events-queue":
 			explicit = &v
+		case "redis-addr":
+			redisAddr = &v
+		case "db-dsn":
+			dbDSN = &v
 		}
 	})
+	if *room && cfg.Groups > 0 {
+		return false, fmt.Errorf("-room sells one SKU: give -room or -groups, not both")
+	}
 	queueURL, skip := eventsQueueURL(explicit, cfg.BaseURL, *devEnv, os.Getenv)
 	if queueURL != "" {
 		q, err := eventsQueue(ctx, queueURL)
@@ -129,6 +152,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (bool, er
 			return false, err
 		}
 		cfg.Sign = sign
+	}
+	if *room {
+		counters, skip, err := serverCounters(ctx, redisAddr, dbDSN, cfg.BaseURL, *devEnv, os.Getenv)
+		if err != nil {
+			return false, err
+		}
+		if counters != nil {
+			defer counters.Close()
+			cfg.Counters = counters
+		}
+		cfg.CountersSkip = skip
+		c, err := loadgen.Compare(ctx, cfg)
+		if err != nil {
+			return false, err
+		}
+		c.Print(stdout)
+		if *chart != "" {
+			if err := loadgen.WriteChart(c.Direct, *chart); err != nil {
+				return false, err
+			}
+			fmt.Fprintf(stdout, "  chart    %s (the sale without the room)\n", *chart)
+		}
+		return c.Passed(), nil
 	}
 	rep, err := loadgen.Run(ctx, cfg)
 	if err != nil {

@@ -100,6 +100,16 @@ func (r *runner) do(ctx context.Context, method, path string, body any, user str
 }
 
 func (r *runner) doWith(ctx context.Context, method, path string, body any, user string, headers map[string]string) (int, map[string]any, error) {
+	return r.send(ctx, method, path, body, user, headers, false)
+}
+
+// public sends a request with no credentials at all: the waiting room's
+// public status.
+func (r *runner) public(ctx context.Context, path string) (int, map[string]any, error) {
+	return r.send(ctx, http.MethodGet, path, nil, "", nil, true)
+}
+
+func (r *runner) send(ctx context.Context, method, path string, body any, user string, headers map[string]string, anonymous bool) (int, map[string]any, error) {
 	var rd io.Reader
 	var raw []byte
 	if body != nil {
@@ -114,13 +124,15 @@ func (r *runner) doWith(ctx context.Context, method, path string, body any, user
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
-	if user == "" {
+	switch {
+	case anonymous:
+	case user == "":
 		if r.cfg.Sign != nil {
 			if err := r.cfg.Sign(req); err != nil {
 				return 0, nil, err
 			}
 		}
-	} else {
+	default:
 		tok, err := r.token(user)
 		if err != nil {
 			return 0, nil, err
@@ -196,6 +208,11 @@ func (r *runner) group(ctx context.Context, g int, id string) (groupView, error)
 }
 
 func (r *runner) reserve(ctx context.Context, sku, user, group string) outcome {
+	return r.reserveWith(ctx, sku, user, group, nil)
+}
+
+// reserveWith is reserve with these headers (a waiting room's Admission-Token).
+func (r *runner) reserveWith(ctx context.Context, sku, user, group string, headers map[string]string) outcome {
 	body := map[string]any{"sku": sku, "qty": 1}
 	if r.cfg.TokenFor == nil {
 		body["user_id"] = user // today's API without per-user tokens
@@ -204,7 +221,7 @@ func (r *runner) reserve(ctx context.Context, sku, user, group string) outcome {
 		body["group_id"] = group
 	}
 	o := outcome{start: time.Now(), sku: sku, user: user, group: group}
-	code, resp, err := r.do(ctx, http.MethodPost, "/reservations", body, user)
+	code, resp, err := r.doWith(ctx, http.MethodPost, "/reservations", body, user, headers)
 	o.latency = time.Since(o.start)
 	o.status = code
 	if err != nil {

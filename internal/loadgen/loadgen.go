@@ -4,6 +4,8 @@
 // oversell, conservation of stock, every accepted reservation final, group
 // capacity respected — and, given the queue the events reach, that every
 // outcome's event was published, once in content, none missing, none extra.
+// Compare sells the same sale twice, without and with a waiting room
+// (room.go), and measures what the room changes.
 // It speaks HTTP to the API (and SQS to that queue), so it works against
 // `make dev` and against a deployed stage alike.
 package loadgen
@@ -57,6 +59,16 @@ type Config struct {
 	EventsWait time.Duration
 	Progress   io.Writer // progress bar; nil for none
 	Client     *http.Client
+	// AdmitFactor is the waiting room's admit factor (Compare's room run:
+	// buyers admitted per unit left, 1–100; 0 is 1).
+	AdmitFactor float64
+	// Counters reads the servers' own counts of work (Redis's commands,
+	// MySQL's statements) around the room run's burst of polls; nil skips
+	// that figure, for the reason CountersSkip gives. PollBurst is how long
+	// the burst lasts (default 3 s).
+	Counters     Counters
+	CountersSkip string
+	PollBurst    time.Duration
 }
 
 // outcome of one request.
@@ -92,6 +104,15 @@ type userToken struct {
 
 // Run performs a whole run: set up the stock, fire, settle, check.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	r, err := newRunner(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return r.sale(ctx, false)
+}
+
+// newRunner checks cfg and fills in its defaults.
+func newRunner(cfg Config) (*runner, error) {
 	if cfg.N < 1 || cfg.Concurrency < 1 || cfg.Stock < 0 {
 		return nil, errors.New("loadgen: N and concurrency must be positive, stock not negative")
 	}
@@ -108,9 +129,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if r.client == nil {
 		r.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency}}
 	}
+	return r, nil
+}
+
+// sale is one sale of the hot SKU: the flash sale (every buyer reserves at
+// once), or through its waiting room (room: every buyer queues first).
+func (r *runner) sale(ctx context.Context, room bool) (*Report, error) {
+	cfg := r.cfg
 	rep := &Report{SKU: cfg.SKU, Stock: cfg.Stock, Cancelled: map[string]int{}}
 	began := time.Now() // every decision of the run comes after
-	if err := r.setStock(ctx, cfg.SKU, cfg.Stock); err != nil {
+	var err error
+	if room {
+		err = r.setRoomStock(ctx, cfg.SKU, cfg.Stock)
+	} else {
+		err = r.setStock(ctx, cfg.SKU, cfg.Stock)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if cfg.Groups > 0 {
@@ -124,14 +158,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := r.mintTokens(ctx); err != nil {
 		return nil, err
 	}
-	if cfg.OpenAfter > 0 {
-		if err := r.openLater(ctx, cfg.SKU, cfg.OpenAfter); err != nil {
+	var ws []*waiter
+	if room {
+		if ws, err = r.queueUp(ctx, rep); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.OpenAfter > 0 || room {
+		if err := r.openLater(ctx, cfg.SKU, max(cfg.OpenAfter, time.Second)); err != nil {
 			return nil, err
 		}
 		rep.OpensAt = r.opens
 	}
 	start := time.Now()
-	outs := r.fire(ctx, start)
+	var outs []outcome
+	if room {
+		outs = r.wait(ctx, ws, start)
+	} else {
+		outs = r.fire(ctx, start)
+	}
 	var joins []outcome
 	if cfg.Groups > 0 {
 		var err error
@@ -143,6 +188,56 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Requests = len(outs)
 	rep.Throughput = float64(len(outs)) / rep.Duration.Seconds()
 
+	unanswered := r.tally(rep, outs, joins, start)
+
+	lags, decisions, err := r.settle(ctx, append(append([]outcome{}, outs...), joins...), rep)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range decisions {
+		if d.undecided() {
+			rep.Pending++
+		}
+	}
+	rep.Lag = percentiles(lags)
+	rep.lags = lags
+	if rep.Final, err = r.stock(ctx, cfg.SKU); err != nil {
+		return nil, err
+	}
+	rep.Sale = saleFigures(outs, ws, rep)
+	if room {
+		roomFigures(rep.Room, ws)
+	}
+	if cfg.Groups > 0 {
+		if rep.GroupFinal, err = r.stock(ctx, rep.GroupSKU); err != nil {
+			return nil, err
+		}
+		for i := range rep.Groups {
+			g, err := r.group(ctx, i, rep.Groups[i].ID)
+			if err != nil {
+				return nil, err
+			}
+			rep.Groups[i].Status, rep.Groups[i].Members = g.Status, g.Members
+			decisions = append(decisions, decision{group: true, id: rep.Groups[i].ID, status: g.Status, sku: rep.GroupSKU})
+		}
+	}
+	if cfg.Events == nil {
+		rep.Events = &EventsReport{Skipped: cfg.EventsSkip}
+		if rep.Events.Skipped == "" {
+			rep.Events.Skipped = "no events queue given"
+		}
+	} else {
+		scope := newScope(decisions, []string{cfg.SKU, rep.GroupSKU}, began, unanswered)
+		rep.Events = readEvents(ctx, cfg.Events, decisions, scope, time.Now().Add(cfg.EventsWait))
+	}
+	rep.Checks = checks(rep)
+	return rep, nil
+}
+
+// tally counts the answers of the sale's reserve attempts (outs) into
+// rep, and returns the buyers a reservation of whom may exist unseen
+// (answered 5xx or not at all, joins included).
+func (r *runner) tally(rep *Report, outs, joins []outcome, start time.Time) map[string]bool {
 	var lat []time.Duration
 	unanswered := map[string]bool{} // buyers a reservation of whom may exist unseen
 	for _, o := range append(append([]outcome{}, outs...), joins...) {
@@ -182,45 +277,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 	}
-
-	lags, decisions, err := r.settle(ctx, append(append([]outcome{}, outs...), joins...), rep)
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range decisions {
-		if d.undecided() {
-			rep.Pending++
-		}
-	}
-	rep.Lag = percentiles(lags)
-	rep.lags = lags
-	if rep.Final, err = r.stock(ctx, cfg.SKU); err != nil {
-		return nil, err
-	}
-	if cfg.Groups > 0 {
-		if rep.GroupFinal, err = r.stock(ctx, rep.GroupSKU); err != nil {
-			return nil, err
-		}
-		for i := range rep.Groups {
-			g, err := r.group(ctx, i, rep.Groups[i].ID)
-			if err != nil {
-				return nil, err
-			}
-			rep.Groups[i].Status, rep.Groups[i].Members = g.Status, g.Members
-			decisions = append(decisions, decision{group: true, id: rep.Groups[i].ID, status: g.Status, sku: rep.GroupSKU})
-		}
-	}
-	if cfg.Events == nil {
-		rep.Events = &EventsReport{Skipped: cfg.EventsSkip}
-		if rep.Events.Skipped == "" {
-			rep.Events.Skipped = "no events queue given"
-		}
-	} else {
-		scope := newScope(decisions, []string{cfg.SKU, rep.GroupSKU}, began, unanswered)
-		rep.Events = readEvents(ctx, cfg.Events, decisions, scope, time.Now().Add(cfg.EventsWait))
-	}
-	rep.Checks = checks(rep)
-	return rep, nil
+	return unanswered
 }
 
 // buyer names the simulated buyer i of the hot SKU; groupUser the j-th

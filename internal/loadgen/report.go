@@ -94,6 +94,11 @@ type Report struct {
 	// Events is the events check: what the run's decisions published,
 	// against the decisions (Skipped says why it did not run).
 	Events *EventsReport
+	// Sale is what the waiting room changes (reserve attempts per unit,
+	// SOLD_OUT after the last hold, units unsold), measured in any run;
+	// Room the room run's own figures (nil: a flash sale).
+	Sale SaleFigures
+	Room *RoomFigures
 
 	lags []time.Duration // every accept → CONFIRMED lag, for the chart
 }
@@ -120,9 +125,21 @@ func checks(rep *Report) []Check {
 		"stock %d = MySQL available %d + confirmed %d; Redis %d, held %d, drift %d",
 		rep.Stock, rep.Final.MySQLAvailable, rep.ConfirmedUnits, rep.Final.RedisAvailable, rep.Final.Held, rep.Final.Drift)
 	add("every accepted reservation final", rep.Pending == 0, "%d still HELD", rep.Pending)
-	if !rep.OpensAt.IsZero() {
+	switch {
+	case rep.Room != nil:
+		add("nothing sold before the sale opened", rep.EarlyAccepted == 0 && rep.Room.PollsClosed > 0,
+			"%d polls answered before it opened, %d accepted before", rep.Room.PollsClosed, rep.EarlyAccepted)
+	case !rep.OpensAt.IsZero():
 		add("nothing sold before the sale opened", rep.EarlyAccepted == 0 && rep.NotOpen > 0,
 			"%d not_open answers before it opened, %d accepted before", rep.NotOpen, rep.EarlyAccepted)
+	}
+	if f := rep.Room; f != nil {
+		add("admitted in queue order", f.Admitted > 0 && f.Inversions == 0 && f.Gaps == 0,
+			"%d tickets admitted: %d admitted before one ahead of them, %d places skipped", f.Admitted, f.Inversions, f.Gaps)
+		add("no unit unsold while buyers waited", rep.Sale.Unsold == 0,
+			"%d buyers ended without a unit, %d units unsold", rep.Sale.Unserved, rep.Sale.Unsold)
+		add("every waiter's sale ended", f.Ends["GAVE_UP"] == 0 && f.Ends["REJECTED"] == 0 && f.Joined == rep.Sale.Buyers,
+			"%d joined: %s", f.Joined, ends(f.Ends))
 	}
 	if len(rep.Groups) > 0 {
 		ok := int64(rep.GroupStock) == rep.GroupFinal.MySQLAvailable+int64(rep.GroupUnits) && rep.GroupFinal.Held == 0
@@ -254,9 +271,25 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "  requests %d in %v (%.0f req/s): accepted %d, sold out %d, rejected %d, failed %d\n",
 		r.Requests, r.Duration.Round(time.Millisecond), r.Throughput, r.Accepted, r.SoldOut, r.Rejected, r.Failed)
 	fmt.Fprintf(w, "  latency  p50 %v  p90 %v  p99 %v  max %v\n", Round(r.Latency.P50), Round(r.Latency.P90), Round(r.Latency.P99), Round(r.Latency.Max))
-	if !r.OpensAt.IsZero() {
+	if f := r.Room; f != nil {
+		fmt.Fprintf(w, "  room     admit factor %g: %d joined before the opening, %d polls (%d before it opened), %d ticket looks; ends: %s\n",
+			f.AdmitFactor, f.Joined, f.Polls, f.PollsClosed, f.TicketLooks, ends(f.Ends))
+		fmt.Fprintf(w, "  room     %d admitted, %d out of queue order, %d places skipped\n", f.Admitted, f.Inversions, f.Gaps)
+		if c := f.Cost; c != nil {
+			redis, scripts, mysql := c.PerPoll()
+			fmt.Fprintf(w, "  polls    a burst of %d in %v: Redis counted %d commands (%d scripts: the looks past the edge cache, one each), MySQL %d statements: %.4f, %.4f and %.4f per poll; idle as long before: %d commands, %d statements\n",
+				c.Polls, Round(c.Duration), c.Counted.RedisCommands, c.Counted.RedisScripts, c.Counted.MySQLStatements, redis, scripts, mysql,
+				c.Idle.RedisCommands, c.Idle.MySQLStatements)
+		} else {
+			fmt.Fprintf(w, "  polls    cost not measured: %s\n", f.CostSkipped)
+		}
+	} else if !r.OpensAt.IsZero() {
 		fmt.Fprintf(w, "  window   opened %v after the start: %d not_open answers before it; %d accepted/s in its first second\n",
 			Round(r.Opened), r.NotOpen, r.FirstSecond)
+	}
+	if s := r.Sale; s.Buyers > 0 {
+		fmt.Fprintf(w, "  sale     %d buyers, %d reserve attempts for %d units sold (%.2f a unit); SOLD_OUT after the last hold p50 %v p99 %v max %v; %d buyers without a unit, %d units unsold\n",
+			s.Buyers, s.Attempts, s.Sold, s.AttemptsPerUnit(), Round(s.SoldOutLag.P50), Round(s.SoldOutLag.P99), Round(s.SoldOutLag.Max), s.Unserved, s.Unsold)
 	}
 	fmt.Fprintf(w, "  decided  confirmed %d (%d units)", r.Confirmed, r.ConfirmedUnits)
 	reasons := make([]string, 0, len(r.Cancelled))
@@ -283,6 +316,20 @@ func (r *Report) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  %s  %s — %s\n", verdict, c.Name, c.Detail)
 	}
+}
+
+// ends lists a room's end states and their buyers, in order.
+func ends(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // print writes the events lines of the report.
