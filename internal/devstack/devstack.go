@@ -388,14 +388,23 @@ const EdgeMaxAge = time.Second
 // Cache-Control "public, max-age=N" (N ≥ 1) is served again to every GET of
 // the same path — whatever its query string, headers or cookies — for N
 // seconds, at most EdgeMaxAge, and then asked of the API anew. Nothing else
-// is kept (the distribution caches nothing else: CachingDisabled).
+// is kept (the distribution caches nothing else: CachingDisabled). As
+// CloudFront collapses concurrent requests for one object, the GETs of a
+// path known to be public that miss while one is asking the API wait for
+// its answer instead of all reaching the API at once (a herd each second).
 type edgeCache struct {
 	now func() time.Time
 	log *slog.Logger
 
-	mu   sync.Mutex
-	kept map[string]keptAnswer // by path
+	mu       sync.Mutex
+	kept     map[string]keptAnswer    // by path; an expired one is kept a while, to know the path is public
+	inflight map[string]chan struct{} // a public path's refresh under way: closed when it is kept
+	waiting  int                      // GETs waiting on a refresh now
 }
+
+// edgeForget is how long an expired answer is remembered, for its path to
+// be known public (so its concurrent misses collapse).
+const edgeForget = time.Minute
 
 type keptAnswer struct {
 	status int
@@ -405,7 +414,17 @@ type keptAnswer struct {
 }
 
 func newEdgeCache(now func() time.Time, log *slog.Logger) *edgeCache {
-	return &edgeCache{now: now, log: log, kept: map[string]keptAnswer{}}
+	return &edgeCache{now: now, log: log, kept: map[string]keptAnswer{}, inflight: map[string]chan struct{}{}}
+}
+
+// serve writes a kept answer.
+func (c *edgeCache) serve(w http.ResponseWriter, r *http.Request, a keptAnswer, how string) {
+	for k, v := range a.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(a.status)
+	_, _ = w.Write(a.body)
+	c.log.Info(r.Method+" "+r.URL.Path, "status", a.status, "cache", how)
 }
 
 func (c *edgeCache) wrap(next http.Handler) http.Handler {
@@ -414,31 +433,58 @@ func (c *edgeCache) wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		path := r.URL.Path
 		c.mu.Lock()
-		a, ok := c.kept[r.URL.Path]
-		c.mu.Unlock()
-		if ok && c.now().Before(a.until) {
-			for k, v := range a.header {
-				w.Header()[k] = v
-			}
-			w.WriteHeader(a.status)
-			_, _ = w.Write(a.body)
-			c.log.Info(r.Method+" "+r.URL.Path, "status", a.status, "cache", "hit")
+		a, known := c.kept[path]
+		if known && c.now().Before(a.until) {
+			c.mu.Unlock()
+			c.serve(w, r, a, "hit")
 			return
 		}
+		if wait, busy := c.inflight[path]; known && busy {
+			c.waiting++
+			c.mu.Unlock()
+			select { // another request of this public path is asking the API
+			case <-wait:
+			case <-r.Context().Done():
+			}
+			c.mu.Lock()
+			c.waiting--
+			a, known = c.kept[path]
+			c.mu.Unlock()
+			if r.Context().Err() != nil {
+				return
+			}
+			if known && c.now().Before(a.until) {
+				c.serve(w, r, a, "collapsed")
+				return
+			}
+			next.ServeHTTP(w, r) // the refresh was not kept (an error): ask on its own
+			return
+		}
+		var refreshed chan struct{}
+		if known {
+			refreshed = make(chan struct{})
+			c.inflight[path] = refreshed
+		}
+		c.mu.Unlock()
 		rec := &recording{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
+		c.mu.Lock()
 		if ttl := publicMaxAge(w.Header().Get("Cache-Control")); ttl > 0 {
-			c.mu.Lock()
 			now := c.now()
 			for p, old := range c.kept {
-				if !now.Before(old.until) {
+				if now.Sub(old.until) > edgeForget {
 					delete(c.kept, p)
 				}
 			}
-			c.kept[r.URL.Path] = keptAnswer{status: rec.status, header: w.Header().Clone(), body: rec.body.Bytes(), until: now.Add(min(ttl, EdgeMaxAge))}
-			c.mu.Unlock()
+			c.kept[path] = keptAnswer{status: rec.status, header: w.Header().Clone(), body: rec.body.Bytes(), until: now.Add(min(ttl, EdgeMaxAge))}
 		}
+		if refreshed != nil {
+			delete(c.inflight, path)
+			close(refreshed)
+		}
+		c.mu.Unlock()
 	})
 }
 

@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -66,5 +68,73 @@ func TestEdgeCacheKeepsPublicAnswersForASecond(t *testing.T) {
 		if first == again {
 			t.Errorf("Cache-Control %q: the second GET was answered from memory (%s), want the origin", cc, again)
 		}
+	}
+}
+
+// As CloudFront collapses concurrent requests for one object, the GETs of a
+// public path that miss together (its answer just expired) reach the API
+// once; the rest are answered with what that one brought back.
+func TestEdgeCacheCollapsesConcurrentMisses(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	var mu sync.Mutex
+	calls := 0
+	release := make(chan struct{})
+	asking := make(chan struct{}, 100)
+	origin := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		n := calls
+		mu.Unlock()
+		if n > 1 {
+			asking <- struct{}{}
+			<-release // the refresh is slow: the others arrive meanwhile
+		}
+		w.Header().Set("Cache-Control", "public, max-age=1")
+		_, _ = io.WriteString(w, strconv.Itoa(n))
+	})
+	c := newEdgeCache(func() time.Time { mu.Lock(); defer mu.Unlock(); return now }, slog.New(slog.DiscardHandler))
+	h := c.wrap(origin)
+	get := func() string {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/skus/s/queue", nil))
+		return w.Body.String()
+	}
+	if got := get(); got != "1" {
+		t.Fatalf("first GET = %q", got)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Second) // expired
+	mu.Unlock()
+	const herd = 20
+	answers := make(chan string, herd)
+	go func() { answers <- get() }() // the one that asks
+	<-asking
+	var waiting sync.WaitGroup
+	for range herd - 1 {
+		waiting.Add(1)
+		go func() { defer waiting.Done(); answers <- get() }()
+	}
+	// The refresh is released once every other GET of the herd waits on it
+	// (or, were they not collapsed, asked the origin too).
+	for {
+		c.mu.Lock()
+		n := c.waiting
+		c.mu.Unlock()
+		if n+len(asking) >= herd-1 {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	waiting.Wait()
+	for range herd {
+		if got := <-answers; got != "2" {
+			t.Errorf("a GET of the herd = %q, want the one refresh's answer 2", got)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 2 {
+		t.Errorf("the origin was asked %d times, want 2 (the first, and one refresh for the herd of %d)", calls, herd)
 	}
 }
