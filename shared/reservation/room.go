@@ -15,7 +15,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base32"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -132,7 +131,7 @@ func (e *QueueNotOpenError) Is(target error) bool { return target == ErrQueueNot
 // ticket; nobody can make another's.
 func (s *Service) TicketOf(sku, user string) string {
 	mac := s.mac("ticket", sku, user)
-	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(mac[:16]))
+	return idEncoding.EncodeToString(mac[:16]) // as a reservation id's random part
 }
 
 // mac is the service secret's HMAC-SHA256 of parts, each prefixed by its

@@ -463,9 +463,11 @@ func joinGroup(ctx context.Context, tx *sql.Tx, r reservation.Reservation, now t
 		return 0, false, translate("apply join group", err)
 	}
 	var before string // FORMED already: this join is a late member (opens its own pay window only)
-	err = tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ? AND sku = ? FOR UPDATE`, r.GroupID, r.SKU).Scan(&before)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return 0, false, translate("apply lock group", err)
+	if within > 0 {   // only a pay window needs to know: a SKU without one reads nothing more
+		err = tx.QueryRowContext(ctx, `SELECT status FROM group_buys WHERE group_id = ? AND sku = ? FOR UPDATE`, r.GroupID, r.SKU).Scan(&before)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return 0, false, translate("apply lock group", err)
+		}
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE group_buys
 		SET formed_at = IF(members + 1 >= capacity, COALESCE(formed_at, ?), formed_at),

@@ -11,8 +11,8 @@ import (
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
-// queueLife is how long a waiting room's keys live after the last join:
-// longer than any sale's queue.
+// queueLife is how long a waiting room's keys live after its last write (a join,
+// an admission, a lapse): longer than any sale's queue.
 const queueLife = 7 * 24 * time.Hour
 
 // Queue implements reservation.WaitingRoom.

@@ -19,8 +19,8 @@
 -- ARGV[1] "join" or "look"  ARGV[2] ticket ("" with look: the SKU's state only)
 -- ARGV[3] join: the ticket's random fraction, [0, 1)  ARGV[4] join: how long before opens the queue
 --         opens (ms)  ARGV[5] how long an admission lasts (ms)  ARGV[6] now (unix ms; "" = Redis's
---         clock, as in production)  ARGV[7] how long the queue's keys live after it was last
---         joined or looked at (s)
+--         clock, as in production)  ARGV[7] how long the queue's keys live after its last write
+--         (a join, an admission, a lapse; s)
 --
 -- Returns {code, now, opens, closes, through, length, available, held, position, state, admitted_at}:
 --   code         OK; UNKNOWN_SKU (no stock figure: warm bucket 0 and ask again); NO_ROOM (the SKU has
@@ -45,6 +45,7 @@ local open = opens <= 0 or now >= opens
 local closed = closes > 0 and now >= closes
 if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('DEL', KEYS[4], KEYS[5], KEYS[6]) end
 
+local wrote = false -- the keys' lifetime restarts with every write (a look that only reads keeps it)
 if op == 'join' and redis.call('ZSCORE', KEYS[3], ticket) == false then
   local lead = tonumber(ARGV[4])
   if opens > 0 and now < opens - lead then return {'QUEUE_NOT_OPEN', tostring(now), tostring(opens), tostring(closes)} end
@@ -65,13 +66,17 @@ if op == 'join' and redis.call('ZSCORE', KEYS[3], ticket) == false then
   local place = base + tonumber(ARGV[3])
   if open then place = base + 1 + redis.call('HINCRBY', KEYS[4], 'seq', 1) end
   redis.call('ZADD', KEYS[3], place, ticket)
+  wrote = true
 end
 
 local through = tonumber(redis.call('HGET', KEYS[4], 'through') or '0')
 if open then -- admissions lapse after the close too; none is made from it on
   local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now - ttl)
   for _, t in ipairs(lapsed) do redis.call('HSET', KEYS[6], t, 'L') end
-  if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - ttl) end
+  if #lapsed > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - ttl)
+    wrote = true
+  end
 end
 if open and not closed then
   local budget = math.ceil((math.max(available, 0) + math.max(held, 0)) * room / 1000) - redis.call('ZCARD', KEYS[5])
@@ -81,12 +86,14 @@ if open and not closed then
     if #next > 0 then
       through = through + #next
       redis.call('HSET', KEYS[4], 'through', through)
+      wrote = true
     end
   end
 end
 
-local life = tonumber(ARGV[7])
-for i = 3, 6 do redis.call('EXPIRE', KEYS[i], life) end
+if wrote then
+  for i = 3, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[7])) end
+end
 
 local position, state, admitted = 0, '', 0
 if ticket ~= '' then
