@@ -2663,8 +2663,8 @@ type ClientInterface interface {
 	// tickets taken before the opening have no `position` yet — their places are drawn
 	// at random at the opening, so arriving first is no advantage; after it a ticket
 	// takes the next place. From the opening, tickets are admitted in order while the
-	// stock can serve them (`admit_factor` buyers per unit left; held units count, as
-	// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
+	// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 	// for the admission token. A join is one of the buyer's attempts on the SKU (429
 	// `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -2683,8 +2683,8 @@ type ClientInterface interface {
 	// tickets taken before the opening have no `position` yet — their places are drawn
 	// at random at the opening, so arriving first is no advantage; after it a ticket
 	// takes the next place. From the opening, tickets are admitted in order while the
-	// stock can serve them (`admit_factor` buyers per unit left; held units count, as
-	// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
+	// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 	// for the admission token. A join is one of the buyer's attempts on the SKU (429
 	// `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -3142,8 +3142,8 @@ func (c *Client) QueueStatus(ctx context.Context, sku Sku, reqEditors ...Request
 // tickets taken before the opening have no `position` yet — their places are drawn
 // at random at the opening, so arriving first is no advantage; after it a ticket
 // takes the next place. From the opening, tickets are admitted in order while the
-// stock can serve them (`admit_factor` buyers per unit left; held units count, as
-// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
+// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 // `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 // for the admission token. A join is one of the buyer's attempts on the SKU (429
 // `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -3172,8 +3172,8 @@ func (c *Client) JoinQueueWithBody(ctx context.Context, sku Sku, contentType str
 // tickets taken before the opening have no `position` yet — their places are drawn
 // at random at the opening, so arriving first is no advantage; after it a ticket
 // takes the next place. From the opening, tickets are admitted in order while the
-// stock can serve them (`admit_factor` buyers per unit left; held units count, as
-// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
+// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 // `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 // for the admission token. A join is one of the buyer's attempts on the SKU (429
 // `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -4137,8 +4137,8 @@ type ClientWithResponsesInterface interface {
 	// tickets taken before the opening have no `position` yet — their places are drawn
 	// at random at the opening, so arriving first is no advantage; after it a ticket
 	// takes the next place. From the opening, tickets are admitted in order while the
-	// stock can serve them (`admit_factor` buyers per unit left; held units count, as
-	// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
+	// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 	// for the admission token. A join is one of the buyer's attempts on the SKU (429
 	// `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -4157,8 +4157,8 @@ type ClientWithResponsesInterface interface {
 	// tickets taken before the opening have no `position` yet — their places are drawn
 	// at random at the opening, so arriving first is no advantage; after it a ticket
 	// takes the next place. From the opening, tickets are admitted in order while the
-	// stock can serve them (`admit_factor` buyers per unit left; held units count, as
-	// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
+	// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 	// for the admission token. A join is one of the buyer's attempts on the SKU (429
 	// `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -6081,8 +6081,8 @@ func (c *ClientWithResponses) QueueStatusWithResponse(ctx context.Context, sku S
 // tickets taken before the opening have no `position` yet — their places are drawn
 // at random at the opening, so arriving first is no advantage; after it a ticket
 // takes the next place. From the opening, tickets are admitted in order while the
-// stock can serve them (`admit_factor` buyers per unit left; held units count, as
-// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
+// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 // `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 // for the admission token. A join is one of the buyer's attempts on the SKU (429
 // `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -6107,8 +6107,8 @@ func (c *ClientWithResponses) JoinQueueWithBodyWithResponse(ctx context.Context,
 // tickets taken before the opening have no `position` yet — their places are drawn
 // at random at the opening, so arriving first is no advantage; after it a ticket
 // takes the next place. From the opening, tickets are admitted in order while the
-// stock can serve them (`admit_factor` buyers per unit left; held units count, as
-// they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
+// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 // `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 // for the admission token. A join is one of the buyer's attempts on the SKU (429
 // `rate_limited` past the rate). No body is needed; a client that always sends one

@@ -213,7 +213,7 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 	}
 	if open && !closed {
 		units := (max(avail, 0) + max(held, 0)) * room
-		budget := (units+999)/1000 - int64(len(q.admitted)) // math.ceil
+		budget := (units+999)/1000 - max(held, 0) - int64(len(q.admitted)) // math.ceil
 		order := q.order()
 		for ; budget > 0 && q.through < int64(len(order)); budget-- {
 			q.admitted[order[q.through]] = now

@@ -18,7 +18,7 @@ package system_test
 // The reference model is the admission rule: every look (a join, a status,
 // a ticket, a sweep) lapses the admissions older than AdmitFor and admits
 // in queue order while admitted-not-reserved ≤ ⌈(available + held) ×
-// factor⌉, from the opening until the close. The order of the tickets
+// factor⌉ - held, from the opening until the close. The order of the tickets
 // taken before the opening is drawn by the server: the model learns it at
 // the first look after the opening (each of those tickets' own look, at
 // the same instant, which admits nothing more) and holds it to being a
@@ -28,7 +28,7 @@ package system_test
 // reserve answers, stock in both stores), and after every step the room's
 // keys in Redis are read and held to the model and to R1-R4: admitted
 // order is queue order (no holes below through, through only grows), a
-// look admits nobody beyond ⌈(available + held) × factor⌉, one hold per
+// look admits nobody beyond ⌈(available + held) × factor⌉ - held, one hold per
 // ticket, under the id its admission fixes. Every case ends at quiescence:
 // every message delivered, past every hold and admission, a sweep; then no
 // undersell (units left and tickets waiting: the admitted cover the
@@ -280,9 +280,12 @@ func (r *roomMachine) admittedNow() int64 {
 	return n
 }
 
-// serves is what the stock can serve now: ⌈(available + held) × factor⌉.
+// serves is how many admitted buyers who have not reserved the stock can
+// serve now: ⌈(available + held) × factor⌉ - held, since a held unit's
+// holder is one of the buyers its factor stands for.
 func (r *roomMachine) serves() int64 {
-	return (max(r.stock, 0)*r.permille + max(r.held, 0)*r.permille + 999) / 1000
+	h := max(r.held, 0)
+	return (max(r.stock, 0)*r.permille+h*r.permille+999)/1000 - h
 }
 
 // join applies a join the system accepted (the ticket was not queued).
@@ -301,7 +304,7 @@ func (r *roomMachine) join(tk *roomTicket) {
 // look is queue.lua's admission: from the opening on, the admissions
 // AdmitFor old lapse (after the close too); then, until the close, tickets
 // are admitted in place order while the admitted who have not reserved ≤
-// ⌈(available + held) × factor⌉. It returns how many it admitted.
+// ⌈(available + held) × factor⌉ - held. It returns how many it admitted.
 func (r *roomMachine) look(t *rapid.T) int {
 	if !r.open() {
 		return 0
@@ -370,7 +373,7 @@ func (r *roomMachine) looked(t *rapid.T, what string, joined *roomTicket) {
 	}
 	if n := r.look(t); n > 0 {
 		if got := r.redisAdmitted(t); got > r.serves() {
-			r.fatalf(t, "R1: %s admitted %d: %d admitted and not reserved, but the stock (available %d + held %d, factor %d‰) serves %d",
+			r.fatalf(t, "R1: %s admitted %d: %d admitted and not reserved, but the stock (available %d + held %d, factor %d‰) serves %d more",
 				what, n, got, r.stock, r.held, r.permille, r.serves())
 		}
 	}

@@ -81,7 +81,7 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
-	t.Run("admission follows the stock: ⌈(available + held) × factor⌉ admitted who have not reserved", func(t *testing.T) {
+	t.Run("admission follows the stock: ⌈(available + held) × factor⌉ - held admitted who have not reserved", func(t *testing.T) {
 		s, sku, c := room(t, 3, 1500, time.Time{}) // factor 1.5: ⌈3 × 1.5⌉ = 5
 		for i := range 8 {
 			join(t, s, sku, fmt.Sprint("t", i), 0)
@@ -93,25 +93,39 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		if got := look(t, s, sku, "t5"); got.State != reservation.TicketWaiting || got.Position != 6 {
 			t.Errorf("t5 = %+v, want WAITING at 6", got)
 		}
-		// t0 buys: one less admitted outstanding, one unit held (may return): ⌈(2+1) × 1.5⌉ = 5 → one more.
+		// t0 buys: one less admitted outstanding, one unit held (may return),
+		// its holder one of the 1.5 buyers it stands for: ⌈(2+1) × 1.5⌉ - 1 = 4
+		// = t1..t4, nobody more.
 		if err := buy(s, sku, "t0", look(t, s, sku, "t0")); err != nil {
 			t.Fatalf("admitted t0 reserves: %v", err)
 		}
 		if got := look(t, s, sku, "t0"); got.State != reservation.TicketReserved {
 			t.Errorf("t0 after its hold = %s, want RESERVED", got.State)
 		}
+		if q := look(t, s, sku, ""); q.Through != 5 {
+			t.Errorf("after a hold admitted %d, want still 5", q.Through)
+		}
+		// t1 buys too: ⌈(1+2) × 1.5⌉ - 2 = 3 = t2..t4, still nobody more.
+		if err := buy(s, sku, "t1", look(t, s, sku, "t1")); err != nil {
+			t.Fatalf("admitted t1 reserves: %v", err)
+		}
+		if q := look(t, s, sku, ""); q.Through != 5 {
+			t.Errorf("after two holds admitted %d, want still 5", q.Through)
+		}
+		// t0's hold is cancelled: its unit is back, ⌈(2+1) × 1.5⌉ - 1 = 4 → t5 too.
+		follow(t, s, row(reservation.Reservation{ID: "r-t0", SKU: sku, Qty: 1, UserID: "u-t0", Token: "t-r-t0"}, reservation.StatusCancelled, false))
 		if q := look(t, s, sku, ""); q.Through != 6 {
-			t.Errorf("after a hold admitted %d, want 6", q.Through)
+			t.Errorf("after a unit came back admitted %d, want 6", q.Through)
 		}
 		// Admissions lapse unused: t1..t5 lapse, and the next are admitted in order.
 		c.now = t0.Add(admitFor + time.Second)
 		if q := look(t, s, sku, ""); q.Through != 8 {
 			t.Errorf("after the lapses admitted %d, want all 8", q.Through)
 		}
-		if got := look(t, s, sku, "t1"); got.State != reservation.TicketExpired {
-			t.Errorf("t1 = %s, want EXPIRED", got.State)
+		if got := look(t, s, sku, "t2"); got.State != reservation.TicketExpired {
+			t.Errorf("t2 = %s, want EXPIRED", got.State)
 		}
-		if err := buy(s, sku, "t1", reservation.QueueState{AdmittedAt: t0.Add(time.Hour)}); !errors.Is(err, reservation.ErrAdmissionExpired) {
+		if err := buy(s, sku, "t2", reservation.QueueState{AdmittedAt: t0.Add(time.Hour)}); !errors.Is(err, reservation.ErrAdmissionExpired) {
 			t.Errorf("a lapsed ticket reserves: %v, want ErrAdmissionExpired", err)
 		}
 	})
@@ -161,7 +175,8 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		if q.SoldOut() || !q.MayReturn() || q.State != reservation.TicketWaiting {
 			t.Errorf("with the last unit held: %+v, want waiting, may return", q)
 		}
-		// b was admitted on a held unit that may return; c waits. The hold is confirmed.
+		// b and c wait: a's unit is held and may return, a is the buyer it
+		// stands for. The hold is confirmed.
 		follow(t, s, row(reservation.Reservation{ID: "r-a", SKU: sku, Qty: 1, UserID: "u-a", Token: "t-r-a"}, reservation.StatusConfirmed, false))
 		q = look(t, s, sku, "c")
 		if !q.SoldOut() || q.State != reservation.TicketSoldOut {

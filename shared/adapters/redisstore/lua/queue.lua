@@ -1,6 +1,7 @@
 -- queue.lua: a waiting room's queue, admitted from the stock (docs/design.md, "The waiting room"):
 -- join it, or look at it (the SKU's state, and a ticket's). Both admit first: tickets in queue order
--- while the admitted who have not reserved ≤ ceil((available + held) × factor). All keys share bucket
+-- while the admitted who have not reserved ≤ ceil((available + held) × factor) - held (a held unit's
+-- holder is one of the buyers its factor stands for). All keys share bucket
 -- 0's {hash tag} (a SKU with a waiting room has one bucket). Prefixed with clock.lua.
 --
 -- KEYS[1] stock     string: units buyers can still reserve
@@ -79,7 +80,8 @@ if open then -- admissions lapse after the close too; none is made from it on
   end
 end
 if open and not closed then
-  local budget = math.ceil((math.max(available, 0) + math.max(held, 0)) * room / 1000) - redis.call('ZCARD', KEYS[5])
+  local h = math.max(held, 0)
+  local budget = math.ceil((math.max(available, 0) + h) * room / 1000) - h - redis.call('ZCARD', KEYS[5])
   if budget > 0 then
     local next = redis.call('ZRANGE', KEYS[3], through, through + budget - 1)
     for _, t in ipairs(next) do redis.call('ZADD', KEYS[5], now, t) end
