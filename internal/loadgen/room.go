@@ -123,6 +123,31 @@ type waiter struct {
 	endAt                time.Time
 	outs                 []outcome
 	polls, closed, looks int
+	// seen is the server_time of the last public state it read.
+	seen string
+}
+
+// EdgeRefresh is how long the public queue state is cached (its
+// Cache-Control max-age, at the edge): a waiter polls again just after the
+// answer it read refreshes.
+const EdgeRefresh = time.Second
+
+// nextPoll is how long a waiter waits before polling the public state again,
+// as web/shop/shop.js does: until just after the answer it read (made at
+// its server_time, cached for EdgeRefresh) refreshes, plus up to 200 ms of
+// jitter so that one edge's waiters do not all arrive at once; between
+// 100 ms and a second. An answer seen before (a cache that keeps it
+// longer), or without a time, waits the full second.
+func (w *waiter) nextPoll(q map[string]any, now time.Time) time.Duration {
+	st, _ := q["server_time"].(string)
+	made, err := time.Parse(time.RFC3339Nano, st)
+	fresh := err == nil && st != w.seen
+	w.seen = st
+	if !fresh {
+		return EdgeRefresh
+	}
+	wait := made.Add(EdgeRefresh + rand.N(200*time.Millisecond)).Sub(now)
+	return min(max(wait, 100*time.Millisecond), EdgeRefresh)
 }
 
 // admitFactor is the room's factor (1 by default).
@@ -276,9 +301,9 @@ func (r *runner) pollBurst(ctx context.Context, sku string) (*PollCost, error) {
 
 // wait runs every waiter's page until its sale ended (or Settle ran out),
 // with at most Concurrency requests in flight: each polls the public
-// status once a second (its first poll at a random moment of the first
-// second), asks for its own ticket only when admitted_through reached its
-// position (or, once open, to learn its position; or the room sold out),
+// status once a second, just after the answer it read refreshes (nextPoll;
+// its first poll at a random moment of the first second), asks for its own
+// ticket only when admitted_through reached its position (or, once open, to learn its position; or the room sold out),
 // reserves once with its admission token when admitted (again only for an
 // answer that was no answer: a replay), and stops at SOLD_OUT. It returns
 // every reserve attempt.
@@ -343,7 +368,9 @@ func (r *runner) waitOne(ctx context.Context, w *waiter, deadline time.Time, lim
 		var q map[string]any
 		limit(func() { code, q, _ = r.public(ctx, "/skus/"+sku+"/queue") })
 		w.polls++
+		wait := EdgeRefresh
 		if code == http.StatusOK {
+			wait = w.nextPoll(q, time.Now())
 			open, _ := q["open"].(bool)
 			soldOut, _ := q["sold_out"].(bool)
 			through, _ := q["admitted_through"].(float64)
@@ -358,7 +385,7 @@ func (r *runner) waitOne(ctx context.Context, w *waiter, deadline time.Time, lim
 				}
 			}
 		}
-		if !pause(time.Second) {
+		if !pause(wait) {
 			finish("GAVE_UP")
 			return
 		}

@@ -295,14 +295,31 @@
     }
   }
 
-  // poll reads the public queue state once a second, while a buyer waits
-  // for the opening or their turn, and asks for the own ticket only when
-  // admitted_through reached its place (or, once open, to learn the place).
+  // nextPoll is how long to wait before reading the public queue state
+  // again: it is cached for a second from its server_time (the CDN's
+  // max-age), so until just after it refreshes, plus up to 200 ms so that
+  // one edge's waiters do not arrive at once; 100 ms to a second. An answer
+  // seen before (a cache that keeps it longer) waits the full second.
+  let seen = "";
+  function nextPoll(q) {
+    const made = Date.parse(q.server_time || "");
+    const fresh = !isNaN(made) && q.server_time !== seen;
+    seen = q.server_time || "";
+    if (!fresh) return 1000;
+    return Math.min(1000, Math.max(100, made + 1000 + Math.random() * 200 - serverNow()));
+  }
+
+  // poll reads the public queue state about once a second, just after it
+  // refreshes (nextPoll), while a buyer waits for the opening or their turn,
+  // and asks for the own ticket only when admitted_through reached its place
+  // (or, once open, to learn the place).
   async function poll() {
     polling = true;
     while (state === "COUNTDOWN" || state === "WAITING" || state === "LOADING") {
       const r = await call("GET", "/skus/" + encodeURIComponent(sku) + "/queue", { auth: false, sync: false });
+      let wait = 1000;
       if (r.status === 200) {
+        wait = nextPoll(r.body);
         const q = r.body;
         showQueue(q);
         if (state === "WAITING") {
@@ -312,7 +329,7 @@
           setState("SOLD_OUT", "Sold out.");
         }
       }
-      await new Promise((res) => setTimeout(res, 1000));
+      await new Promise((res) => setTimeout(res, wait));
     }
     polling = false;
   }
