@@ -2703,7 +2703,10 @@ type ClientInterface interface {
 	// before then; it fixes the reservation's id, so a retry with it is a replay),
 	// RESERVED (its reservation was taken), EXPIRED (admitted, not used in time),
 	// SOLD_OUT (no unit left and none can return), CLOSED (the sale closed). Only the
-	// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`).
+	// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`). A
+	// look is one of the buyer's attempts on the SKU, as a join is (429 `rate_limited`
+	// past the rate): poll the public `GET /skus/{sku}/queue`, and ask for the ticket
+	// when it says your turn came.
 	//
 	// Corresponds with GET /skus/{sku}/queue/{ticket} (the `GetTicket` operationId).
 	GetTicket(ctx context.Context, sku Sku, ticket string, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3202,7 +3205,10 @@ func (c *Client) JoinQueue(ctx context.Context, sku Sku, body JoinQueueJSONReque
 // before then; it fixes the reservation's id, so a retry with it is a replay),
 // RESERVED (its reservation was taken), EXPIRED (admitted, not used in time),
 // SOLD_OUT (no unit left and none can return), CLOSED (the sale closed). Only the
-// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`).
+// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`). A
+// look is one of the buyer's attempts on the SKU, as a join is (429 `rate_limited`
+// past the rate): poll the public `GET /skus/{sku}/queue`, and ask for the ticket
+// when it says your turn came.
 //
 // Corresponds with GET /skus/{sku}/queue/{ticket} (the `GetTicket` operationId).
 func (c *Client) GetTicket(ctx context.Context, sku Sku, ticket string, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4177,7 +4183,10 @@ type ClientWithResponsesInterface interface {
 	// before then; it fixes the reservation's id, so a retry with it is a replay),
 	// RESERVED (its reservation was taken), EXPIRED (admitted, not used in time),
 	// SOLD_OUT (no unit left and none can return), CLOSED (the sale closed). Only the
-	// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`).
+	// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`). A
+	// look is one of the buyer's attempts on the SKU, as a join is (429 `rate_limited`
+	// past the rate): poll the public `GET /skus/{sku}/queue`, and ask for the ticket
+	// when it says your turn came.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5612,6 +5621,12 @@ type GetTicketResponse404Headers struct {
 	CacheControl string
 }
 
+// GetTicketResponse429Headers the declared response headers of an HTTP 429 response for GetTicket
+type GetTicketResponse429Headers struct {
+	CacheControl *string
+	RetryAfter   *int
+}
+
 // GetTicketResponse503Headers the declared response headers of an HTTP 503 response for GetTicket
 type GetTicketResponse503Headers struct {
 	CacheControl *string
@@ -5627,6 +5642,8 @@ type GetTicketResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *TicketNotFound
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *QueueThrottled
 	// JSON431 the response for an HTTP 431 `application/json` response
 	JSON431 *HeadTooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5639,6 +5656,8 @@ type GetTicketResponse struct {
 	Headers401 *GetTicketResponse401Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetTicketResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetTicketResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetTicketResponse503Headers
 }
@@ -5656,6 +5675,11 @@ func (r GetTicketResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetTicketResponse) GetJSON404() *TicketNotFound {
 	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetTicketResponse) GetJSON429() *QueueThrottled {
+	return r.JSON429
 }
 
 // GetJSON431 returns the response for an HTTP 431 `application/json` response
@@ -6133,7 +6157,10 @@ func (c *ClientWithResponses) JoinQueueWithResponse(ctx context.Context, sku Sku
 // before then; it fixes the reservation's id, so a retry with it is a replay),
 // RESERVED (its reservation was taken), EXPIRED (admitted, not used in time),
 // SOLD_OUT (no unit left and none can return), CLOSED (the sale closed). Only the
-// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`).
+// ticket's buyer sees it, and it is never cached (`Cache-Control: no-store`). A
+// look is one of the buyer's attempts on the SKU, as a join is (429 `rate_limited`
+// past the rate): poll the public `GET /skus/{sku}/queue`, and ask for the ticket
+// when it says your turn came.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7560,6 +7587,13 @@ func ParseGetTicketResponse(rsp *http.Response) (*GetTicketResponse, error) {
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QueueThrottled
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
 		var dest HeadTooLarge
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7614,6 +7648,23 @@ func ParseGetTicketResponse(rsp *http.Response) (*GetTicketResponse, error) {
 			headers.CacheControl = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetTicketResponse429Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetTicketResponse503Headers
 		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {

@@ -173,6 +173,11 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 	if room <= 0 {
 		return st, ErrNoWaitingRoom
 	}
+	if op.Charge != "" {
+		if wait := m.charge(name, op.Charge, now); wait > 0 {
+			return st, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
+		}
+	}
 	open := opens <= 0 || now >= opens
 	closed := closes > 0 && now >= closes
 	q := m.queueOf(name)

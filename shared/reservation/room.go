@@ -90,6 +90,10 @@ type QueueOp struct {
 	Lead  time.Duration // how long before the opening the queue opens
 	// AdmitFor is how long an admission lasts.
 	AdmitFor time.Duration
+	// Charge is the buyer whose attempt budget on the SKU the call is
+	// charged to, before it changes anything ("" = none: the public look);
+	// past the rate *RateLimitedError and nothing changed.
+	Charge string
 }
 
 // Domain errors of the waiting room.
@@ -202,14 +206,8 @@ func (s *Service) JoinQueue(ctx context.Context, user, sku string) (QueueState, 
 	if _, err := s.layoutOf(ctx, sku); err != nil {
 		return QueueState{}, err
 	}
-	if err := s.holds.Charge(ctx, Attempt{SKU: sku, UserID: user, Token: newToken()}); err != nil {
-		if errors.Is(err, ErrRateLimited) {
-			s.metrics.Count("rate_limited", 1)
-		}
-		return QueueState{}, err
-	}
 	ticket := s.TicketOf(sku, user)
-	q, err := s.lookQueue(ctx, sku, ticket, QueueOp{Join: true, Place: randomPlace(), Lead: s.cfg.QueueLead, AdmitFor: s.cfg.AdmitFor})
+	q, err := s.lookQueue(ctx, sku, ticket, QueueOp{Join: true, Place: randomPlace(), Lead: s.cfg.QueueLead, AdmitFor: s.cfg.AdmitFor, Charge: user})
 	if err == nil {
 		s.touch(ctx, sku)
 	}
@@ -228,12 +226,14 @@ func (s *Service) QueueStatus(ctx context.Context, sku string) (QueueState, erro
 
 // Ticket is user's ticket in sku's waiting room, and its admission token
 // when ADMITTED. ErrUnknownTicket unless ticket is user's for sku and in
-// the queue. One Redis call, no MySQL.
+// the queue. It is an attempt of the buyer's on the SKU, as a join is
+// (past the rate *RateLimitedError), charged in the same Redis call: one
+// Redis call, no MySQL.
 func (s *Service) Ticket(ctx context.Context, user, sku, ticket string) (QueueState, Admission, error) {
 	if !ValidID(sku) || !ValidID(user) || subtle.ConstantTimeCompare([]byte(ticket), []byte(s.TicketOf(sku, user))) != 1 {
 		return QueueState{}, Admission{}, ErrUnknownTicket
 	}
-	q, err := s.lookQueue(ctx, sku, ticket, QueueOp{AdmitFor: s.cfg.AdmitFor})
+	q, err := s.lookQueue(ctx, sku, ticket, QueueOp{AdmitFor: s.cfg.AdmitFor, Charge: user})
 	if err != nil {
 		return QueueState{}, Admission{}, err
 	}
@@ -256,6 +256,9 @@ func (s *Service) lookQueue(ctx context.Context, sku, ticket string, op QueueOp)
 			return QueueState{}, err
 		}
 		q, err = s.room.Queue(ctx, sku, ticket, op)
+	}
+	if errors.Is(err, ErrRateLimited) {
+		s.metrics.Count("rate_limited", 1)
 	}
 	if err != nil {
 		return QueueState{}, err

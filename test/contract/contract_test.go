@@ -733,6 +733,8 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	slowTicket := joinQ(ann, slowRoom, "")
 	expect(slowTicket, 200, "")
 	expect(joinQ(ann, slowRoom, ""), 429, "rate_limited")
+	// A look at the own ticket is an attempt too (the budget is spent).
+	expect(k.do(call{token: ann, method: "GET", path: "/skus/" + slowRoom + "/queue/" + slowTicket.str("ticket")}), 429, "rate_limited")
 	// The settings: a factor out of 1..100 or without a room, a room on
 	// more than one bucket, are 400, nothing changed.
 	expect(k.do(call{method: "PUT", path: "/admin/skus/" + roomSKU + "/stock", body: `{"add":0,"admit_factor":0.5}`, invalid: true}), 400, "invalid_request")

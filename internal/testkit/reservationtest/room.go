@@ -184,6 +184,46 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("a join and a look at the own ticket are the buyer's attempts; the public look is nobody's", func(t *testing.T) {
+		c := &clock{now: t0}
+		s := newHolds(t, c, 1, 3) // 1 attempt a second, a burst of 3
+		sku := testservices.Name("room")
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 5, Version: 1, AdmitPermille: 1000}, nil, nil); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		charged := reservation.QueueOp{AdmitFor: admitFor, Charge: "u-a"}
+		if _, err := s.Queue(ctx, sku, "a", reservation.QueueOp{Join: true, AdmitFor: admitFor, Charge: "u-a"}); err != nil {
+			t.Fatalf("join: %v", err)
+		}
+		for i := range 2 {
+			if _, err := s.Queue(ctx, sku, "a", charged); err != nil {
+				t.Fatalf("look %d within the burst: %v", i+1, err)
+			}
+		}
+		before := look(t, s, sku, "a")
+		_, err := s.Queue(ctx, sku, "a", charged)
+		var rl *reservation.RateLimitedError
+		if !errors.As(err, &rl) || rl.RetryAfter <= 0 || rl.RetryAfter > time.Second {
+			t.Fatalf("the 4th attempt in a burst of 3 = %v, want RateLimitedError within a second", err)
+		}
+		if _, err := s.Queue(ctx, sku, "b", reservation.QueueOp{Join: true, AdmitFor: admitFor, Charge: "u-a"}); !errors.As(err, &rl) {
+			t.Errorf("a join past the rate = %v, want RateLimitedError", err)
+		}
+		if q := look(t, s, sku, "b"); q.State != reservation.TicketNone || q.Length != before.Length {
+			t.Errorf("a join refused for the rate queued: %+v", q)
+		}
+		for range 5 { // the public look is never charged
+			look(t, s, sku, "")
+		}
+		if _, err := s.Queue(ctx, sku, "a", reservation.QueueOp{AdmitFor: admitFor, Charge: "u-b"}); err != nil {
+			t.Errorf("another buyer's budget: %v", err)
+		}
+		c.now = c.now.Add(time.Second)
+		if q, err := s.Queue(ctx, sku, "a", charged); err != nil || q.State != reservation.TicketAdmitted {
+			t.Errorf("a second later = %+v %v, want the ticket, ADMITTED", q, err)
+		}
+	})
+
 	t.Run("a SKU without a waiting room has no queue and sells as before", func(t *testing.T) {
 		s, sku, _ := setup(t, newHolds, 3, 0)
 		if _, err := s.Queue(ctx, sku, "a", reservation.QueueOp{Join: true, AdmitFor: admitFor}); !errors.Is(err, reservation.ErrNoWaitingRoom) {

@@ -39,7 +39,8 @@ func (k keys) qmeta() string    { return k.tag + ":qm" }
 func (k keys) admitted() string { return k.tag + ":qa" }
 func (k keys) done() string     { return k.tag + ":qd" }
 
-// queueKeys are queue.lua's KEYS.
+// queueKeys are queue.lua's KEYS but the last (the charged buyer's
+// attempts).
 func (k keys) queueKeys() []string {
 	return []string{k.stock(), k.meta(), k.queue(), k.qmeta(), k.admitted(), k.done()}
 }

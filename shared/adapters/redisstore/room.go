@@ -22,8 +22,12 @@ func (s *Store) Queue(ctx context.Context, sku, ticket string, op reservation.Qu
 	if op.Join {
 		verb = "join"
 	}
-	out, err := queueScript.Run(ctx, s.rdb, k.queueKeys(), verb, ticket, strconv.FormatFloat(op.Place, 'f', -1, 64),
-		op.Lead.Milliseconds(), op.AdmitFor.Milliseconds(), s.now(), int64(queueLife/time.Second)).StringSlice()
+	charge := ""
+	if op.Charge != "" {
+		charge = "1"
+	}
+	out, err := queueScript.Run(ctx, s.rdb, append(k.queueKeys(), k.attempts(op.Charge)), verb, ticket, strconv.FormatFloat(op.Place, 'f', -1, 64),
+		op.Lead.Milliseconds(), op.AdmitFor.Milliseconds(), s.now(), int64(queueLife/time.Second), charge, s.rate, s.burst).StringSlice()
 	if err != nil {
 		return reservation.QueueState{}, reservation.Unavailable("redis queue", err)
 	}
@@ -49,6 +53,8 @@ func (s *Store) Queue(ctx context.Context, sku, ticket string, op reservation.Qu
 		return q, &reservation.QueueNotOpenError{OpensAt: opens, RetryAfter: opens.Sub(q.Now)}
 	case "SALE_CLOSED":
 		return q, reservation.ErrSaleClosed
+	case "RATE_LIMITED":
+		return q, &reservation.RateLimitedError{RetryAfter: time.Duration(num(4)) * time.Millisecond}
 	default:
 		return q, fmt.Errorf("redis queue: unknown code %q", out[0])
 	}

@@ -94,7 +94,7 @@ var (
 	creditScript      = redis.NewScript(clockLua + creditLua)
 	landedScript      = redis.NewScript(landedLua)
 	chargeScript      = redis.NewScript(clockLua + budgetLua + chargeLua)
-	queueScript       = redis.NewScript(clockLua + queueLua)
+	queueScript       = redis.NewScript(clockLua + budgetLua + queueLua)
 )
 
 // pipeline sends the commands build queues in one pipeline and returns

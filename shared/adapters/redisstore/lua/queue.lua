@@ -2,7 +2,8 @@
 -- join it, or look at it (the SKU's state, and a ticket's). Both admit first: tickets in queue order
 -- while the admitted who have not reserved ≤ ceil((available + held) × factor) - held (a held unit's
 -- holder is one of the buyers its factor stands for). All keys share bucket
--- 0's {hash tag} (a SKU with a waiting room has one bucket). Prefixed with clock.lua.
+-- 0's {hash tag} (a SKU with a waiting room has one bucket). Prefixed with clock.lua and
+-- budget.lua.
 --
 -- KEYS[1] stock     string: units buyers can still reserve
 -- KEYS[2] meta      hash: held (units HELD, which may still return), room (the admit factor in
@@ -17,16 +18,21 @@
 -- KEYS[5] admitted  sorted set: ticket -> when it was admitted (unix ms): admitted, not reserved yet
 --                   and not lapsed (reserve.lua takes a ticket out when it holds for it)
 -- KEYS[6] done      hash: ticket -> "R" (reserved) or "L" (lapsed: admitted, not reserved in time)
+-- KEYS[7] attempts  hash: the buyer's attempt budget on the SKU (reserve.lua's, in bucket 0, the
+--                   home of every buyer of a one-bucket SKU), charged when ARGV[8] is set
 -- ARGV[1] "join" or "look"  ARGV[2] ticket ("" with look: the SKU's state only)
 -- ARGV[3] join: the ticket's random fraction, [0, 1)  ARGV[4] join: how long before opens the queue
 --         opens (ms)  ARGV[5] how long an admission lasts (ms)  ARGV[6] now (unix ms; "" = Redis's
 --         clock, as in production)  ARGV[7] how long the queue's keys live after its last write
---         (a join, an admission, a lapse; s)
+--         (a join, an admission, a lapse; s)  ARGV[8] "1": charge the call to the buyer's attempt
+--         budget (a join, a ticket's look; "" for the public look)  ARGV[9] default rate
+--         ARGV[10] default burst (the SKU's meta rate/burst, when set, win)
 --
 -- Returns {code, now, opens, closes, through, length, available, held, position, state, admitted_at}:
 --   code         OK; UNKNOWN_SKU (no stock figure: warm bucket 0 and ask again); NO_ROOM (the SKU has
 --                no waiting room); QUEUE_NOT_OPEN (a join before opens - lead); SALE_CLOSED (a join
---                from closes on); nothing changed but for the admission
+--                from closes on); nothing changed but for the admission; RATE_LIMITED (the
+--                buyer's budget is spent: {code, now, opens, closes, wait ms}; nothing changed)
 --   position     the ticket's place from 1 once the sale opened; 0 before it, or when not queued
 --   state        the ticket's: "" (not queued), WAITING, ADMITTED, RESERVED, EXPIRED, SOLD_OUT, CLOSED
 --   admitted_at  unix ms, when ADMITTED (the admission lasts ARGV[5] from it)
@@ -41,6 +47,10 @@ local m = redis.call('HMGET', KEYS[2], 'held', 'room', 'opens', 'closes')
 local held, room = tonumber(m[1] or '0'), tonumber(m[2] or '0')
 local opens, closes = tonumber(m[3] or '0'), tonumber(m[4] or '0')
 if room <= 0 then return {'NO_ROOM'} end
+if ARGV[8] ~= '' then -- before anything else: a refused call changes nothing
+  local wait = spend(KEYS[2], KEYS[7], now, ARGV[9], ARGV[10], '')
+  if wait then return {'RATE_LIMITED', tostring(now), tostring(opens), tostring(closes), tostring(wait)} end
+end
 local available = tonumber(stock)
 local open = opens <= 0 or now >= opens
 local closed = closes > 0 and now >= closes
