@@ -125,6 +125,21 @@ func (e CancelledError) Valid() bool {
 	}
 }
 
+// Defines values for EdgeOnlyError.
+const (
+	EdgeOnlyErrorEdgeOnly EdgeOnlyError = "edge_only"
+)
+
+// Valid indicates whether the value is a known member of the EdgeOnlyError enum.
+func (e EdgeOnlyError) Valid() bool {
+	switch e {
+	case EdgeOnlyErrorEdgeOnly:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for GroupStatus.
 const (
 	FAILED GroupStatus = "FAILED"
@@ -625,6 +640,15 @@ type CreateGroupRequest struct {
 	// TtlSeconds Seconds until the deadline (at most the stage's maximum)
 	TtlSeconds *int `json:"ttl_seconds,omitempty"`
 }
+
+// EdgeOnly defines model for EdgeOnly.
+type EdgeOnly struct {
+	Error   EdgeOnlyError `json:"error"`
+	Message string        `json:"message"`
+}
+
+// EdgeOnlyError defines model for EdgeOnly.Error.
+type EdgeOnlyError string
 
 // GatewayMessage An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Request Entity Too Large", "Too Many Requests", "Request Header Fields Too Large", "Internal Server Error", "Service Unavailable", or IAM's reason).
 type GatewayMessage struct {
@@ -2650,7 +2674,8 @@ type ClientInterface interface {
 	// origin request a second per edge, not one Lambda invocation each. Errors are
 	// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
 	// second all the same). Reading it admits whom the stock can serve, as every look at
-	// the queue does.
+	// the queue does. The API answers it only to that distribution (403 `edge_only`
+	// on its own execute-api endpoint), so polling around the cache is refused.
 	//
 	// Corresponds with GET /skus/{sku}/queue (the `QueueStatus` operationId).
 	QueueStatus(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3122,7 +3147,8 @@ func (c *Client) GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEdito
 // origin request a second per edge, not one Lambda invocation each. Errors are
 // `Cache-Control: no-store` (the distribution keeps any answer of this path for its
 // second all the same). Reading it admits whom the stock can serve, as every look at
-// the queue does.
+// the queue does. The API answers it only to that distribution (403 `edge_only`
+// on its own execute-api endpoint), so polling around the cache is refused.
 //
 // Corresponds with GET /skus/{sku}/queue (the `QueueStatus` operationId).
 func (c *Client) QueueStatus(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4128,7 +4154,8 @@ type ClientWithResponsesInterface interface {
 	// origin request a second per edge, not one Lambda invocation each. Errors are
 	// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
 	// second all the same). Reading it admits whom the stock can serve, as every look at
-	// the queue does.
+	// the queue does. The API answers it only to that distribution (403 `edge_only`
+	// on its own execute-api endpoint), so polling around the cache is refused.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5371,6 +5398,11 @@ type QueueStatusResponse200Headers struct {
 	CacheControl string
 }
 
+// QueueStatusResponse403Headers the declared response headers of an HTTP 403 response for QueueStatus
+type QueueStatusResponse403Headers struct {
+	CacheControl string
+}
+
 // QueueStatusResponse404Headers the declared response headers of an HTTP 404 response for QueueStatus
 type QueueStatusResponse404Headers struct {
 	CacheControl string
@@ -5387,6 +5419,8 @@ type QueueStatusResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *QueueState
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *EdgeOnly
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *QueueNotFound
 	// JSON431 the response for an HTTP 431 `application/json` response
@@ -5397,6 +5431,8 @@ type QueueStatusResponse struct {
 	JSON503 *QueueOutage
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *QueueStatusResponse200Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *QueueStatusResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *QueueStatusResponse404Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -5406,6 +5442,11 @@ type QueueStatusResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r QueueStatusResponse) GetJSON200() *QueueState {
 	return r.JSON200
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r QueueStatusResponse) GetJSON403() *EdgeOnly {
+	return r.JSON403
 }
 
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
@@ -6084,7 +6125,8 @@ func (c *ClientWithResponses) GetSkuWithResponse(ctx context.Context, sku Sku, r
 // origin request a second per edge, not one Lambda invocation each. Errors are
 // `Cache-Control: no-store` (the distribution keeps any answer of this path for its
 // second all the same). Reading it admits whom the stock can serve, as every look at
-// the queue does.
+// the queue does. The API answers it only to that distribution (403 `edge_only`
+// on its own execute-api endpoint), so polling around the cache is refused.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7306,6 +7348,13 @@ func ParseQueueStatusResponse(rsp *http.Response) (*QueueStatusResponse, error) 
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest EdgeOnly
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest QueueNotFound
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7347,6 +7396,16 @@ func ParseQueueStatusResponse(rsp *http.Response) (*QueueStatusResponse, error) 
 			headers.CacheControl = value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 403:
+		var headers QueueStatusResponse403Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		response.Headers403 = &headers
 	case rsp.StatusCode == 404:
 		var headers QueueStatusResponse404Headers
 		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {

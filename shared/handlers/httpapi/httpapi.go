@@ -7,6 +7,7 @@ package httpapi
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base32"
 	"log/slog"
 	"net/http"
@@ -45,6 +46,19 @@ type Handler struct {
 	svc   Service
 	log   *slog.Logger
 	claim string // the JWT claim that names the buyer
+	edge  string // what EdgeHeader must say on the public status ("": anything)
+}
+
+// EdgeHeader is the header the stack's CloudFront distribution adds to every
+// request it sends the API (an origin custom header, template.yaml's
+// ApiCdn), with the edge secret: the public status is answered only to it,
+// so polling the API's own endpoint around the CDN's cache is refused.
+const EdgeHeader = "X-Holdfast-Edge"
+
+// WithEdgeSecret makes the public status (GET /skus/{sku}/queue) answer only
+// requests whose EdgeHeader is secret: the CDN's ("" answers everyone).
+func WithEdgeSecret(secret string) Option {
+	return func(h *Handler) { h.edge = secret }
 }
 
 // Option adjusts a Handler.
@@ -152,7 +166,10 @@ var routes = map[string]route{
 	"POST /skus/{sku}/queue": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, user string) response {
 		return h.joinQueue(ctx, req, p["sku"], user)
 	},
-	publicRoute: func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+	publicRoute: func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		if h.edge != "" && subtle.ConstantTimeCompare([]byte(header(req, EdgeHeader)), []byte(h.edge)) != 1 {
+			return noStore(errorReply(http.StatusForbidden, "edge_only", "the waiting room's status is served through the CDN (the stack's ApiUrl), not the API's own endpoint; nothing was read"))
+		}
 		q, err := h.svc.QueueStatus(ctx, p["sku"])
 		if err != nil {
 			return noStore(h.fail(ctx, err))
