@@ -1307,6 +1307,11 @@ type Reserve409JSONResponseBody struct {
 	union json.RawMessage
 }
 
+// QueueStatus503JSONResponseBody defines parameters for QueueStatus.
+type QueueStatus503JSONResponseBody struct {
+	union json.RawMessage
+}
+
 // JoinQueue409JSONResponseBody defines parameters for JoinQueue.
 type JoinQueue409JSONResponseBody struct {
 	union json.RawMessage
@@ -2288,6 +2293,68 @@ func (t *Reserve409JSONResponseBody) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// AsUnavailable returns the union data inside the QueueStatus503JSONResponseBody as a Unavailable
+func (t QueueStatus503JSONResponseBody) AsUnavailable() (Unavailable, error) {
+	var body Unavailable
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromUnavailable overwrites any union data inside the QueueStatus503JSONResponseBody as the provided Unavailable
+func (t *QueueStatus503JSONResponseBody) FromUnavailable(v Unavailable) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeUnavailable performs a merge with any union data inside the QueueStatus503JSONResponseBody, using the provided Unavailable
+func (t *QueueStatus503JSONResponseBody) MergeUnavailable(v Unavailable) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the QueueStatus503JSONResponseBody as a GatewayMessage
+func (t QueueStatus503JSONResponseBody) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the QueueStatus503JSONResponseBody as the provided GatewayMessage
+func (t *QueueStatus503JSONResponseBody) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the QueueStatus503JSONResponseBody, using the provided GatewayMessage
+func (t *QueueStatus503JSONResponseBody) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t QueueStatus503JSONResponseBody) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *QueueStatus503JSONResponseBody) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
 // AsQueueNotOpen returns the union data inside the JoinQueue409JSONResponseBody as a QueueNotOpen
 func (t JoinQueue409JSONResponseBody) AsQueueNotOpen() (QueueNotOpen, error) {
 	var body QueueNotOpen
@@ -2671,9 +2738,9 @@ type ClientInterface interface {
 	// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 	// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 	// location whatever the query string, headers or cookies: pollers cost about one
-	// origin request a second per edge, not one Lambda invocation each. Errors are
-	// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
-	// second all the same). Reading it admits whom the stock can serve, as every look at
+	// origin request a second per edge, not one Lambda invocation each. Its errors are
+	// the same for everyone and kept a second too, so a room turned off or an outage
+	// is not every poll reaching the API. Reading it admits whom the stock can serve, as every look at
 	// the queue does. The API answers it only to that distribution (403 `edge_only`
 	// on its own execute-api endpoint), so polling around the cache is refused.
 	//
@@ -3144,9 +3211,9 @@ func (c *Client) GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEdito
 // with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 // CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 // location whatever the query string, headers or cookies: pollers cost about one
-// origin request a second per edge, not one Lambda invocation each. Errors are
-// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
-// second all the same). Reading it admits whom the stock can serve, as every look at
+// origin request a second per edge, not one Lambda invocation each. Its errors are
+// the same for everyone and kept a second too, so a room turned off or an outage
+// is not every poll reaching the API. Reading it admits whom the stock can serve, as every look at
 // the queue does. The API answers it only to that distribution (403 `edge_only`
 // on its own execute-api endpoint), so polling around the cache is refused.
 //
@@ -4151,9 +4218,9 @@ type ClientWithResponsesInterface interface {
 	// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 	// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 	// location whatever the query string, headers or cookies: pollers cost about one
-	// origin request a second per edge, not one Lambda invocation each. Errors are
-	// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
-	// second all the same). Reading it admits whom the stock can serve, as every look at
+	// origin request a second per edge, not one Lambda invocation each. Its errors are
+	// the same for everyone and kept a second too, so a room turned off or an outage
+	// is not every poll reaching the API. Reading it admits whom the stock can serve, as every look at
 	// the queue does. The API answers it only to that distribution (403 `edge_only`
 	// on its own execute-api endpoint), so polling around the cache is refused.
 	//
@@ -5428,7 +5495,7 @@ type QueueStatusResponse struct {
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *QueueOutage
+	JSON503 *QueueStatus503JSONResponseBody
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *QueueStatusResponse200Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
@@ -5465,7 +5532,7 @@ func (r QueueStatusResponse) GetJSON500() *Fault {
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r QueueStatusResponse) GetJSON503() *QueueOutage {
+func (r QueueStatusResponse) GetJSON503() *QueueStatus503JSONResponseBody {
 	return r.JSON503
 }
 
@@ -6122,9 +6189,9 @@ func (c *ClientWithResponses) GetSkuWithResponse(ctx context.Context, sku Sku, r
 // with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 // CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 // location whatever the query string, headers or cookies: pollers cost about one
-// origin request a second per edge, not one Lambda invocation each. Errors are
-// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
-// second all the same). Reading it admits whom the stock can serve, as every look at
+// origin request a second per edge, not one Lambda invocation each. Its errors are
+// the same for everyone and kept a second too, so a room turned off or an outage
+// is not every poll reaching the API. Reading it admits whom the stock can serve, as every look at
 // the queue does. The API answers it only to that distribution (403 `edge_only`
 // on its own execute-api endpoint), so polling around the cache is refused.
 //
@@ -7377,7 +7444,7 @@ func ParseQueueStatusResponse(rsp *http.Response) (*QueueStatusResponse, error) 
 		response.JSON500 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest QueueOutage
+		var dest QueueStatus503JSONResponseBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}

@@ -172,11 +172,12 @@ var routes = map[string]route{
 		}
 		q, err := h.svc.QueueStatus(ctx, p["sku"])
 		if err != nil {
-			return noStore(h.fail(ctx, err))
+			// The same for everyone, as the status is: kept a second too, so
+			// a room turned off, an unknown SKU or an outage is not every
+			// waiter's poll reaching the API.
+			return public(h.fail(ctx, err))
 		}
-		resp := reply(http.StatusOK, queueBody(q))
-		resp.Headers["Cache-Control"] = "public, max-age=1"
-		return resp
+		return public(reply(http.StatusOK, queueBody(q)))
 	},
 	"GET /skus/{sku}/queue/{ticket}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, user string) response {
 		q, a, err := h.svc.Ticket(ctx, user, p["sku"], p["ticket"])
@@ -500,6 +501,14 @@ func (h *Handler) joinQueue(ctx context.Context, req events.APIGatewayV2HTTPRequ
 		return noStore(h.fail(ctx, err))
 	}
 	return noStore(reply(http.StatusOK, ticketBody(q, reservation.Admission{})))
+}
+
+// public marks resp as anyone's to keep for a second: the public status,
+// its answer and its errors (the distribution's cache policy keeps it for
+// that second at most).
+func public(resp response) response {
+	resp.Headers["Cache-Control"] = "public, max-age=1"
+	return resp
 }
 
 // noStore marks resp as nobody's to keep: a ticket's answer (its admission
