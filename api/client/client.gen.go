@@ -2599,7 +2599,8 @@ type ClientInterface interface {
 	// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
 	// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
 	// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
-	// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+	// then needs the `Admission-Token` of an admitted ticket, and takes at most the
+	// per-user limit's units (one when the SKU sets none: `409 limit_exceeded`). `waiting_room: false` turns
 	// it off (and `admit_factor` without a room is 400).
 	//
 	// Takes any type of body and a specified content type.
@@ -2628,7 +2629,8 @@ type ClientInterface interface {
 	// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
 	// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
 	// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
-	// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+	// then needs the `Admission-Token` of an admitted ticket, and takes at most the
+	// per-user limit's units (one when the SKU sets none: `409 limit_exceeded`). `waiting_room: false` turns
 	// it off (and `admit_factor` without a room is 400).
 	//
 	// Takes a body of the `application/json` content type.
@@ -2972,7 +2974,8 @@ func (c *Client) InspectStock(ctx context.Context, sku Sku, reqEditors ...Reques
 // stock returns to the sale. `waiting_room: true` makes the SKU sell through its
 // waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
 // `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
-// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+// then needs the `Admission-Token` of an admitted ticket, and takes at most the
+// per-user limit's units (one when the SKU sets none: `409 limit_exceeded`). `waiting_room: false` turns
 // it off (and `admit_factor` without a room is 400).
 //
 // Takes any type of body and a specified content type.
@@ -3011,7 +3014,8 @@ func (c *Client) ChangeStockWithBody(ctx context.Context, sku Sku, params *Chang
 // stock returns to the sale. `waiting_room: true` makes the SKU sell through its
 // waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
 // `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
-// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+// then needs the `Admission-Token` of an admitted ticket, and takes at most the
+// per-user limit's units (one when the SKU sets none: `409 limit_exceeded`). `waiting_room: false` turns
 // it off (and `admit_factor` without a room is 400).
 //
 // Takes a body of the `application/json` content type.
@@ -4071,7 +4075,8 @@ type ClientWithResponsesInterface interface {
 	// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
 	// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
 	// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
-	// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+	// then needs the `Admission-Token` of an admitted ticket, and takes at most the
+	// per-user limit's units (one when the SKU sets none: `409 limit_exceeded`). `waiting_room: false` turns
 	// it off (and `admit_factor` without a room is 400).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -4100,7 +4105,8 @@ type ClientWithResponsesInterface interface {
 	// stock returns to the sale. `waiting_room: true` makes the SKU sell through its
 	// waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
 	// `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
-	// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+	// then needs the `Admission-Token` of an admitted ticket, and takes at most the
+	// per-user limit's units (one when the SKU sets none: `409 limit_exceeded`). `waiting_room: false` turns
 	// it off (and `admit_factor` without a room is 400).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -5982,7 +5988,8 @@ func (c *ClientWithResponses) InspectStockWithResponse(ctx context.Context, sku 
 // stock returns to the sale. `waiting_room: true` makes the SKU sell through its
 // waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
 // `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
-// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+// then needs the `Admission-Token` of an admitted ticket, and takes at most the
+// per-user limit's units (one when the SKU sets none: `409 limit_exceeded`). `waiting_room: false` turns
 // it off (and `admit_factor` without a room is 400).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -6017,7 +6024,8 @@ func (c *ClientWithResponses) ChangeStockWithBodyWithResponse(ctx context.Contex
 // stock returns to the sale. `waiting_room: true` makes the SKU sell through its
 // waiting room (`/skus/{sku}/queue`; it needs one bucket: 400 otherwise), admitting
 // `admit_factor` buyers per unit left (1 to 100; 1 when turned on without one): a buy
-// then needs the `Admission-Token` of an admitted ticket. `waiting_room: false` turns
+// then needs the `Admission-Token` of an admitted ticket, and takes at most the
+// per-user limit's units (one when the SKU sets none: `409 limit_exceeded`). `waiting_room: false` turns
 // it off (and `admit_factor` without a room is 400).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).

@@ -217,8 +217,9 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 		}
 	}
 	if open && !closed {
-		units := (max(avail, 0) + max(held, 0)) * room
-		budget := (units+999)/1000 - max(held, 0) - int64(len(q.admitted)) // math.ceil
+		units := ((max(avail, 0)+max(held, 0))*room+999)/1000 - max(held, 0) // math.ceil
+		each := max(meta["limit"], 1)                                        // an admission's units
+		budget := (units+each-1)/each - int64(len(q.admitted))
 		order := q.order()
 		for ; budget > 0 && q.through < int64(len(order)); budget-- {
 			q.admitted[order[q.through]] = now
@@ -480,6 +481,9 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 	}
 	if limit := m.meta[name]["limit"]; limit > 0 && m.users[name][r.UserID]+qty > limit {
 		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded // before the stock, as in reserve.lua
+	}
+	if room && m.meta[name]["limit"] <= 0 && qty > 1 {
+		return Reservation{}, ReserveOutcome{}, ErrLimitExceeded // an admission is for one unit then
 	}
 	if avail < qty {
 		return Reservation{}, ReserveOutcome{}, ErrSoldOut

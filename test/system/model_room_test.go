@@ -18,7 +18,8 @@ package system_test
 // The reference model is the admission rule: every look (a join, a status,
 // a ticket, a sweep) lapses the admissions older than AdmitFor and admits
 // in queue order while admitted-not-reserved ≤ ⌈(available + held) ×
-// factor⌉ - held, from the opening until the close. The order of the tickets
+// factor⌉ - held (each admission one unit: the SKU sets no per-user
+// limit, and a reserve of 2 is limit_exceeded), from the opening until the close. The order of the tickets
 // taken before the opening is drawn by the server: the model learns it at
 // the first look after the opening (each of those tickets' own look, at
 // the same instant, which admits nothing more) and holds it to being a
@@ -680,8 +681,10 @@ func (r *roomMachine) reserve(t *rapid.T, user, token string, qty int, how strin
 		// Past the token's time (a retry of a reserve held in time replays:
 		// above), or lapsed in Redis.
 		refused(reservation.ErrAdmissionExpired)
+	case qty > 1:
+		refused(reservation.ErrLimitExceeded) // an admission is for one unit (the SKU sets no per-user limit)
 	case m.stock < int64(qty):
-		refused(reservation.ErrSoldOut) // admitted while held units may return, or more than are left
+		refused(reservation.ErrSoldOut) // admitted while held units may return
 	default:
 		if x != nil {
 			r.fatalf(t, "model: %s holds a second time", tk.user)

@@ -184,6 +184,42 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("an admission is for the per-user limit's units, one when the SKU sets none", func(t *testing.T) {
+		s, sku, _ := room(t, 2, 1000, time.Time{})
+		for _, ticket := range []string{"a", "b", "c"} {
+			join(t, s, sku, ticket, 0)
+		}
+		if q := look(t, s, sku, ""); q.Through != 2 {
+			t.Fatalf("2 units, no limit: admitted %d, want 2", q.Through)
+		}
+		r := hold(sku, "r-b", "u-b", 2)
+		r.Ticket, r.TicketExpires = "b", look(t, s, sku, "b").AdmittedAt.Add(admitFor)
+		if _, _, err := s.Reserve(ctx, r, ttl); !errors.Is(err, reservation.ErrLimitExceeded) {
+			t.Errorf("place 2 reserving 2 units under one admission = %v, want ErrLimitExceeded (the unit of place 1 stays)", err)
+		}
+		if err := buy(s, sku, "a", look(t, s, sku, "a")); err != nil {
+			t.Errorf("place 1 buys its unit: %v", err)
+		}
+		// A limit of 2: each admission may take 2 units, so 5 units admit 3.
+		c := &clock{now: t0}
+		s2 := newHolds(t, c, 0, 0)
+		sku2 := testservices.Name("room")
+		if res, err := s2.Warm(ctx, reservation.StockLevel{SKU: sku2, Available: 5, Version: 1, AdmitPermille: 1000, PerUserLimit: 2}, nil, nil); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		for i := range 5 {
+			join(t, s2, sku2, fmt.Sprint("t", i), 0)
+		}
+		if q := look(t, s2, sku2, ""); q.Through != 3 {
+			t.Errorf("5 units, 2 an admission: admitted %d, want ⌈5/2⌉ = 3", q.Through)
+		}
+		r = hold(sku2, "r-t0", "u-t0", 2)
+		r.Ticket, r.TicketExpires = "t0", look(t, s2, sku2, "t0").AdmittedAt.Add(admitFor)
+		if _, _, err := s2.Reserve(ctx, r, ttl); err != nil {
+			t.Errorf("t0 reserves its 2 units: %v", err)
+		}
+	})
+
 	t.Run("a join and a look at the own ticket are the buyer's attempts; the public look is nobody's", func(t *testing.T) {
 		c := &clock{now: t0}
 		s := newHolds(t, c, 1, 3) // 1 attempt a second, a burst of 3

@@ -1,13 +1,15 @@
 -- queue.lua: a waiting room's queue, admitted from the stock (docs/design.md, "The waiting room"):
 -- join it, or look at it (the SKU's state, and a ticket's). Both admit first: tickets in queue order
--- while the admitted who have not reserved ≤ ceil((available + held) × factor) - held (a held unit's
--- holder is one of the buyers its factor stands for). All keys share bucket
+-- while the units the admitted who have not reserved may take (each the per-user limit, one when
+-- the SKU sets none) < ceil((available + held) × factor) - held (a held unit's holder is one of the
+-- buyers its factor stands for). All keys share bucket
 -- 0's {hash tag} (a SKU with a waiting room has one bucket). Prefixed with clock.lua and
 -- budget.lua.
 --
 -- KEYS[1] stock     string: units buyers can still reserve
 -- KEYS[2] meta      hash: held (units HELD, which may still return), room (the admit factor in
---                   thousandths; 0 or absent = no waiting room), opens, closes (unix ms; 0 = none)
+--                   thousandths; 0 or absent = no waiting room), opens, closes (unix ms; 0 = none),
+--                   limit (per-user units: what one admission may take; 0 = none, one unit)
 -- KEYS[3] queue     sorted set: ticket -> place, by rounds (a round: the tickets of one opening):
 --                   base + a random fraction in [0, 1) for a ticket taken before the opening (so
 --                   they are shuffled at it), base + 1 + its arrival number after; a round's base
@@ -43,7 +45,7 @@ local op, ticket = ARGV[1], ARGV[2]
 local now, ttl = clock_ms(ARGV[6]), tonumber(ARGV[5])
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
-local m = redis.call('HMGET', KEYS[2], 'held', 'room', 'opens', 'closes')
+local m = redis.call('HMGET', KEYS[2], 'held', 'room', 'opens', 'closes', 'limit')
 local held, room = tonumber(m[1] or '0'), tonumber(m[2] or '0')
 local opens, closes = tonumber(m[3] or '0'), tonumber(m[4] or '0')
 if room <= 0 then return {'NO_ROOM'} end
@@ -90,8 +92,9 @@ if open then -- admissions lapse after the close too; none is made from it on
   end
 end
 if open and not closed then
-  local h = math.max(held, 0)
-  local budget = math.ceil((math.max(available, 0) + h) * room / 1000) - h - redis.call('ZCARD', KEYS[5])
+  local h, each = math.max(held, 0), math.max(tonumber(m[5] or '0'), 1)
+  local units = math.ceil((math.max(available, 0) + h) * room / 1000) - h
+  local budget = math.ceil(units / each) - redis.call('ZCARD', KEYS[5])
   if budget > 0 then
     local next = redis.call('ZRANGE', KEYS[3], through, through + budget - 1)
     for _, t in ipairs(next) do redis.call('ZADD', KEYS[5], now, t) end

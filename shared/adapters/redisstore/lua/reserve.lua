@@ -36,7 +36,8 @@
 --   {"NOT_ADMITTED"}                        the SKU has a waiting room (meta.room) and no ticket came
 --   {"ADMISSION_LAPSED"}                    the ticket is not admitted (any more): its admission
 --                                           ended, or it was used for another hold
---   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"}
+--   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"} (LIMIT too: more than one unit under a waiting-room
+--                                          admission of a SKU with no per-user limit)
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
 -- Idempotent: a retried call (the same token) finds the hold and answers REPLAY, free of charge;
 -- another request for the same id (a client's replay, of a HELD hold or a decided one) costs an
@@ -98,6 +99,9 @@ local limit = tonumber(m[3] or '0')
 if limit > 0 and tonumber(redis.call('HGET', KEYS[4], user) or '0') + qty > limit then
   return {'LIMIT'}
 end
+-- An admission is for the per-user limit's units, one when the SKU sets none (queue.lua admits
+-- by that much), so a buyer behind never takes the units the room admitted the one ahead for.
+if room and limit <= 0 and qty > 1 then return {'LIMIT'} end
 if tonumber(stock) < qty then return {'SOLD_OUT'} end
 
 local full = '0'
