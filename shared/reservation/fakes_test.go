@@ -122,6 +122,7 @@ type memRoom struct {
 	place                         map[string]float64
 	seq, through, round, rthrough int64
 	base                          float64
+	sold                          bool // a look of this round told its waiters SOLD_OUT
 	admitted                      map[string]int64
 	done                          map[string]string
 }
@@ -194,6 +195,12 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 		}
 		if q.round != opens { // another opening: a new round past every place, if this one opened
 			if q.seq > 0 || q.through > q.rthrough {
+				if q.sold { // its waiters were told SOLD_OUT: not carried into the new round
+					for _, t := range q.order()[q.through:] {
+						delete(q.place, t)
+					}
+				}
+				q.sold = false
 				for _, p := range q.place {
 					q.base = max(q.base, math.Floor(p)+1)
 				}
@@ -225,6 +232,9 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 			q.admitted[order[q.through]] = now
 			q.through++
 		}
+	}
+	if open && avail <= 0 && held <= 0 && q.through < int64(len(q.place)) {
+		q.sold = true
 	}
 	st.Through, st.Length, st.Available, st.Held = q.through, int64(len(q.place)), avail, held
 	if ticket != "" {

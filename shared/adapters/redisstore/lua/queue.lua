@@ -16,7 +16,8 @@
 --                   is past every place before it, so a place never goes before one admitted
 -- KEYS[4] qmeta     hash: round (the opens, unix ms, of the current round), base (its places'),
 --                   seq (arrivals since its opening), through (places admitted, from the first),
---                   rthrough (through when the round began)
+--                   rthrough (through when the round began), sold (1: a look of this round told
+--                   its waiters SOLD_OUT, so the next round starts without them)
 -- KEYS[5] admitted  sorted set: ticket -> when it was admitted (unix ms): admitted, not reserved yet
 --                   and not lapsed (reserve.lua takes a ticket out when it holds for it)
 -- KEYS[6] done      hash: ticket -> "R" (reserved) or "L" (lapsed: admitted, not reserved in time)
@@ -70,9 +71,15 @@ if op == 'join' and redis.call('ZSCORE', KEYS[3], ticket) == false then
     -- of it was admitted, or arrived after its opening), the new round starts past every place
     -- so far; if not, its tickets stay where they are, shuffled with the new ones.
     if tonumber(q[3] or '0') > 0 or through > tonumber(q[5] or '0') then
+      if redis.call('HGET', KEYS[4], 'sold') == '1' then
+        -- The rounds so far sold out and told their waiters so (SOLD_OUT): their pages may be
+        -- gone, so they do not go ahead of the new drop's buyers (each would be admitted to
+        -- nobody and lapse in turn while units wait); a waiter still there joins it again.
+        redis.call('ZREMRANGEBYRANK', KEYS[3], through, -1)
+      end
       local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
       if #last == 2 then base = math.floor(tonumber(last[2])) + 1 end
-      redis.call('HSET', KEYS[4], 'base', base, 'seq', 0, 'rthrough', through)
+      redis.call('HSET', KEYS[4], 'base', base, 'seq', 0, 'rthrough', through, 'sold', 0)
     end
     redis.call('HSET', KEYS[4], 'round', opens)
   end
@@ -104,6 +111,13 @@ if open and not closed then
       wrote = true
     end
   end
+end
+
+-- Waiters told SOLD_OUT (below) are not carried into another round: remember it, once.
+if open and available <= 0 and held <= 0 and through < redis.call('ZCARD', KEYS[3])
+    and redis.call('HGET', KEYS[4], 'sold') ~= '1' then
+  redis.call('HSET', KEYS[4], 'sold', 1)
+  wrote = true
 end
 
 if wrote then
