@@ -124,7 +124,9 @@ func state(tab context.Context) (st, place string) {
 // returns the function that moves it a moment ahead.
 func (s *roomSale) opensSoon(stock int) func() {
 	s.admin(`{"stock":` + itoa(stock) + `,"waiting_room":true,"admit_factor":1,"opens_at":"` + time.Now().Add(10*time.Minute).UTC().Format(time.RFC3339Nano) + `"}`)
-	return func() { s.admin(`{"add":0,"opens_at":"` + time.Now().Add(2*time.Second).UTC().Format(time.RFC3339Nano) + `"}`) }
+	return func() {
+		s.admin(`{"add":0,"opens_at":"` + time.Now().Add(2*time.Second).UTC().Format(time.RFC3339Nano) + `"}`)
+	}
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
