@@ -288,3 +288,37 @@ func TestReview24bPageLeavesARoomTurnedOff(t *testing.T) {
 		t.Errorf("ann, waiting in a room the admin turned off: %v", err)
 	}
 }
+
+// Claim (design.md's diagram and the ticket's states: "CLOSED once the
+// sale window closed"; issue 24: the page shows "being admitted, buying …
+// or sold out"). The sale closes with a buyer still waiting (units left,
+// their place not reached). The public status carries closes_at, but the
+// page's poll only looks for its turn or the sell-out: it never asks for
+// its ticket, never says CLOSED, and keeps its buyer WAITING — and polling
+// every second — for ever after the sale ended.
+func TestReview24bPageWaitingAtTheCloseHearsClosed(t *testing.T) {
+	s := newRoomSale(t, "close")
+	s.opensSoon(1)
+	ann, bob := s.buyer("ann"), s.buyer("bob")
+	s.join(ann, "ann", "WAITING")
+	s.join(bob, "bob", "WAITING")
+	now := time.Now().UTC()
+	s.admin(`{"add":0,"opens_at":"` + now.Add(2*time.Second).Format(time.RFC3339Nano) + `","closes_at":"` + now.Add(6*time.Second).Format(time.RFC3339Nano) + `"}`)
+	var waiting context.Context
+	var name string
+	for n, tab := range map[string]context.Context{"ann": ann, "bob": bob} {
+		if _, err := browser.Until(tab, step, `document.getElementById("position").dataset.position`); err != nil {
+			t.Fatal(err)
+		}
+		if st, place := state(tab); st == "WAITING" && place == "2" {
+			waiting, name = tab, n
+		}
+	}
+	if waiting == nil {
+		t.Fatal("nobody waits at place 2 after the opening")
+	}
+	if _, err := browser.WaitAttr(waiting, 15*time.Second, "#state", "data-state", "CLOSED"); err != nil {
+		code, b := s.call("GET", "/skus/"+s.sku+"/queue/"+ticketOf(t, waiting), name, "")
+		t.Errorf("%s, waiting when the sale closed: %v; the server has the ticket %d %v", name, err, code, b["status"])
+	}
+}
