@@ -266,6 +266,9 @@
         note(b.may_return ? "Sold out for now: units may still come back." : "");
         return setState("WAITING");
       case "ADMITTED":
+        // A join that admits answers no token (the ticket's look has it):
+        // wait as for one's turn, which has come, and ask for the ticket.
+        if (!b.admission_token) { setState("WAITING"); return fetchTicket(); }
         admission = { token: b.admission_token, expires: Date.parse(b.admission_expires_at) };
         return setState("ADMITTED", "");
       case "RESERVED":
