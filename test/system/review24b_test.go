@@ -97,6 +97,28 @@ func TestReview24bPublicLookOfAnUnknownSKUAsksMySQLOnce(t *testing.T) {
 	}
 }
 
+// The same claim, against a crowd of made-up SKUs: a SKU name costs
+// nothing to invent, and a memory of unknown SKUs (per name, per instance)
+// cannot cover names never asked before. Each anonymous look at a new name
+// is a Lambda invocation, a miss at every edge (a new path) and MySQL's
+// statements: the public route, which needs no account and has no meter,
+// lets anyone load the arbiter at the API's whole rate. (GET /skus/{sku}
+// does the same, but behind a JWT.)
+func TestReview24bPublicLooksAtMadeUpSKUsAskMySQLNothing(t *testing.T) {
+	p := newPromise(t)
+	const looks = 20
+	stmts := p.statements(5, 0, func() {
+		for range looks {
+			if code, body := p.callAs("", "GET", "/skus/"+testservices.Name("made")+"/queue", "", nil); code != 404 {
+				t.Fatalf("the public status of a made-up sku = %d %v, want 404", code, body)
+			}
+		}
+	})
+	if stmts > 0 {
+		t.Errorf("%d anonymous looks at made-up skus' public status cost MariaDB %d statements, want 0 (polls cost no MySQL)", looks, stmts)
+	}
+}
+
 // Claims (design.md, the admission rule): "So at factor 1 the admitted who
 // have not reserved never outnumber the units available"; the fix it
 // records: "at factor 1 … a buyer behind another could take the last unit
