@@ -320,3 +320,73 @@ func TestReview24bPageWaitingAtTheCloseHearsClosed(t *testing.T) {
 		t.Errorf("%s, waiting when the sale closed: %v; the server has the ticket %d %v", name, err, code, b["status"])
 	}
 }
+
+// countTicketLooks makes the tab count its GETs of its own ticket (the
+// page calls the global fetch at each request).
+func countTicketLooks(t *testing.T, tab context.Context) {
+	t.Helper()
+	if _, err := chromedp.Run(tab, chromedp.Evaluate[bool](`(() => {
+		window.ticketLooks = 0;
+		const real = window.fetch;
+		window.fetch = (path, opts) => {
+			if (/\/queue\/[^/]+$/.test(String(path)) && (!opts || !opts.method || opts.method === "GET")) window.ticketLooks++;
+			return real(path, opts);
+		};
+		return true;
+	})()`)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Claims (design.md, "Cheap polls"): "A waiter learns its state from it
+// (admitted through its position, or sold out), and asks for its own ticket
+// … only to fetch its token"; issue 24: "100,000 waiters polling every
+// second do not mean 100,000 Lambda invocations a second". The page asks
+// for its ticket (an authenticated, uncached call: a Lambda invocation) at
+// the opening, to learn its place, and again at the sell-out, though the
+// public status it just read says sold_out. Every waiter does both, within
+// the second the cached status changes: two bursts of one invocation per
+// waiter — 100,000 in about 1.2 s each, against an API throttled at 5,000
+// a second (ApiThrottleRate) — at the opening, where the admitted need
+// their tokens and then reserve, and at the sell-out, whose SOLD_OUT then
+// reaches the crowd in ~20 s, not the ≤ 2 s the bench measures with a few
+// thousand buyers and no throttle.
+func TestReview24bPageNeverAdmittedAsksForItsTicketNever(t *testing.T) {
+	s := newRoomSale(t, "herd")
+	open := s.opensSoon(1)
+	names := []string{"ann", "bob", "cat"}
+	tabs := map[string]context.Context{}
+	for _, n := range names {
+		tabs[n] = s.buyer(n)
+		s.join(tabs[n], n, "WAITING")
+		countTicketLooks(t, tabs[n])
+	}
+	open()
+	var first string
+	for n, tab := range tabs {
+		if _, err := browser.Until(tab, step, `document.getElementById("position").dataset.position`); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := state(tab); st == "ADMITTED" {
+			first = n
+		}
+	}
+	if first == "" {
+		t.Fatal("nobody admitted at the opening")
+	}
+	if st, err := s.buy(tabs[first], first); err != nil || st != "CONFIRMED" {
+		t.Fatalf("%s buys = %s %v", first, st, err)
+	}
+	for n, tab := range tabs {
+		if n == first {
+			continue
+		}
+		if _, err := browser.WaitAttr(tab, step, "#state", "data-state", "SOLD_OUT"); err != nil {
+			t.Fatalf("%s after the sell-out: %v", n, err)
+		}
+		looks, _ := chromedp.Run(tab, chromedp.Evaluate[int](`window.ticketLooks`))
+		if looks > 0 {
+			t.Errorf("%s, never admitted, asked for its ticket %d times (each a Lambda invocation, every waiter at once: at the opening, at the sell-out), want 0", n, looks)
+		}
+	}
+}
