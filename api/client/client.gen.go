@@ -125,6 +125,21 @@ func (e CancelledError) Valid() bool {
 	}
 }
 
+// Defines values for EdgeOnlyError.
+const (
+	EdgeOnlyErrorEdgeOnly EdgeOnlyError = "edge_only"
+)
+
+// Valid indicates whether the value is a known member of the EdgeOnlyError enum.
+func (e EdgeOnlyError) Valid() bool {
+	switch e {
+	case EdgeOnlyErrorEdgeOnly:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for GroupStatus.
 const (
 	FAILED GroupStatus = "FAILED"
@@ -625,6 +640,15 @@ type CreateGroupRequest struct {
 	// TtlSeconds Seconds until the deadline (at most the stage's maximum)
 	TtlSeconds *int `json:"ttl_seconds,omitempty"`
 }
+
+// EdgeOnly defines model for EdgeOnly.
+type EdgeOnly struct {
+	Error   EdgeOnlyError `json:"error"`
+	Message string        `json:"message"`
+}
+
+// EdgeOnlyError defines model for EdgeOnly.Error.
+type EdgeOnlyError string
 
 // GatewayMessage An answer API Gateway gives itself ("Unauthorized", "Forbidden", "Request Entity Too Large", "Too Many Requests", "Request Header Fields Too Large", "Internal Server Error", "Service Unavailable", or IAM's reason).
 type GatewayMessage struct {
@@ -1280,6 +1304,11 @@ type ReserveParams struct {
 
 // Reserve409JSONResponseBody defines parameters for Reserve.
 type Reserve409JSONResponseBody struct {
+	union json.RawMessage
+}
+
+// QueueStatus503JSONResponseBody defines parameters for QueueStatus.
+type QueueStatus503JSONResponseBody struct {
 	union json.RawMessage
 }
 
@@ -2264,6 +2293,68 @@ func (t *Reserve409JSONResponseBody) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// AsUnavailable returns the union data inside the QueueStatus503JSONResponseBody as a Unavailable
+func (t QueueStatus503JSONResponseBody) AsUnavailable() (Unavailable, error) {
+	var body Unavailable
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromUnavailable overwrites any union data inside the QueueStatus503JSONResponseBody as the provided Unavailable
+func (t *QueueStatus503JSONResponseBody) FromUnavailable(v Unavailable) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeUnavailable performs a merge with any union data inside the QueueStatus503JSONResponseBody, using the provided Unavailable
+func (t *QueueStatus503JSONResponseBody) MergeUnavailable(v Unavailable) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsGatewayMessage returns the union data inside the QueueStatus503JSONResponseBody as a GatewayMessage
+func (t QueueStatus503JSONResponseBody) AsGatewayMessage() (GatewayMessage, error) {
+	var body GatewayMessage
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromGatewayMessage overwrites any union data inside the QueueStatus503JSONResponseBody as the provided GatewayMessage
+func (t *QueueStatus503JSONResponseBody) FromGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeGatewayMessage performs a merge with any union data inside the QueueStatus503JSONResponseBody, using the provided GatewayMessage
+func (t *QueueStatus503JSONResponseBody) MergeGatewayMessage(v GatewayMessage) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t QueueStatus503JSONResponseBody) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *QueueStatus503JSONResponseBody) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
 // AsQueueNotOpen returns the union data inside the JoinQueue409JSONResponseBody as a QueueNotOpen
 func (t JoinQueue409JSONResponseBody) AsQueueNotOpen() (QueueNotOpen, error) {
 	var body QueueNotOpen
@@ -2647,10 +2738,11 @@ type ClientInterface interface {
 	// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 	// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 	// location whatever the query string, headers or cookies: pollers cost about one
-	// origin request a second per edge, not one Lambda invocation each. Errors are
-	// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
-	// second all the same). Reading it admits whom the stock can serve, as every look at
-	// the queue does.
+	// origin request a second per edge, not one Lambda invocation each. Its errors are
+	// the same for everyone and kept a second too, so a room turned off or an outage
+	// is not every poll reaching the API. Reading it admits whom the stock can serve, as every look at
+	// the queue does. The API answers it only to that distribution (403 `edge_only`
+	// on its own execute-api endpoint), so polling around the cache is refused.
 	//
 	// Corresponds with GET /skus/{sku}/queue (the `QueueStatus` operationId).
 	QueueStatus(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3119,10 +3211,11 @@ func (c *Client) GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEdito
 // with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 // CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 // location whatever the query string, headers or cookies: pollers cost about one
-// origin request a second per edge, not one Lambda invocation each. Errors are
-// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
-// second all the same). Reading it admits whom the stock can serve, as every look at
-// the queue does.
+// origin request a second per edge, not one Lambda invocation each. Its errors are
+// the same for everyone and kept a second too, so a room turned off or an outage
+// is not every poll reaching the API. Reading it admits whom the stock can serve, as every look at
+// the queue does. The API answers it only to that distribution (403 `edge_only`
+// on its own execute-api endpoint), so polling around the cache is refused.
 //
 // Corresponds with GET /skus/{sku}/queue (the `QueueStatus` operationId).
 func (c *Client) QueueStatus(ctx context.Context, sku Sku, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4125,10 +4218,11 @@ type ClientWithResponsesInterface interface {
 	// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 	// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 	// location whatever the query string, headers or cookies: pollers cost about one
-	// origin request a second per edge, not one Lambda invocation each. Errors are
-	// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
-	// second all the same). Reading it admits whom the stock can serve, as every look at
-	// the queue does.
+	// origin request a second per edge, not one Lambda invocation each. Its errors are
+	// the same for everyone and kept a second too, so a room turned off or an outage
+	// is not every poll reaching the API. Reading it admits whom the stock can serve, as every look at
+	// the queue does. The API answers it only to that distribution (403 `edge_only`
+	// on its own execute-api endpoint), so polling around the cache is refused.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5371,6 +5465,11 @@ type QueueStatusResponse200Headers struct {
 	CacheControl string
 }
 
+// QueueStatusResponse403Headers the declared response headers of an HTTP 403 response for QueueStatus
+type QueueStatusResponse403Headers struct {
+	CacheControl string
+}
+
 // QueueStatusResponse404Headers the declared response headers of an HTTP 404 response for QueueStatus
 type QueueStatusResponse404Headers struct {
 	CacheControl string
@@ -5387,6 +5486,8 @@ type QueueStatusResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *QueueState
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *EdgeOnly
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *QueueNotFound
 	// JSON431 the response for an HTTP 431 `application/json` response
@@ -5394,9 +5495,11 @@ type QueueStatusResponse struct {
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Fault
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *QueueOutage
+	JSON503 *QueueStatus503JSONResponseBody
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *QueueStatusResponse200Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *QueueStatusResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *QueueStatusResponse404Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -5406,6 +5509,11 @@ type QueueStatusResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r QueueStatusResponse) GetJSON200() *QueueState {
 	return r.JSON200
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r QueueStatusResponse) GetJSON403() *EdgeOnly {
+	return r.JSON403
 }
 
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
@@ -5424,7 +5532,7 @@ func (r QueueStatusResponse) GetJSON500() *Fault {
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r QueueStatusResponse) GetJSON503() *QueueOutage {
+func (r QueueStatusResponse) GetJSON503() *QueueStatus503JSONResponseBody {
 	return r.JSON503
 }
 
@@ -6081,10 +6189,11 @@ func (c *ClientWithResponses) GetSkuWithResponse(ctx context.Context, sku Sku, r
 // with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 // CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 // location whatever the query string, headers or cookies: pollers cost about one
-// origin request a second per edge, not one Lambda invocation each. Errors are
-// `Cache-Control: no-store` (the distribution keeps any answer of this path for its
-// second all the same). Reading it admits whom the stock can serve, as every look at
-// the queue does.
+// origin request a second per edge, not one Lambda invocation each. Its errors are
+// the same for everyone and kept a second too, so a room turned off or an outage
+// is not every poll reaching the API. Reading it admits whom the stock can serve, as every look at
+// the queue does. The API answers it only to that distribution (403 `edge_only`
+// on its own execute-api endpoint), so polling around the cache is refused.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7306,6 +7415,13 @@ func ParseQueueStatusResponse(rsp *http.Response) (*QueueStatusResponse, error) 
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest EdgeOnly
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest QueueNotFound
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7328,7 +7444,7 @@ func ParseQueueStatusResponse(rsp *http.Response) (*QueueStatusResponse, error) 
 		response.JSON500 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest QueueOutage
+		var dest QueueStatus503JSONResponseBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -7347,6 +7463,16 @@ func ParseQueueStatusResponse(rsp *http.Response) (*QueueStatusResponse, error) 
 			headers.CacheControl = value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 403:
+		var headers QueueStatusResponse403Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		response.Headers403 = &headers
 	case rsp.StatusCode == 404:
 		var headers QueueStatusResponse404Headers
 		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {

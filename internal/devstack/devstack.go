@@ -12,6 +12,7 @@ package devstack
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,6 +37,7 @@ import (
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
 	"github.com/holdfast/holdfast/shared/handlers/consumer"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/handlers/schedule"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
@@ -68,13 +70,17 @@ type Options struct {
 
 // Stack is a running local holdfast.
 type Stack struct {
-	URL     string
-	App     *app.App
-	Persist *consumer.Handler
-	Sweeper *schedule.Handler
+	URL string // the stack's address: the CDN in front of the API
+	// OriginURL is the API's own endpoint behind it (execute-api's), which
+	// answers the public status only to the CDN (httpapi.EdgeHeader).
+	OriginURL string
+	App       *app.App
+	Persist   *consumer.Handler
+	Sweeper   *schedule.Handler
 
 	cancel context.CancelFunc
 	srv    *http.Server
+	origin *http.Server
 	wg     sync.WaitGroup
 }
 
@@ -112,6 +118,12 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 		}
 	}
 
+	if cfg.EdgeSecret == "" && cfg.EdgeSecretID == "" {
+		// The CDN and the API agree on a secret of the stack's own, as the
+		// template's EdgeSecret makes them: the API's own endpoint
+		// (OriginURL) answers the public status to the CDN only.
+		cfg.EdgeSecret = rand.Text()
+	}
 	a, err := app.Build(ctx, cfg, app.Options{Function: "dev", Out: io.Discard})
 	if err != nil {
 		return nil, err
@@ -166,7 +178,8 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 		return nil, err
 	}
 	s.URL = "http://" + ln.Addr().String()
-	handler := Gateway(api.Handle, routes, o.Verifier, o.Log)
+	origin := Origin(api.Handle, routes, o.Verifier, o.Log)
+	handler := Edge(origin, cfg.EdgeSecret, o.Log)
 	if o.Shop {
 		if handler, err = Pages(handler, routes, o.SignIn, o.Log); err != nil {
 			_ = ln.Close()
@@ -179,6 +192,18 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 	go func() {
 		defer s.wg.Done()
 		_ = s.srv.Serve(ln)
+	}()
+	oln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	s.OriginURL = "http://" + oln.Addr().String()
+	s.origin = &http.Server{Handler: origin, ReadHeaderTimeout: 5 * time.Second}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = s.origin.Serve(oln)
 	}()
 	o.Log.Info("holdfast is up", "api", s.URL, "persist_concurrency", persistEv.MaximumConcurrency,
 		"batch_size", persistEv.BatchSize, "visibility_s", vis(mainQ), "sweep_every", sweepEvery)
@@ -256,10 +281,12 @@ func (s *Stack) poll(ctx context.Context, log *slog.Logger, name string, client 
 // Stop stops serving and polling and closes the clients.
 func (s *Stack) Stop() {
 	s.cancel()
-	if s.srv != nil {
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.srv.Shutdown(shutdown)
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, srv := range []*http.Server{s.srv, s.origin} {
+		if srv != nil {
+			_ = srv.Shutdown(shutdown)
+		}
 	}
 	s.wg.Wait()
 	_ = s.App.Close()
@@ -343,6 +370,12 @@ type APIHandler func(ctx context.Context, req events.APIGatewayV2HTTPRequest) (e
 // pass unchecked: SigV4 guards them in AWS, and the dev stack listens on
 // loopback only.
 func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Logger) http.Handler {
+	return Edge(Origin(h, routes, v, log), "", log)
+}
+
+// Origin is the API's own endpoint (execute-api in AWS): Gateway without
+// the CDN in front.
+func Origin(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Logger) http.Handler {
 	// Routing is ServeMux's, from the document's routes (the most specific
 	// pattern wins, a trailing slash is another path), as sam local
 	// start-api routes; whatever matches none gets API Gateway's 404.
@@ -354,7 +387,7 @@ func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Log
 	for _, route := range routes {
 		mux.Handle(pattern(route), invoke(h, route, v, log))
 	}
-	return newEdgeCache(time.Now, log).wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// API Gateway's quotas come before routing: the request line and
 		// headers, then the payload (a body of unknown length is counted
 		// as it is read, in invoke).
@@ -376,6 +409,20 @@ func Gateway(h APIHandler, routes []samtemplate.Route, v Verifier, log *slog.Log
 			return
 		}
 		mux.ServeHTTP(w, r)
+	})
+}
+
+// Edge is the stack's CloudFront distribution in front of origin: it keeps
+// the public status (edgeCache) and sends every request on with
+// httpapi.EdgeHeader set to secret, replacing what the viewer sent, as an
+// origin custom header does ("" sends none).
+func Edge(origin http.Handler, secret string, log *slog.Logger) http.Handler {
+	return newEdgeCache(time.Now, log).wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Del(httpapi.EdgeHeader)
+		if secret != "" {
+			r.Header.Set(httpapi.EdgeHeader, secret)
+		}
+		origin.ServeHTTP(w, r)
 	}))
 }
 

@@ -50,6 +50,8 @@ type App struct {
 
 	cfg     config.Config
 	closers []func() error
+	// edgeSecret is what the CDN sends in httpapi.EdgeHeader ("": no check).
+	edgeSecret string
 }
 
 // Options adjusts the wiring for tests and the dev stack.
@@ -94,7 +96,7 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		awsCfg.BaseEndpoint = aws.String(cfg.AWSEndpoint)
 	}
 	var secrets *secretsmanager.Client
-	if cfg.DBSecretID != "" || cfg.RedisSecretID != "" || cfg.IDSecretID != "" {
+	if cfg.DBSecretID != "" || cfg.RedisSecretID != "" || cfg.IDSecretID != "" || cfg.EdgeSecretID != "" {
 		secrets = secretsmanager.NewFromConfig(awsCfg)
 	}
 
@@ -119,6 +121,14 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 		_ = a.Close()
 		return nil, err
 	}
+	a.edgeSecret = cfg.EdgeSecret
+	if cfg.EdgeSecretID != "" {
+		if a.edgeSecret, err = secretString(ctx, secrets, cfg.EdgeSecretID); err != nil {
+			_ = a.Close()
+			return nil, err
+		}
+	}
+	a.edgeSecret = strings.TrimSpace(a.edgeSecret)
 
 	a.SQS = sqs.NewFromConfig(awsCfg)
 	var enq reservation.Enqueuer
@@ -212,7 +222,7 @@ func (a *App) Handlers(log *slog.Logger) Handlers {
 		log = a.Log
 	}
 	return Handlers{
-		API:        httpapi.New(a.Service, log, httpapi.WithUserClaim(a.cfg.UserClaim)),
+		API:        httpapi.New(a.Service, log, httpapi.WithUserClaim(a.cfg.UserClaim), httpapi.WithEdgeSecret(a.edgeSecret)),
 		Persist:    consumer.NewBatch("persist", a.Service.PersistBatch, a.Metrics, log),
 		Compensate: consumer.New("compensate", a.Service.Compensate, a.Metrics, log),
 		Sweeper:    schedule.New(a.Service, log),

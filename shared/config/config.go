@@ -51,6 +51,11 @@ type Config struct {
 	// IDSecretID names a Secrets Manager secret keying the ids derived from
 	// an Idempotency-Key; IDSecretFile is a local file holding it (make dev).
 	IDSecretID, IDSecretFile string
+	// EdgeSecretID names the Secrets Manager secret the stack's CloudFront
+	// distribution sends in httpapi.EdgeHeader; EdgeSecret is its value
+	// (make dev's gateway). With neither, anyone may read the waiting
+	// room's status from the API directly.
+	EdgeSecretID, EdgeSecret string
 	// UserClaim is the JWT claim (as API Gateway passes it) naming the buyer.
 	UserClaim string
 	// UserRate and UserBurst bound each user's reserve attempts per SKU
@@ -124,6 +129,8 @@ func parse(getenv func(string) string) (Config, error) {
 		AWSEndpoint:     p.str("HOLDFAST_AWS_ENDPOINT", ""),
 		IDSecretID:      p.str("HOLDFAST_ID_SECRET_ID", ""),
 		IDSecretFile:    p.str("HOLDFAST_ID_SECRET_FILE", ""),
+		EdgeSecretID:    p.str("HOLDFAST_EDGE_SECRET_ID", ""),
+		EdgeSecret:      p.str("HOLDFAST_EDGE_SECRET", ""),
 		UserClaim:       p.str("HOLDFAST_USER_CLAIM", "sub"),
 		UserRate:        p.integer("HOLDFAST_USER_RATE", 5),
 		UserBurst:       p.integer("HOLDFAST_USER_BURST", 10),

@@ -216,12 +216,26 @@ func (s *Service) JoinQueue(ctx context.Context, user, sku string) (QueueState, 
 
 // QueueStatus is sku's waiting room for everyone (no ticket): who is
 // admitted, whether it sold out. It costs one Redis call and no MySQL, and
-// admits whom the stock can serve; a CDN may cache it for a second.
+// admits whom the stock can serve; a CDN may cache it for a second, errors
+// too (the same for everyone).
 func (s *Service) QueueStatus(ctx context.Context, sku string) (QueueState, error) {
 	if !ValidID(sku) {
 		return QueueState{}, ErrUnknownSKU
 	}
-	return s.lookQueue(ctx, sku, "", QueueOp{AdmitFor: s.cfg.AdmitFor})
+	op := QueueOp{AdmitFor: s.cfg.AdmitFor}
+	if _, served := s.layouts.get(sku, s.clock.Now()); served {
+		return s.lookQueue(ctx, sku, "", op)
+	}
+	// Anyone may ask, of any name, with no account and no meter: this look
+	// never asks MySQL. A SKU this instance served lately is warmed (as a
+	// buyer's call would); any other without figures in Redis is unknown
+	// until a buyer's call (a join, a reserve) or the sweep warms it.
+	q, err := s.room.Queue(ctx, sku, "", op)
+	if err != nil {
+		return QueueState{}, err
+	}
+	q.SKU = sku
+	return q, nil
 }
 
 // Ticket is user's ticket in sku's waiting room, and its admission token

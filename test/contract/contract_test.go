@@ -711,7 +711,15 @@ func TestTheAPIIsItsDocument(t *testing.T) {
 	if r := k.do(call{token: ann, method: "GET", path: statusPath + "/" + ticket}); r.str("status") != "RESERVED" {
 		t.Errorf("the ticket after its buy = %v, want RESERVED", r.Body)
 	}
-	// The queue's refusals.
+	// The queue's refusals. The public status asked of the API's own
+	// endpoint, around the CDN (which sends the edge secret), even with a
+	// forged edge header.
+	origin := k.on(stack.OriginURL)
+	expect(origin.do(call{method: "GET", path: "/skus/" + roomSKU + "/queue"}), 403, "edge_only")
+	expect(origin.do(call{method: "GET", path: "/skus/" + roomSKU + "/queue", header: map[string]string{"X-Holdfast-Edge": "guess"}}), 403, "edge_only")
+	if r := origin.do(call{token: ann, method: "GET", path: statusPath + "/" + ticket}); r.Status != 200 {
+		t.Errorf("the own ticket from the API's own endpoint = %d %v, want 200 (only the public status is the CDN's)", r.Status, r.Body)
+	}
 	expect(joinQ(ann, sku, ""), 404, "no_waiting_room")
 	expect(k.do(call{method: "GET", path: "/skus/" + sku + "/queue"}), 404, "no_waiting_room")
 	expect(joinQ(ann, testservices.Name("nosuch"), ""), 404, "unknown_sku")

@@ -7,6 +7,7 @@ package httpapi
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base32"
 	"log/slog"
 	"net/http"
@@ -45,6 +46,19 @@ type Handler struct {
 	svc   Service
 	log   *slog.Logger
 	claim string // the JWT claim that names the buyer
+	edge  string // what EdgeHeader must say on the public status ("": anything)
+}
+
+// EdgeHeader is the header the stack's CloudFront distribution adds to every
+// request it sends the API (an origin custom header, template.yaml's
+// ApiCdn), with the edge secret: the public status is answered only to it,
+// so polling the API's own endpoint around the CDN's cache is refused.
+const EdgeHeader = "X-Holdfast-Edge"
+
+// WithEdgeSecret makes the public status (GET /skus/{sku}/queue) answer only
+// requests whose EdgeHeader is secret: the CDN's ("" answers everyone).
+func WithEdgeSecret(secret string) Option {
+	return func(h *Handler) { h.edge = secret }
 }
 
 // Option adjusts a Handler.
@@ -152,14 +166,18 @@ var routes = map[string]route{
 	"POST /skus/{sku}/queue": func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, user string) response {
 		return h.joinQueue(ctx, req, p["sku"], user)
 	},
-	publicRoute: func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+	publicRoute: func(h *Handler, ctx context.Context, req events.APIGatewayV2HTTPRequest, p map[string]string, _ string) response {
+		if h.edge != "" && subtle.ConstantTimeCompare([]byte(header(req, EdgeHeader)), []byte(h.edge)) != 1 {
+			return noStore(errorReply(http.StatusForbidden, "edge_only", "the waiting room's status is served through the CDN (the stack's ApiUrl), not the API's own endpoint; nothing was read"))
+		}
 		q, err := h.svc.QueueStatus(ctx, p["sku"])
 		if err != nil {
-			return noStore(h.fail(ctx, err))
+			// The same for everyone, as the status is: kept a second too, so
+			// a room turned off, an unknown SKU or an outage is not every
+			// waiter's poll reaching the API.
+			return public(h.fail(ctx, err))
 		}
-		resp := reply(http.StatusOK, queueBody(q))
-		resp.Headers["Cache-Control"] = "public, max-age=1"
-		return resp
+		return public(reply(http.StatusOK, queueBody(q)))
 	},
 	"GET /skus/{sku}/queue/{ticket}": func(h *Handler, ctx context.Context, _ events.APIGatewayV2HTTPRequest, p map[string]string, user string) response {
 		q, a, err := h.svc.Ticket(ctx, user, p["sku"], p["ticket"])
@@ -483,6 +501,14 @@ func (h *Handler) joinQueue(ctx context.Context, req events.APIGatewayV2HTTPRequ
 		return noStore(h.fail(ctx, err))
 	}
 	return noStore(reply(http.StatusOK, ticketBody(q, reservation.Admission{})))
+}
+
+// public marks resp as anyone's to keep for a second: the public status,
+// its answer and its errors (the distribution's cache policy keeps it for
+// that second at most).
+func public(resp response) response {
+	resp.Headers["Cache-Control"] = "public, max-age=1"
+	return resp
 }
 
 // noStore marks resp as nobody's to keep: a ticket's answer (its admission

@@ -119,8 +119,15 @@ func TestWaitingRoomErrors(t *testing.T) {
 			if resp.StatusCode != c.status || body["error"] != c.code {
 				t.Errorf("%s %s: %v -> %d %v, want %d %s", r.method, r.path, c.err, resp.StatusCode, body, c.status, c.code)
 			}
-			if cc := resp.Headers["Cache-Control"]; cc != "no-store" {
-				t.Errorf("%s %s: %v -> Cache-Control %q, want no-store", r.method, r.path, c.err, cc)
+			// The public status's errors are everyone's, as its answer is:
+			// kept a second (a room turned off is not every poll reaching
+			// the API); a buyer's are nobody's.
+			want := "no-store"
+			if r.method == "GET" && r.path == "/skus/s/queue" {
+				want = "public, max-age=1"
+			}
+			if cc := resp.Headers["Cache-Control"]; cc != want {
+				t.Errorf("%s %s: %v -> Cache-Control %q, want %s", r.method, r.path, c.err, cc, want)
 			}
 			if _, ok := resp.Headers["Retry-After"]; ok != c.retryAfter {
 				t.Errorf("%s %s: %v -> Retry-After present %v, want %v", r.method, r.path, c.err, ok, c.retryAfter)
@@ -210,4 +217,30 @@ type roomLevelStub struct{ stub }
 
 func (s *roomLevelStub) ChangeStock(context.Context, reservation.StockChange) (reservation.StockLevel, error) {
 	return reservation.StockLevel{SKU: "s", Available: 1, Version: 2, AdmitPermille: 2500}, nil
+}
+
+// With an edge secret the public status is answered only to the CDN (its
+// origin custom header): a poll of the API's own endpoint around the cache
+// is 403 edge_only and reads nothing; the buyer's own routes are not gated.
+func TestPublicStatusOnlyThroughTheEdge(t *testing.T) {
+	h := func(svc *stub) *httpapi.Handler {
+		return httpapi.New(svc, slog.New(slog.NewTextHandler(io.Discard, nil)), httpapi.WithEdgeSecret("edge-s3cret"))
+	}
+	for _, headers := range []map[string]string{nil, {"x-holdfast-edge": "wrong"}, {"x-holdfast-edge": "edge-s3cre"}, {"x-holdfast-edge": ""}} {
+		svc := roomStub()
+		resp, _ := h(svc).Handle(context.Background(), anonymous("GET", "/skus/s/queue", "", headers))
+		var got map[string]any
+		_ = json.Unmarshal([]byte(resp.Body), &got)
+		if resp.StatusCode != 403 || got["error"] != "edge_only" || svc.asked != "" || resp.Headers["Cache-Control"] != "no-store" {
+			t.Errorf("GET /skus/s/queue with %v = %d %s (asked %q), want 403 edge_only, no-store, nothing read", headers, resp.StatusCode, resp.Body, svc.asked)
+		}
+	}
+	svc := roomStub()
+	if resp, _ := h(svc).Handle(context.Background(), anonymous("GET", "/skus/s/queue", "", map[string]string{"X-Holdfast-Edge": "edge-s3cret"})); resp.StatusCode != 200 || svc.asked != "s" {
+		t.Errorf("GET /skus/s/queue from the CDN = %d %s, want 200", resp.StatusCode, resp.Body)
+	}
+	svc = roomStub()
+	if resp, _ := h(svc).Handle(context.Background(), request("GET", "/skus/s/queue/t1", "", nil)); resp.StatusCode != 200 {
+		t.Errorf("GET /skus/s/queue/t1 without the edge's header = %d %s, want 200 (a buyer's own)", resp.StatusCode, resp.Body)
+	}
 }
