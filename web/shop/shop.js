@@ -4,15 +4,19 @@
 // provider's authorization code flow with PKCE), counts down to opens_at by
 // the server's clock (server_time), joins the waiting room, polls the public,
 // cacheable queue state each second and fetches its own ticket only when its
-// turn may have come (or, at the opening, to learn its place), buys with the
-// admission token and follows the reservation to its end. Every state shows
-// in #state's data-state, which tests read; api/openapi.yaml describes the
-// routes.
+// turn came, once after the opening to learn its place (spread over a few
+// seconds by the queue's length), or when its place seems lost; it hears
+// SOLD_OUT, units coming back, the close and a room turned off from the public
+// state alone. It buys with the admission token and follows the reservation to
+// its end. Every state shows in #state's data-state, which tests read;
+// api/openapi.yaml describes the routes.
 "use strict";
 
 (() => {
   const $ = (id) => document.getElementById(id);
   let sku = new URLSearchParams(location.search).get("sku") || "";
+  // SOLD_OUT ends the buyer's part unless units come back: a room's page
+  // keeps watching the public state for them while the sale is open.
   const terminal = new Set(["CONFIRMED", "PAID", "CANCELLED", "SOLD_OUT", "EXPIRED", "CLOSED", "RESERVED"]);
 
   let config = {};
@@ -22,6 +26,9 @@
   let ticket = "", position = 0, admission = null;
   let state = "LOADING";
   let polling = false, fetchingTicket = false, joinTimer = 0;
+  let saleOver = false; // the public state said the sale closed: nothing to watch
+  let newest = 0, through = 0, longest = 0; // of the public state read so far
+  let lookTimer = 0;
 
   // --- what the page shows -------------------------------------------------
 
@@ -34,9 +41,16 @@
     $("buy").hidden = !(s === "ADMITTED" || s === "OPEN");
     $("buy").disabled = false;
     $("admission").hidden = s !== "ADMITTED";
-    if (terminal.has(s) && token) refreshAvailable();
+    // Sold out is no unit left (no need to ask, each waiter at the sell-out).
+    if (s === "SOLD_OUT") $("available").textContent = "0";
+    else if (terminal.has(s) && token) refreshAvailable();
     tick();
+    if (watching() && !polling) poll();
   }
+
+  // watching says whether the page polls the public queue state: a room's
+  // page before its turn, or sold out (units may come back), until the close.
+  const watching = () => waitingRoom && !saleOver && (state === "COUNTDOWN" || state === "WAITING" || state === "SOLD_OUT");
 
   async function refreshAvailable() {
     const r = await call("GET", "/skus/" + encodeURIComponent(sku));
@@ -225,7 +239,6 @@
     } else {
       setState("COUNTDOWN");
     }
-    if (!polling) poll();
   }
 
   // join takes a ticket; before the queue opens (a while before the sale)
@@ -266,6 +279,9 @@
         note(b.may_return ? "Sold out for now: units may still come back." : "");
         return setState("WAITING");
       case "ADMITTED":
+        // A join that admits answers no token (the ticket's look has it):
+        // wait as for one's turn, which has come, and ask for the ticket.
+        if (!b.admission_token) { setState("WAITING"); return fetchTicket(); }
         admission = { token: b.admission_token, expires: Date.parse(b.admission_expires_at) };
         return setState("ADMITTED", "");
       case "RESERVED":
@@ -309,26 +325,90 @@
     return Math.min(1000, Math.max(100, made + 1000 + Math.random() * 200 - serverNow()));
   }
 
+  // A waiter that does not know its place (the opening drew it, or units
+  // came back after it heard SOLD_OUT) asks for its ticket once, at a random
+  // moment spread so that the queue's waiters ask about lookRate a second (at
+  // most spreadMax): not every waiter within the second the opening shows.
+  const lookRate = 2000, spreadMax = 30000;
+  const spread = (n) => Math.random() * Math.min(spreadMax, (n * 1000) / lookRate);
+
+  // lookSoon asks for the ticket in ms, if still needed then.
+  function lookSoon(ms, needed) {
+    if (lookTimer) return;
+    lookTimer = setTimeout(async () => {
+      if (state === "WAITING" && needed()) await fetchTicket();
+      lookTimer = 0;
+    }, ms);
+  }
+
+  // roomOff leaves a room the admin turned off: the buyer buys directly.
+  function roomOff() {
+    waitingRoom = false;
+    if (state !== "WAITING" && state !== "COUNTDOWN") return; // SOLD_OUT stays, unwatched
+    ticket = "";
+    store(key("ticket"), "");
+    position = 0;
+    showPosition();
+    setState(opensAt !== null && serverNow() < opensAt ? "COUNTDOWN" : "OPEN", "The waiting room was turned off: buy directly.");
+  }
+
+  // hear reads one answer of the public queue state: the close, the
+  // sell-out, units coming back, a lost place, or the page's turn.
+  async function hear(q) {
+    const at = Date.parse(q.server_time || "");
+    if (at < newest) return; // an older answer (another cache's) says nothing new
+    if (!isNaN(at)) newest = at;
+    showQueue(q);
+    const lost = ticket && (q.admitted_through < through || (position > 0 && q.length < position));
+    through = q.admitted_through;
+    longest = Math.max(longest, q.length);
+    if (q.closes_at && at >= Date.parse(q.closes_at)) {
+      saleOver = true;
+      if (state !== "SOLD_OUT") setState("CLOSED", "The sale has closed.");
+      return;
+    }
+    if (!q.open) return;
+    if (!ticket) {
+      if (state === "COUNTDOWN" && q.sold_out) setState("SOLD_OUT", "Sold out.");
+      else if (state === "SOLD_OUT" && !q.sold_out) setState("COUNTDOWN", "Units came back: join the queue.");
+      return;
+    }
+    if (q.sold_out) {
+      // No unit left and none can return: nobody can buy, admitted or not;
+      // the ticket's look would say as much.
+      if (state !== "SOLD_OUT") setState("SOLD_OUT", "Sold out.");
+      return;
+    }
+    if (state === "SOLD_OUT") setState("WAITING", q.may_return ? "Sold out for now: units may still come back." : "Units came back.");
+    if (lost) {
+      // through only grows and places never leave the queue: the room lost
+      // its queue. The ticket's look says whether to join again.
+      const was = position;
+      return lookSoon(spread(longest), () => position === was);
+    }
+    if (position > 0) {
+      if (q.admitted_through >= position) await fetchTicket();
+    } else if (q.admitted_through >= q.length) {
+      await fetchTicket(); // everyone is admitted: no need to spread
+    } else {
+      lookSoon(spread(q.length), () => position === 0);
+    }
+  }
+
   // poll reads the public queue state about once a second, just after it
-  // refreshes (nextPoll), while a buyer waits for the opening or their turn,
-  // and asks for the own ticket only when admitted_through reached its place
-  // (or, once open, to learn the place).
+  // refreshes (nextPoll), while the page watches it.
   async function poll() {
     polling = true;
-    while (state === "COUNTDOWN" || state === "WAITING" || state === "LOADING") {
+    while (watching()) {
       const r = await call("GET", "/skus/" + encodeURIComponent(sku) + "/queue", { auth: false, sync: false });
       let wait = 1000;
       if (r.status === 200) {
         wait = nextPoll(r.body);
-        const q = r.body;
-        showQueue(q);
-        if (state === "WAITING") {
-          const turn = position > 0 ? q.admitted_through >= position : q.open;
-          if (turn || q.sold_out) await fetchTicket();
-        } else if (state === "COUNTDOWN" && q.sold_out && q.open) {
-          setState("SOLD_OUT", "Sold out.");
-        }
+        await hear(r.body);
+      } else if (r.status === 404 && r.body.error === "no_waiting_room") {
+        roomOff();
       }
+      if (!watching()) break;
       await new Promise((res) => setTimeout(res, wait));
     }
     polling = false;
@@ -354,6 +434,12 @@
     if (e === "sold_out") return setState("SOLD_OUT", "Sold out.");
     if (e === "admission_expired") return setState("EXPIRED", "Your turn passed unused.");
     if (e === "sale_closed") return setState("CLOSED", "The sale has closed.");
+    if (e === "admission_required") {
+      // The admin turned a waiting room on: queue like everyone.
+      waitingRoom = true;
+      admission = null;
+      return setState("COUNTDOWN", "This sale now has a waiting room: join the queue.");
+    }
     if (r.status === 401) return;
     setState(was, r.status === 429 || r.status === 503 || r.status === 0
       ? "Busy; press Buy again (it cannot buy twice)." : "Could not buy: " + (r.body.message || e || r.status));

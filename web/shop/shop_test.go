@@ -190,7 +190,7 @@ func TestBuyerPageAgainstTheContract(t *testing.T) {
 	}
 	for u, n := range f.ticketGets {
 		if n > 4 {
-			t.Errorf("%s's page fetched its ticket %d times, want a few (at the opening, at its turn, at the sell-out)", u, n)
+			t.Errorf("%s's page fetched its ticket %d times, want a few (to learn its place, at its turn)", u, n)
 		}
 	}
 	if f.publicGets == 0 {
