@@ -118,11 +118,12 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 		}
 	}
 
-	if cfg.EdgeSecret == "" && cfg.EdgeSecretID == "" {
+	if cfg.EdgeSecret == "" {
 		// The CDN and the API agree on a secret of the stack's own, as the
 		// template's EdgeSecret makes them: the API's own endpoint
-		// (OriginURL) answers the public status to the CDN only.
-		cfg.EdgeSecret = rand.Text()
+		// (OriginURL) answers the public status to the CDN only. The edge
+		// sends cfg.EdgeSecret, so a Secrets Manager id is not read here.
+		cfg.EdgeSecretID, cfg.EdgeSecret = "", rand.Text()
 	}
 	a, err := app.Build(ctx, cfg, app.Options{Function: "dev", Out: io.Discard})
 	if err != nil {

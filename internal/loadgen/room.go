@@ -303,8 +303,8 @@ func (r *runner) pollBurst(ctx context.Context, sku string) (*PollCost, error) {
 // with at most Concurrency requests in flight: each polls the public
 // status once a second, just after the answer it read refreshes (nextPoll;
 // its first poll at a random moment of the first second), asks for its own
-// ticket only when admitted_through reached its position (or, once open, to learn its position; or the room sold out),
-// reserves once with its admission token when admitted (again only for an
+// ticket only when admitted_through reached its position (or, once open, to
+// learn its position; or the room sold out), reserves once with its admission token when admitted (again only for an
 // answer that was no answer: a replay), and stops at SOLD_OUT. It returns
 // every reserve attempt.
 func (r *runner) wait(ctx context.Context, ws []*waiter, start time.Time) []outcome {

@@ -207,7 +207,7 @@ func (s *Service) JoinQueue(ctx context.Context, user, sku string) (QueueState, 
 		return QueueState{}, err
 	}
 	ticket := s.TicketOf(sku, user)
-	q, err := s.lookQueue(ctx, sku, ticket, QueueOp{Join: true, Place: randomPlace(), Lead: s.cfg.QueueLead, AdmitFor: s.cfg.AdmitFor, Charge: user})
+	q, err := s.lookQueue(ctx, sku, ticket, QueueOp{Join: true, Place: randomPlace(), Lead: s.cfg.QueueLead, AdmitFor: s.cfg.AdmitFor, Charge: user}, true)
 	if err == nil {
 		s.touch(ctx, sku)
 	}
@@ -222,20 +222,12 @@ func (s *Service) QueueStatus(ctx context.Context, sku string) (QueueState, erro
 	if !ValidID(sku) {
 		return QueueState{}, ErrUnknownSKU
 	}
-	op := QueueOp{AdmitFor: s.cfg.AdmitFor}
-	if _, served := s.layouts.get(sku, s.clock.Now()); served {
-		return s.lookQueue(ctx, sku, "", op)
-	}
 	// Anyone may ask, of any name, with no account and no meter: this look
 	// never asks MySQL. A SKU this instance served lately is warmed (as a
 	// buyer's call would); any other without figures in Redis is unknown
 	// until a buyer's call (a join, a reserve) or the sweep warms it.
-	q, err := s.room.Queue(ctx, sku, "", op)
-	if err != nil {
-		return QueueState{}, err
-	}
-	q.SKU = sku
-	return q, nil
+	_, served := s.layouts.get(sku, s.clock.Now())
+	return s.lookQueue(ctx, sku, "", QueueOp{AdmitFor: s.cfg.AdmitFor}, served)
 }
 
 // Ticket is user's ticket in sku's waiting room, and its admission token
@@ -247,7 +239,7 @@ func (s *Service) Ticket(ctx context.Context, user, sku, ticket string) (QueueSt
 	if !ValidID(sku) || !ValidID(user) || subtle.ConstantTimeCompare([]byte(ticket), []byte(s.TicketOf(sku, user))) != 1 {
 		return QueueState{}, Admission{}, ErrUnknownTicket
 	}
-	q, err := s.lookQueue(ctx, sku, ticket, QueueOp{AdmitFor: s.cfg.AdmitFor, Charge: user})
+	q, err := s.lookQueue(ctx, sku, ticket, QueueOp{AdmitFor: s.cfg.AdmitFor, Charge: user}, true)
 	if err != nil {
 		return QueueState{}, Admission{}, err
 	}
@@ -262,10 +254,10 @@ func (s *Service) Ticket(ctx context.Context, user, sku, ticket string) (QueueSt
 }
 
 // lookQueue runs the waiting room's one script, warming bucket 0 first if
-// Redis lost the SKU's figures.
-func (s *Service) lookQueue(ctx context.Context, sku, ticket string, op QueueOp) (QueueState, error) {
+// Redis lost the SKU's figures and warm says it may ask MySQL.
+func (s *Service) lookQueue(ctx context.Context, sku, ticket string, op QueueOp, warm bool) (QueueState, error) {
 	q, err := s.room.Queue(ctx, sku, ticket, op)
-	if errors.Is(err, ErrUnknownSKU) {
+	if warm && errors.Is(err, ErrUnknownSKU) {
 		if _, err = s.warm(ctx, sku, 0); err != nil {
 			return QueueState{}, err
 		}

@@ -352,7 +352,7 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 		// The backstop of the waiters' looks, which admit: units that came
 		// back (a hold released above) admit the next in line even if
 		// nobody looks for a while.
-		if _, err := s.lookQueue(ctx, level.SKU, "", QueueOp{AdmitFor: s.cfg.AdmitFor}); err != nil && !errors.Is(err, ErrNoWaitingRoom) {
+		if _, err := s.lookQueue(ctx, level.SKU, "", QueueOp{AdmitFor: s.cfg.AdmitFor}, true); err != nil && !errors.Is(err, ErrNoWaitingRoom) {
 			rep.Errors++
 			s.log.ErrorContext(ctx, "sweep: admit from the waiting room", "sku", level.SKU, "error", err)
 		}
