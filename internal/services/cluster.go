@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +21,14 @@ import (
 // Cluster is a Redis Cluster of masters on loopback, started by StartCluster.
 type Cluster struct {
 	Addrs []string // the masters, host:port
-	cmds  []*exec.Cmd
+	nodes []clusterNode
+}
+
+// clusterNode is one redis-server StartCluster started; exited is closed
+// when it has exited.
+type clusterNode struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
 }
 
 // StartCluster starts n redis-server --cluster-enabled masters on free
@@ -57,32 +66,17 @@ func startCluster(ctx context.Context, dir string, n int, files *TLSFiles, extra
 	}
 	c := &Cluster{}
 	for i := range n {
-		port, err := FreePort()
-		if err != nil {
-			c.Stop()
-			return nil, err
-		}
 		node := filepath.Join(dir, "node"+strconv.Itoa(i))
-		args := append(RedisArgs(port, dir), "--cluster-enabled", "yes",
-			"--cluster-config-file", node+".conf", "--cluster-node-timeout", "2000", "--dbfilename", filepath.Base(node)+".rdb")
-		if files != nil {
-			args = append(args, "--port", "0", "--tls-port", strconv.Itoa(port),
-				"--tls-cert-file", files.CertFile, "--tls-key-file", files.KeyFile, "--tls-ca-cert-file", files.CAFile,
-				"--tls-auth-clients", "no", "--tls-cluster", "yes", "--tls-replication", "yes")
+		// A free port may be taken by someone else before redis-server binds
+		// it (the cluster bus's port too): a node that exits before it
+		// answers is started again on other ports.
+		var err error
+		for attempt := 0; attempt < 5; attempt++ {
+			if err = c.startNode(ctx, node, files, tlsCfg, extra); !errors.Is(err, errExited) {
+				break
+			}
 		}
-		cmd, err := spawn(node+".log", "redis-server", append(args, extra...)...)
 		if err != nil {
-			c.Stop()
-			return nil, err
-		}
-		c.cmds = append(c.cmds, cmd)
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		c.Addrs = append(c.Addrs, addr)
-		ping := func() error { return redisPing(port) }
-		if files != nil {
-			ping = func() error { return nodeClient(addr, tlsCfg).Ping(ctx).Err() }
-		}
-		if err := waitFor(ctx, "redis-server on "+strconv.Itoa(port), ping); err != nil {
 			c.Stop()
 			return nil, err
 		}
@@ -159,11 +153,78 @@ func chainOnly(caFile string) (*tls.Config, error) {
 
 // Stop ends the cluster's servers (only the processes StartCluster started).
 func (c *Cluster) Stop() {
-	for _, cmd := range c.cmds {
-		_ = cmd.Process.Kill()
-		_, _ = cmd.Process.Wait()
+	for _, n := range c.nodes {
+		_ = n.cmd.Process.Kill()
+		<-n.exited
 	}
-	c.cmds = nil
+	c.nodes = nil
+}
+
+// errExited is a server that exited before it answered.
+var errExited = errors.New("exited before it answered")
+
+// startNode starts one cluster-enabled redis-server on free ports (its
+// clients' and its cluster bus's), data and log beside node, and waits until
+// it answers; errExited when it exits first (a port taken meanwhile).
+func (c *Cluster) startNode(ctx context.Context, node string, files *TLSFiles, tlsCfg *tls.Config, extra []string) error {
+	port, bus, err := pickPorts()
+	if err != nil {
+		return err
+	}
+	args := append(RedisArgs(port, filepath.Dir(node)), "--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus),
+		"--cluster-config-file", node+".conf", "--cluster-node-timeout", "2000", "--dbfilename", filepath.Base(node)+".rdb")
+	if files != nil {
+		args = append(args, "--port", "0", "--tls-port", strconv.Itoa(port),
+			"--tls-cert-file", files.CertFile, "--tls-key-file", files.KeyFile, "--tls-ca-cert-file", files.CAFile,
+			"--tls-auth-clients", "no", "--tls-cluster", "yes", "--tls-replication", "yes")
+	}
+	_ = os.Remove(node + ".conf") // a failed attempt's, naming its ports
+	cmd, err := spawn(node+".log", "redis-server", append(args, extra...)...)
+	if err != nil {
+		return err
+	}
+	n := clusterNode{cmd: cmd, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(n.exited) }()
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	ping := func() error { return redisPing(port) }
+	if files != nil {
+		ping = func() error { return nodeClient(addr, tlsCfg).Ping(ctx).Err() }
+	}
+	err = waitFor(ctx, "redis-server on "+strconv.Itoa(port), func() error {
+		select {
+		case <-n.exited:
+			tail, _ := os.ReadFile(node + ".log")
+			return fmt.Errorf("redis-server on %d: %w\n%s", port, errExited, lastLines(string(tail), 5))
+		default:
+			return ping()
+		}
+	})
+	if errors.Is(err, errExited) {
+		return err
+	}
+	c.nodes = append(c.nodes, n) // Stop ends it, answering or not
+	if err != nil {
+		return err
+	}
+	c.Addrs = append(c.Addrs, addr)
+	return nil
+}
+
+// pickPorts chooses a node's ports (a test's hook).
+var pickPorts = freePorts
+
+// freePorts are two different free loopback ports.
+func freePorts() (int, int, error) {
+	a, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer a.Close()
+	b, err := FreePort()
+	if err != nil {
+		return 0, 0, err
+	}
+	return a.Addr().(*net.TCPAddr).Port, b, nil
 }
 
 // SpreadSKU returns the first SKU named prefix-<n> whose k buckets' hash

@@ -349,6 +349,9 @@ func waitFor(ctx context.Context, what string, ready func() error) error {
 		if err == nil {
 			return nil
 		}
+		if errors.Is(err, errExited) {
+			return err // a server that is gone will not become ready
+		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("%s did not become ready: %w", what, err)
 		}
