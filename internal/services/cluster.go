@@ -188,7 +188,11 @@ func (c *Cluster) startNode(ctx context.Context, node string, files *TLSFiles, t
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	ping := func() error { return redisPing(port) }
 	if files != nil {
-		ping = func() error { return nodeClient(addr, tlsCfg).Ping(ctx).Err() }
+		ping = func() error {
+			node := nodeClient(addr, tlsCfg)
+			defer node.Close()
+			return node.Ping(ctx).Err()
+		}
 	}
 	err = waitFor(ctx, "redis-server on "+strconv.Itoa(port), func() error {
 		select {
