@@ -86,7 +86,13 @@ func (d *devProcess) stop() {
 
 // cpu returns the process's CPU time so far (user + system, all threads).
 func (d *devProcess) cpu() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	return procCPU(d.cmd.Process.Pid)
+}
+
+// procCPU returns the CPU time so far of the process pid (user + system,
+// all threads).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
