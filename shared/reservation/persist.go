@@ -72,7 +72,7 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 		for j, i := range idx {
 			batch[j] = rs[i]
 		}
-		results, err := s.applyBatch(ctx, sku, batch)
+		results, now, err := s.applyBatch(ctx, sku, batch)
 		if errors.Is(err, ErrVersionConflict) {
 			for _, i := range idx { // still contended: one by one, the last attempt locking
 				_, errs[i] = s.Persist(ctx, rs[i])
@@ -117,11 +117,15 @@ func (s *Service) PersistBatch(ctx context.Context, rs []Reservation) []error {
 			version = results[j].Version
 		}
 		s.followAll(ctx, confirmed, version)
-		ids := make([]string, len(confirmed))
+		// Their ReservationConfirmed events, exactly as the commit wrote
+		// them (the same rows, the same now): sent without reading them
+		// back. A confirmation is its row's first event, so none of theirs
+		// can be waiting before it.
+		evs := make([]Event, len(confirmed))
 		for i, r := range confirmed {
-			ids[i] = r.ID
+			evs[i] = ConfirmedEvent(r, now)
 		}
-		s.publish(ctx, ids...) // their ReservationConfirmed events, written by the commit
+		s.sendWritten(ctx, evs)
 	}
 	return errs
 }
@@ -152,22 +156,22 @@ func (s *Service) followAll(ctx context.Context, rows []Reservation, version int
 	}
 }
 
-// applyBatch runs the batch attempts for one SKU.
-func (s *Service) applyBatch(ctx context.Context, sku string, batch []Reservation) ([]BatchResult, error) {
-	var err error
+// applyBatch runs the batch attempts for one SKU; now is the time the
+// deciding attempt passed to the ledger (its events' time).
+func (s *Service) applyBatch(ctx context.Context, sku string, batch []Reservation) (results []BatchResult, now time.Time, err error) {
 	for attempt := 1; attempt < max(2, s.cfg.PersistAttempts); attempt++ {
-		var results []BatchResult
-		results, err = s.ledger.ApplyBatch(ctx, sku, batch, s.clock.Now())
+		now = s.clock.Now()
+		results, err = s.ledger.ApplyBatch(ctx, sku, batch, now)
 		if !errors.Is(err, ErrVersionConflict) {
-			return results, err
+			return results, now, err
 		}
 		s.metrics.Count("persist_retries", 1)
 		s.sleep(ctx, Backoff(attempt))
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, now, ctx.Err()
 		}
 	}
-	return nil, err
+	return nil, now, err
 }
 
 // decided acts on what MySQL decided for one message. Redis follows the

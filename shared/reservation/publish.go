@@ -25,6 +25,18 @@ func (s *Service) publish(ctx context.Context, aggregates ...string) {
 	}
 }
 
+// sendWritten publishes events a decision just committed to the outbox,
+// as it wrote them, without reading them back; like publish, best effort.
+func (s *Service) sendWritten(ctx context.Context, evs []Event) {
+	if len(evs) == 0 {
+		return
+	}
+	if _, err := s.send(ctx, evs); err != nil {
+		s.metrics.Count("events_unpublished", 1)
+		s.log.WarnContext(ctx, "events not published yet; the sweeper publishes them", "events", len(evs), "error", err)
+	}
+}
+
 // send publishes evs (in the outbox's order) and marks those the bus took.
 // An aggregate's event goes out only after its earlier one was taken: each
 // round sends the first unsent event of each aggregate, and an aggregate

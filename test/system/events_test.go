@@ -2,8 +2,10 @@ package system_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -176,4 +178,60 @@ func (b *gatedBus) Publish(ctx context.Context, evs []reservation.Event) []error
 		return errs
 	}
 	return b.next.Publish(ctx, evs)
+}
+
+// A persist batch publishes its confirmations without reading them back:
+// what goes out is, event for event, the payload its commit stored (a pay
+// window's deadline included), each once, and nothing stays unpublished.
+func TestEventsOfABatch(t *testing.T) {
+	rec := &recordingEnqueuer{}
+	s := newStack(t, withEnqueuer(rec))
+	ctx := context.Background()
+	sku := testservices.Name("evbatch")
+	s.setStock(sku, 10)
+	within := 15 * time.Minute
+	if _, err := s.app.Service.ChangeStock(ctx, reservation.StockChange{SKU: sku, Add: new(int64), PayWithin: &within}); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"gil", "hal", "ivy"} {
+		if code, body := s.reserve(sku, u, 2, ""); code != http.StatusAccepted {
+			t.Fatalf("reserve %s = %d %v", u, code, body)
+		}
+	}
+	for i, err := range s.app.Service.PersistBatch(ctx, rec.msgs) {
+		if err != nil {
+			t.Fatalf("PersistBatch message %d: %v", i, err)
+		}
+	}
+	got := map[string]reservation.Event{}
+	for _, e := range s.drain() {
+		if _, dup := got[e.Detail.ID]; dup {
+			t.Errorf("%s published twice", e.Detail.ID)
+		}
+		got[e.Detail.ID] = e.Detail
+	}
+	for _, m := range rec.msgs {
+		id := reservation.EventID("reservation", m.ID, 1)
+		var payload []byte
+		if err := s.db.QueryRow(`SELECT payload FROM events WHERE event_id = ?`, id).Scan(&payload); err != nil {
+			t.Fatalf("the outbox's %s: %v", id, err)
+		}
+		var stored reservation.Event
+		if err := json.Unmarshal(payload, &stored); err != nil {
+			t.Fatal(err)
+		}
+		e, ok := got[id]
+		if !ok || !reflect.DeepEqual(e, stored) {
+			t.Errorf("published %s = %+v (present %v), want the outbox's %+v", id, e, ok, stored)
+		}
+		if stored.PayBy == nil {
+			t.Errorf("%s carries no pay_by, want the SKU's window", id)
+		}
+	}
+	if len(got) != len(rec.msgs) {
+		t.Errorf("published %d events, want %d confirmations", len(got), len(rec.msgs))
+	}
+	if n := s.count(`SELECT COUNT(*) FROM events WHERE published_at IS NULL AND aggregate_id LIKE ?`, sku+".%"); n != 0 {
+		t.Errorf("%d events unpublished after the batch", n)
+	}
 }
