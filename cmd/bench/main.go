@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if *only != "" {
 		b.printResults()
-		for _, l := range append(append(append(append(append(b.stackLines(), b.sweepLines()...), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...) {
+		for _, l := range append(append(append(append(append(append(b.stackLines(), b.handlerLines()...), b.sweepLines()...), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...) {
 			fmt.Fprintln(b.stdout, l)
 		}
 		return nil
@@ -163,6 +163,9 @@ type bench struct {
 	groupRuns []groupsFigure
 	// stackRun is the stack part's run.
 	stackRun *stackFigure
+	// handlerPer is the handler CPU part's CPU per accepted reservation,
+	// by send mode.
+	handlerPer map[string]time.Duration
 	// bucketRuns are the buckets part's runs (K = 1, K = 3).
 	bucketRuns []bucketRun
 	dry        string         // the buckets part's dry sale: MySQL statements on the buyers' path
@@ -718,7 +721,7 @@ func (b *bench) printSummary() {
 		fmt.Fprintf(w, "  load tool run (a mixed figure: every answer counts, sold out and group joins too): %.0f answers/s, accepted %d, accept → CONFIRMED p50 %v p99 %v\n",
 			b.load.Throughput, b.load.Accepted, b.load.Lag.P50.Round(time.Millisecond), b.load.Lag.P99.Round(time.Millisecond))
 	}
-	for _, l := range append(append(append(append(append(b.stackLines(), b.sweepLines()...), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...) {
+	for _, l := range append(append(append(append(append(append(b.stackLines(), b.handlerLines()...), b.sweepLines()...), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...) {
 		fmt.Fprintln(w, "  "+l)
 	}
 	for _, fn := range []string{"reserve", "persist", "compensate", "sweeper"} {
@@ -743,9 +746,31 @@ func version(cmd string, args ...string) string {
 // The report's markers and its first line, which says which parts
 // writeDoc writes.
 const (
-	docBegin, docEnd = "<!-- bench:begin -->", "<!-- bench:end -->"
-	docHeader        = "<!-- Generated in part by `make bench` (cmd/bench): it rewrites what lies between the bench:begin and bench:end markers (the run's figures, docs/benchmarks.png beside it); everything else here is written by hand. -->\n"
+	docBegin, docEnd   = "<!-- bench:begin -->", "<!-- bench:end -->"
+	headBegin, headEnd = "<!-- headline:begin -->", "<!-- headline:end -->"
+	docHeader          = "<!-- Generated in part by `make bench` (cmd/bench): it rewrites what lies between the headline:begin and headline:end markers (the run's goal lines) and between the bench:begin and bench:end markers (the run's figures, docs/benchmarks.png beside it); everything else here is written by hand. -->\n"
 )
+
+// goalLines are the summary's lines that set a figure against its goal
+// (`<figure> = <value> (goal …)`), in the order the summary prints them.
+func goalLines(summary string) []string {
+	var out []string
+	for _, l := range strings.Split(summary, "\n") {
+		if l = strings.TrimSpace(l); strings.Contains(l, " = ") && strings.Contains(l, "(goal ") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// spliceBetween replaces what lies between begin and end in doc with gen.
+func spliceBetween(doc, begin, end, gen string) (string, error) {
+	i, j := strings.Index(doc, begin), strings.Index(doc, end)
+	if i < 0 || j < i {
+		return "", fmt.Errorf("no %s … %s markers", begin, end)
+	}
+	return doc[:i] + begin + "\n\n" + gen + "\n" + doc[j:], nil
+}
 
 func (b *bench) writeDoc() error {
 	var sb strings.Builder
@@ -768,16 +793,19 @@ func (b *bench) writeDoc() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", b.o.out, err)
 	}
+	head := "Every figure with a goal, from the run below:\n\n```\n" + strings.Join(goalLines(table), "\n") + "\n```\n"
+	if out, err = spliceBetween(out, headBegin, headEnd, head); err != nil {
+		return fmt.Errorf("%s: %w", b.o.out, err)
+	}
 	return os.WriteFile(b.o.out, []byte(out), 0o644)
 }
 
 // spliceDoc puts gen between the report's markers, keeps everything else as
 // written, and heads the report with docHeader (once).
 func spliceDoc(doc, gen string) (string, error) {
-	i, j := strings.Index(doc, docBegin), strings.Index(doc, docEnd)
-	if i < 0 || j < i {
-		return "", fmt.Errorf("no %s … %s markers", docBegin, docEnd)
+	out, err := spliceBetween(doc, docBegin, docEnd, gen)
+	if err != nil {
+		return "", err
 	}
-	out := doc[:i] + docBegin + "\n\n" + gen + "\n" + doc[j:]
 	return docHeader + strings.TrimPrefix(out, docHeader), nil
 }
