@@ -445,6 +445,13 @@ func (m *memHolds) hold(id string) (Reservation, bool) {
 	return h.reservation(id), true
 }
 
+// unpaidUnits returns meta.unpaid of sku, for assertions.
+func (m *memHolds) unpaidUnits(sku string) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.meta[sku]["unpaid"]
+}
+
 // held returns meta.held of sku, for assertions.
 func (m *memHolds) held(sku string) int64 {
 	m.mu.Lock()
