@@ -856,6 +856,23 @@ func (m *memHolds) HeldIDs(_ context.Context, sku string, limit int) ([]string, 
 	return ids, nil
 }
 
+// UnpaidIDs mirrors redisstore's UnpaidIDs (HSCAN of the unpaid hash).
+func (m *memHolds) UnpaidIDs(_ context.Context, bucket string, limit int) ([]string, error) {
+	err := m.enter("UnpaidIDs")
+	defer m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for id := range m.unpaid[bucket] {
+		if len(ids) < limit {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
 // Warm mirrors warm.lua.
 func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confirmed []Reservation) (SyncResult, error) {
 	err := m.enter("Warm")

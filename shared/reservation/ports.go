@@ -153,6 +153,11 @@ type StockFigures interface {
 	// HeldIDs returns the ids of the SKU's HELD holds (at most limit).
 	HeldIDs(ctx context.Context, sku string, limit int) ([]string, error)
 
+	// UnpaidIDs returns the ids of the bucket's reservations Redis counts
+	// as CONFIRMED and unpaid within a pay window (at most limit): units
+	// that may return (QueueState.Unpaid).
+	UnpaidIDs(ctx context.Context, bucket string, limit int) ([]string, error)
+
 	// Warm loads a SKU Redis has no stock for from one consistent MySQL
 	// read taken after held (HeldIDs) was listed: level, and confirmed, the
 	// rows among held MySQL has already CONFIRMED (their units are out of

@@ -98,6 +98,29 @@ func TestWaitingRoomUnpaidUnits(t *testing.T) {
 		p.wantRoom(sku, "after a second warm-up", 0, 0, true)
 	})
 
+	t.Run("a payment Redis never heard of: the sweep makes Redis follow MySQL's paid row, and the room says SOLD_OUT", func(t *testing.T) {
+		p := newPromise(t)
+		sku, id := p.unpaidRoom()
+		if _, err := p.app.Service.Pay(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		// What a payment whose Redis call failed, never retried, leaves.
+		tag := "hf:{" + sku + "}"
+		if err := p.rdb.HSet(ctx, tag+":unpaid", id, 1).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.rdb.HIncrBy(ctx, tag+":meta", "unpaid", 1).Err(); err != nil {
+			t.Fatal(err)
+		}
+		p.wantRoom(sku, "with the payment unheard", 0, 1, false)
+		for want := 1; want >= 0; want-- { // a second sweep finds nothing to settle
+			if rep := p.sweep(); rep.UnpaidSettled != want {
+				t.Errorf("sweep settled %d unpaid, want %d", rep.UnpaidSettled, want)
+			}
+			p.wantRoom(sku, "after the sweep", 0, 0, true)
+		}
+	})
+
 	t.Run("Redis loses the SKU, then the payment times out: the unit returns once", func(t *testing.T) {
 		p := newPromise(t)
 		sku, _ := p.unpaidRoom()

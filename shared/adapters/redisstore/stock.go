@@ -92,6 +92,25 @@ func (s *Store) HeldIDs(ctx context.Context, sku string, limit int) ([]string, e
 	return ids, nil
 }
 
+// UnpaidIDs implements reservation.StockFigures (HSCAN of the unpaid hash
+// until limit ids).
+func (s *Store) UnpaidIDs(ctx context.Context, bucket string, limit int) ([]string, error) {
+	var ids []string
+	var cursor uint64
+	for {
+		kv, next, err := s.rdb.HScan(ctx, keysOf(bucket).unpaid(), cursor, "", int64(limit)).Result()
+		if err != nil {
+			return nil, reservation.Unavailable("redis unpaid ids", err)
+		}
+		for i := 0; i < len(kv) && len(ids) < limit; i += 2 {
+			ids = append(ids, kv[i])
+		}
+		if cursor = next; cursor == 0 || len(ids) >= limit {
+			return ids, nil
+		}
+	}
+}
+
 // Warm implements reservation.StockFigures.
 func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []string, confirmed []reservation.Reservation) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
