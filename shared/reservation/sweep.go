@@ -24,7 +24,7 @@ type SweepReport struct {
 	// PaymentsTimedOut is the CONFIRMED reservations not paid by their
 	// PayBy that the sweep cancelled (payment_timeout), their stock back.
 	PaymentsTimedOut int `json:"payments_timed_out"`
-	// UnpaidSettled is the units Redis still counted as unpaid, and so as
+	// UnpaidSettled is the reservations Redis still counted as unpaid, so as
 	// ones that may return, though MySQL has them paid or cancelled (a
 	// payment's Redis call that failed and was never retried).
 	UnpaidSettled int `json:"unpaid_settled"`
