@@ -184,6 +184,59 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("a unit confirmed unpaid within a pay window may return until paid or cancelled; a warm-up rebuilds them", func(t *testing.T) {
+		s, sku, _ := room(t, 2, 1000, time.Time{})
+		for _, ticket := range []string{"a", "b", "c"} {
+			join(t, s, sku, ticket, 0)
+		}
+		for _, ticket := range []string{"a", "b"} {
+			if err := buy(s, sku, ticket, look(t, s, sku, ticket)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		unpaid := func(ticket string) reservation.Reservation {
+			r := row(hold(sku, "r-"+ticket, "u-"+ticket, 1), reservation.StatusConfirmed, false)
+			r.PayBy = t0.Add(time.Minute)
+			return r
+		}
+		a, b := unpaid("a"), unpaid("b")
+		for range 2 { // a repeat counts nothing twice: confirm.lua's batch, then follow.lua's
+			if _, errs := s.FollowAll(ctx, []reservation.Reservation{a}, 2); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			follow(t, s, b)
+		}
+		if q := look(t, s, sku, "c"); q.SoldOut() || !q.MayReturn() || q.Unpaid != 2 || q.State != reservation.TicketWaiting {
+			t.Errorf("both units confirmed, unpaid: %+v, want waiting, may return, unpaid 2", q)
+		}
+		paid := a
+		paid.PaidAt = t0
+		follow(t, s, paid)
+		follow(t, s, paid)
+		if q := look(t, s, sku, "c"); q.Unpaid != 1 || q.State != reservation.TicketWaiting {
+			t.Errorf("a paid: %+v, want unpaid 1, waiting", q)
+		}
+		refund := row(b, reservation.StatusCancelled, true)
+		follow(t, s, refund)
+		follow(t, s, refund)
+		if q := look(t, s, sku, "c"); q.Unpaid != 0 || q.Available != 1 || q.State != reservation.TicketAdmitted {
+			t.Errorf("b refunded: %+v, want unpaid 0, its unit back once, c admitted", q)
+		}
+		// Redis loses the stock: the warm-up counts MySQL's unpaid rows, but
+		// one Redis saw paid since MySQL's read (a's).
+		if err := s.ForgetStock(ctx, sku); err != nil {
+			t.Fatal(err)
+		}
+		z := unpaid("z")
+		level := reservation.StockLevel{SKU: sku, Available: 1, Version: 9, AdmitPermille: 1000}
+		if res, err := s.Warm(ctx, level, nil, []reservation.Reservation{a, z}); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		if q := look(t, s, sku, ""); q.Unpaid != 1 || q.Available != 1 {
+			t.Errorf("after the warm-up: %+v, want unpaid 1 (z's; a was paid since the read), available 1", q)
+		}
+	})
+
 	t.Run("an admission is for the per-user limit's units, one when the SKU sets none", func(t *testing.T) {
 		s, sku, _ := room(t, 2, 1000, time.Time{})
 		for _, ticket := range []string{"a", "b", "c"} {
