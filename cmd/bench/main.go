@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if *only != "" {
 		b.printResults()
-		for _, l := range append(append(append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...), b.scriptLines()...) {
+		for _, l := range append(b.ratios(), b.partLines()...) {
 			fmt.Fprintln(b.stdout, l)
 		}
 		return nil
@@ -705,6 +705,11 @@ func (b *bench) printResults() {
 	}
 }
 
+// partLines are the summary lines of the parts that report their own.
+func (b *bench) partLines() []string {
+	return append(append(append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...), b.scriptLines()...)
+}
+
 func (b *bench) printSummary() {
 	w := b.stdout
 	fmt.Fprintln(w)
@@ -718,7 +723,7 @@ func (b *bench) printSummary() {
 		fmt.Fprintf(w, "  load tool run (a mixed figure: every answer counts, sold out and group joins too): %.0f answers/s, accepted %d, accept → CONFIRMED p50 %v p99 %v\n",
 			b.load.Throughput, b.load.Accepted, b.load.Lag.P50.Round(time.Millisecond), b.load.Lag.P99.Round(time.Millisecond))
 	}
-	for _, l := range append(append(append(append(append(b.sweepLines(), b.groupLines()...), b.bucketLines()...), b.decodeLine()...), b.roomLines()...), b.scriptLines()...) {
+	for _, l := range b.partLines() {
 		fmt.Fprintln(w, "  "+l)
 	}
 	for _, fn := range []string{"reserve", "persist", "compensate", "sweeper"} {
