@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -150,16 +149,78 @@ func startRedis(ctx context.Context, dir string) (string, func(), error) {
 	}
 }
 
+// scriptRun is one run of the script part: a script on a fresh SKU of k
+// buckets, every feature on.
+type scriptRun struct {
+	c       redis.UniversalClient
+	script  *redis.Script
+	reserve bool // the script is reserve.lua (else a baseline: KEYS stock, hold, exp)
+	sku     string
+	k       int
+	now     time.Time
+}
+
+// call makes call i of worker w: a unique id, buyer and admitted ticket, in
+// bucket (w + i) mod k. reserve.lua must hold; a baseline must answer 1.
+func (r scriptRun) call(ctx context.Context, w, i int) error {
+	res := reservation.Reservation{ID: fmt.Sprintf("s%d-%d", w, i), SKU: r.sku, Bucket: (w + i) % r.k, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i), Token: "t",
+		Ticket: fmt.Sprintf("k%d-%d", w, i), TicketExpires: r.now.Add(time.Hour)}
+	keys := redisstore.ReserveKeys(res)
+	args := redisstore.ReserveArgs(res, time.Minute, 0, 0)
+	if !r.reserve {
+		keys = []string{keys[0], keys[4], keys[2]}
+		args = []any{res.SKU, res.ID, res.Qty, res.UserID, r.now.Add(time.Minute).UnixMilli()}
+	}
+	var cmd *redis.Cmd
+	if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if r.reserve { // the admission, outside the measured command
+			p.ZAdd(ctx, keys[8], redis.Z{Score: float64(r.now.UnixMilli()), Member: res.Ticket})
+		}
+		cmd = r.script.EvalSha(ctx, p, keys, args...)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if r.reserve {
+		if out, _ := cmd.StringSlice(); len(out) != 4 || out[0] != "OK" {
+			return fmt.Errorf("reserve script: %v", out)
+		}
+	} else if n, _ := cmd.Int(); n != 1 {
+		return fmt.Errorf("a baseline script answered %v", cmd.Val())
+	}
+	return nil
+}
+
+// warm sets up the run's SKU, every feature on. Its admitted sets hold a
+// ticket nobody uses and live 7 days, as queue.lua leaves them (a set the
+// script empties would lose its TTL, which no sale does).
+func (r scriptRun) warm(ctx context.Context) error {
+	for bk := range r.k {
+		lvl := scriptSale(r.now)
+		lvl.SKU = reservation.BucketName(r.sku, bk)
+		if _, err := redisstore.New(r.c, 0).Warm(ctx, lvl, nil, nil); err != nil {
+			return err
+		}
+		admitted := redisstore.ReserveKeys(reservation.Reservation{SKU: r.sku, Bucket: bk})[8]
+		if err := r.c.ZAdd(ctx, admitted, redis.Z{Score: float64(r.now.UnixMilli()), Member: "bench-idle"}).Err(); err != nil {
+			return err
+		}
+		if err := r.c.Expire(ctx, admitted, 7*24*time.Hour).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // measureScripts runs reserve.lua, the bare hold and the textbook script in
 // turn, scriptRounds times, conc clients each for d/scriptRounds, each run
 // on a fresh SKU of k buckets (newSKU names it from a prefix, its buckets
-// spread over the shards); each call has a unique id, buyer and admitted
-// ticket, and goes to bucket (worker + call) mod k. It reads the EVALSHA time
-// of every node in addrs after each run, the stats reset before it.
+// spread over the shards). It reads the EVALSHA time of every node in addrs
+// after each run, the stats reset before it.
 func measureScripts(ctx context.Context, c redis.UniversalClient, addrs []string, conc int, d time.Duration, k int, newSKU func(prefix string) (string, error)) (scriptFigure, error) {
 	var f scriptFigure
-	reserve, bare, textbook := redis.NewScript(reserveSource), redis.NewScript(bareHoldLua), redis.NewScript(textbookLua)
-	for _, s := range []*redis.Script{reserve, bare, textbook} {
+	scripts := []*redis.Script{redis.NewScript(reserveSource), redis.NewScript(bareHoldLua), redis.NewScript(textbookLua)}
+	for _, s := range scripts {
 		if err := loadEverywhere(ctx, s, addrs); err != nil {
 			return f, err
 		}
@@ -170,43 +231,16 @@ func measureScripts(ctx context.Context, c redis.UniversalClient, addrs []string
 		defer nodes[i].Close()
 	}
 	now := time.Now()
-	stamp := now.UnixNano()
-	// warm sets up a fresh SKU of k buckets, every feature on. Its admitted
-	// sets hold a ticket nobody uses and live 7 days, as queue.lua leaves
-	// them (a set the script empties would lose its TTL, which no sale does).
-	warm := func(run string) (string, error) {
-		sku, err := newSKU(fmt.Sprintf("bench-script-%d-%s", stamp, run))
-		if err != nil {
-			return "", err
-		}
-		for bk := range k {
-			lvl := scriptSale(now)
-			lvl.SKU = reservation.BucketName(sku, bk)
-			if _, err := redisstore.New(c, 0).Warm(ctx, lvl, nil, nil); err != nil {
-				return "", err
-			}
-			admitted := redisstore.ReserveKeys(reservation.Reservation{SKU: sku, Bucket: bk})[8]
-			if err := c.ZAdd(ctx, admitted, redis.Z{Score: float64(now.UnixMilli()), Member: "bench-idle"}).Err(); err != nil {
-				return "", err
-			}
-			if err := c.Expire(ctx, admitted, 7*24*time.Hour).Err(); err != nil {
-				return "", err
-			}
-		}
-		return sku, nil
-	}
-	type timed struct {
-		name   string
-		script *redis.Script
-		calls  *int64
-		usec   *float64
-	}
-	var resCalls, bareCalls, textCalls int64
-	var resUS, bareUS, textUS float64
+	var calls [3]int64
+	var usec [3]float64
 	for round := range scriptRounds {
-		for _, m := range []timed{{"reserve", reserve, &resCalls, &resUS}, {"bare", bare, &bareCalls, &bareUS}, {"textbook", textbook, &textCalls, &textUS}} {
-			sku, err := warm(fmt.Sprintf("%s-%d", m.name, round))
+		for i, s := range scripts {
+			sku, err := newSKU(fmt.Sprintf("bench-script-%d-%d-%d", now.UnixNano(), i, round))
 			if err != nil {
+				return f, err
+			}
+			r := scriptRun{c: c, script: s, reserve: i == 0, sku: sku, k: k, now: now}
+			if err := r.warm(ctx); err != nil {
 				return f, err
 			}
 			for _, n := range nodes {
@@ -214,59 +248,23 @@ func measureScripts(ctx context.Context, c redis.UniversalClient, addrs []string
 					return f, err
 				}
 			}
-			var wrong atomic.Int64
-			ops, _, _, err := hammer(conc, d/scriptRounds, func(w, i int) error {
-				r := reservation.Reservation{ID: fmt.Sprintf("s%d-%d", w, i), SKU: sku, Bucket: (w + i) % k, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i), Token: "t",
-					Ticket: fmt.Sprintf("k%d-%d", w, i), TicketExpires: now.Add(time.Hour)}
-				keys := redisstore.ReserveKeys(r)
-				if m.script != reserve {
-					keys = []string{keys[0], keys[4], keys[2]}
-				}
-				args := redisstore.ReserveArgs(r, time.Minute, 0, 0)
-				if m.script != reserve {
-					args = []any{r.SKU, r.ID, r.Qty, r.UserID, now.Add(time.Minute).UnixMilli()}
-				}
-				var cmd *redis.Cmd
-				_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-					if m.script == reserve { // the admission, outside the measured command
-						p.ZAdd(ctx, keys[8], redis.Z{Score: float64(now.UnixMilli()), Member: r.Ticket})
-					}
-					cmd = m.script.EvalSha(ctx, p, keys, args...)
-					return nil
-				})
-				if err != nil {
-					return err
-				}
-				if m.script == reserve {
-					out, _ := cmd.StringSlice()
-					if len(out) != 4 || out[0] != "OK" {
-						return fmt.Errorf("reserve script: %v", out)
-					}
-				} else if n, _ := cmd.Int(); n != 1 {
-					wrong.Add(1)
-				}
-				return nil
-			})
-			if err != nil {
+			if _, _, _, err := hammer(conc, d/scriptRounds, func(w, j int) error { return r.call(ctx, w, j) }); err != nil {
 				return f, err
 			}
-			if wrong.Load() > 0 {
-				return f, fmt.Errorf("a baseline script refused %d of %d calls", wrong.Load(), ops)
-			}
 			for _, n := range nodes {
-				calls, usec, err := evalshaStats(ctx, n)
+				n, u, err := evalshaStats(ctx, n)
 				if err != nil {
 					return f, err
 				}
-				*m.calls += calls
-				*m.usec += usec
+				calls[i] += n
+				usec[i] += u
 			}
 		}
 	}
-	if resCalls == 0 || bareCalls == 0 || textCalls == 0 {
+	if calls[0] == 0 || calls[1] == 0 || calls[2] == 0 {
 		return f, errors.New("script part: no calls measured")
 	}
-	f.reserve, f.bare, f.textbook, f.calls = resUS/float64(resCalls), bareUS/float64(bareCalls), textUS/float64(textCalls), resCalls
+	f.reserve, f.bare, f.textbook, f.calls = usec[0]/float64(calls[0]), usec[1]/float64(calls[1]), usec[2]/float64(calls[2]), calls[0]
 	return f, nil
 }
 
