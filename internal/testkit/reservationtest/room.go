@@ -273,6 +273,50 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("a refused buy under a per-user limit leaves the buyer's units and the ticket as they were", func(t *testing.T) {
+		// reserve.lua raises the count and takes the ticket out before it
+		// knows the other can refuse: each refusal must give the other back.
+		c := &clock{now: t0}
+		s := newHolds(t, c, 0, 0)
+		sku := testservices.Name("room")
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 6, Version: 1, AdmitPermille: 1000, PerUserLimit: 2}, nil, nil); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		for _, ticket := range []string{"a", "b"} {
+			join(t, s, sku, ticket, 0)
+		}
+		units := func(after string, want int64) { // on stores that show them
+			t.Helper()
+			u, ok := s.(UserUnits)
+			if !ok {
+				return
+			}
+			if n, err := u.UserUnits(ctx, sku, "u-a"); err != nil || n != want {
+				t.Errorf("after %s the buyer has %d units (%v), want %d", after, n, err, want)
+			}
+		}
+		qa := look(t, s, sku, "a")
+		over := hold(sku, "r-a", "u-a", 3)
+		over.Ticket, over.TicketExpires = "a", qa.AdmittedAt.Add(admitFor)
+		if _, _, err := s.Reserve(ctx, over, ttl); !errors.Is(err, reservation.ErrLimitExceeded) {
+			t.Errorf("3 units under a limit of 2 = %v, want ErrLimitExceeded", err)
+		}
+		units("a refusal over the limit", 0)
+		forged := hold(sku, "r-x", "u-a", 1)
+		forged.Ticket, forged.TicketExpires = "x", qa.AdmittedAt.Add(admitFor)
+		if _, _, err := s.Reserve(ctx, forged, ttl); !errors.Is(err, reservation.ErrAdmissionExpired) {
+			t.Errorf("a ticket never admitted, within the limit = %v, want ErrAdmissionExpired", err)
+		}
+		units("a refused ticket", 0)
+		if err := buy(s, sku, "a", qa); err != nil {
+			t.Errorf("the ticket a refusal did not use buys: %v", err)
+		}
+		units("one unit", 1)
+		if avail, held := stockOf(t, s, sku); avail != 5 || held != 1 {
+			t.Errorf("stock %d held %d, want 5 and 1 (one hold)", avail, held)
+		}
+	})
+
 	t.Run("a join and a look at the own ticket are the buyer's attempts; the public look is nobody's", func(t *testing.T) {
 		c := &clock{now: t0}
 		s := newHolds(t, c, 1, 3) // 1 attempt a second, a burst of 3

@@ -10,7 +10,8 @@
 -- KEYS[2] meta      hash: held (units HELD, which may still return), unpaid (units CONFIRMED, unpaid
 --                   within a pay window, which return if the window lapses), room (the admit factor in
 --                   thousandths; 0 or absent = no waiting room), opens, closes (unix ms; 0 = none),
---                   limit (per-user units: what one admission may take; 0 = none, one unit)
+--                   limit (per-user units: what one admission may take; 0 = none, one unit),
+--                   rate, burst (the attempt budget's: budget.lua)
 -- KEYS[3] queue     sorted set: ticket -> place, by rounds (a round: the tickets of one opening):
 --                   base + a random fraction in [0, 1) for a ticket taken before the opening (so
 --                   they are shuffled at it), base + 1 + its arrival number after; a round's base
@@ -48,14 +49,14 @@ local op, ticket = ARGV[1], ARGV[2]
 local now, ttl = clock_ms(ARGV[6]), tonumber(ARGV[5])
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
-local m = redis.call('HMGET', KEYS[2], 'held', 'room', 'opens', 'closes', 'limit', 'unpaid')
+local m = redis.call('HMGET', KEYS[2], 'held', 'room', 'opens', 'closes', 'limit', 'rate', 'burst', 'unpaid')
 local held, room = tonumber(m[1] or '0'), tonumber(m[2] or '0')
-local unpaid = tonumber(m[6] or '0')
+local unpaid = tonumber(m[8] or '0')
 local back = math.max(held, 0) + math.max(unpaid, 0) -- units that may still return
 local opens, closes = tonumber(m[3] or '0'), tonumber(m[4] or '0')
 if room <= 0 then return {'NO_ROOM'} end
 if ARGV[8] ~= '' then -- before anything else: a refused call changes nothing
-  local wait = spend(KEYS[2], KEYS[7], now, ARGV[9], ARGV[10], '')
+  local wait = spend(m[6], m[7], KEYS[7], now, ARGV[9], ARGV[10], '')
   if wait then return {'RATE_LIMITED', tostring(now), tostring(opens), tostring(closes), tostring(wait)} end
 end
 local available = tonumber(stock)
