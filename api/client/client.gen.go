@@ -803,7 +803,7 @@ type QueueState struct {
 	// Length Tickets in the queue.
 	Length int64 `json:"length"`
 
-	// MayReturn No unit left, but held ones may return (a waiter may yet be admitted).
+	// MayReturn No unit left, but held ones, or confirmed ones unpaid within the pay window, may return (a waiter may yet be admitted).
 	MayReturn bool `json:"may_return"`
 
 	// Open The sale opened: places are drawn and admitted.
@@ -2736,7 +2736,7 @@ type ClientInterface interface {
 	// The queue's state, the same for every caller: whether the sale is `open`, how many
 	// places are admitted (`admitted_through`: places 1 to it), how many tickets the
 	// queue has (`length`), whether it is `sold_out` (no unit left and none can return)
-	// or no unit is left but held ones `may_return`. No token: it is public, answered
+	// or no unit is left but held or unpaid ones `may_return`. No token: it is public, answered
 	// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 	// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 	// location whatever the query string, headers or cookies: pollers cost about one
@@ -2758,7 +2758,8 @@ type ClientInterface interface {
 	// at random at the opening, so arriving first is no advantage; after it a ticket
 	// takes the next place. From the opening, tickets are admitted in order while the
 	// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
-	// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// among them; held units count, as they may return, and so do confirmed units unpaid
+	// within the SKU's pay window). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 	// for the admission token. A join is one of the buyer's attempts on the SKU (429
 	// `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -2778,7 +2779,8 @@ type ClientInterface interface {
 	// at random at the opening, so arriving first is no advantage; after it a ticket
 	// takes the next place. From the opening, tickets are admitted in order while the
 	// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
-	// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// among them; held units count, as they may return, and so do confirmed units unpaid
+	// within the SKU's pay window). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 	// for the admission token. A join is one of the buyer's attempts on the SKU (429
 	// `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -3211,7 +3213,7 @@ func (c *Client) GetSku(ctx context.Context, sku Sku, reqEditors ...RequestEdito
 // The queue's state, the same for every caller: whether the sale is `open`, how many
 // places are admitted (`admitted_through`: places 1 to it), how many tickets the
 // queue has (`length`), whether it is `sold_out` (no unit left and none can return)
-// or no unit is left but held ones `may_return`. No token: it is public, answered
+// or no unit is left but held or unpaid ones `may_return`. No token: it is public, answered
 // with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 // CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 // location whatever the query string, headers or cookies: pollers cost about one
@@ -3243,7 +3245,8 @@ func (c *Client) QueueStatus(ctx context.Context, sku Sku, reqEditors ...Request
 // at random at the opening, so arriving first is no advantage; after it a ticket
 // takes the next place. From the opening, tickets are admitted in order while the
 // stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
-// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// among them; held units count, as they may return, and so do confirmed units unpaid
+// within the SKU's pay window). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 // `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 // for the admission token. A join is one of the buyer's attempts on the SKU (429
 // `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -3273,7 +3276,8 @@ func (c *Client) JoinQueueWithBody(ctx context.Context, sku Sku, contentType str
 // at random at the opening, so arriving first is no advantage; after it a ticket
 // takes the next place. From the opening, tickets are admitted in order while the
 // stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
-// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// among them; held units count, as they may return, and so do confirmed units unpaid
+// within the SKU's pay window). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 // `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 // for the admission token. A join is one of the buyer's attempts on the SKU (429
 // `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -4220,7 +4224,7 @@ type ClientWithResponsesInterface interface {
 	// The queue's state, the same for every caller: whether the sale is `open`, how many
 	// places are admitted (`admitted_through`: places 1 to it), how many tickets the
 	// queue has (`length`), whether it is `sold_out` (no unit left and none can return)
-	// or no unit is left but held ones `may_return`. No token: it is public, answered
+	// or no unit is left but held or unpaid ones `may_return`. No token: it is public, answered
 	// with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 	// CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 	// location whatever the query string, headers or cookies: pollers cost about one
@@ -4244,7 +4248,8 @@ type ClientWithResponsesInterface interface {
 	// at random at the opening, so arriving first is no advantage; after it a ticket
 	// takes the next place. From the opening, tickets are admitted in order while the
 	// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
-	// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// among them; held units count, as they may return, and so do confirmed units unpaid
+	// within the SKU's pay window). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 	// for the admission token. A join is one of the buyer's attempts on the SKU (429
 	// `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -4264,7 +4269,8 @@ type ClientWithResponsesInterface interface {
 	// at random at the opening, so arriving first is no advantage; after it a ticket
 	// takes the next place. From the opening, tickets are admitted in order while the
 	// stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
-	// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+	// among them; held units count, as they may return, and so do confirmed units unpaid
+	// within the SKU's pay window). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 	// `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 	// for the admission token. A join is one of the buyer's attempts on the SKU (429
 	// `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -6193,7 +6199,7 @@ func (c *ClientWithResponses) GetSkuWithResponse(ctx context.Context, sku Sku, r
 // The queue's state, the same for every caller: whether the sale is `open`, how many
 // places are admitted (`admitted_through`: places 1 to it), how many tickets the
 // queue has (`length`), whether it is `sold_out` (no unit left and none can return)
-// or no unit is left but held ones `may_return`. No token: it is public, answered
+// or no unit is left but held or unpaid ones `may_return`. No token: it is public, answered
 // with `Cache-Control: public, max-age=1`, and in AWS served through the stack's
 // CloudFront distribution (output `CdnUrl`), which keeps it for one second per edge
 // location whatever the query string, headers or cookies: pollers cost about one
@@ -6223,7 +6229,8 @@ func (c *ClientWithResponses) QueueStatusWithResponse(ctx context.Context, sku S
 // at random at the opening, so arriving first is no advantage; after it a ticket
 // takes the next place. From the opening, tickets are admitted in order while the
 // stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
-// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// among them; held units count, as they may return, and so do confirmed units unpaid
+// within the SKU's pay window). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 // `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 // for the admission token. A join is one of the buyer's attempts on the SKU (429
 // `rate_limited` past the rate). No body is needed; a client that always sends one
@@ -6249,7 +6256,8 @@ func (c *ClientWithResponses) JoinQueueWithBodyWithResponse(ctx context.Context,
 // at random at the opening, so arriving first is no advantage; after it a ticket
 // takes the next place. From the opening, tickets are admitted in order while the
 // stock can serve them (`admit_factor` buyers per unit left, a held unit's holder
-// among them; held units count, as they may return). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
+// among them; held units count, as they may return, and so do confirmed units unpaid
+// within the SKU's pay window). Poll `GET /skus/{sku}/queue` (public, cached for a second) until
 // `admitted_through` reaches your `position`, then `GET /skus/{sku}/queue/{ticket}`
 // for the admission token. A join is one of the buyer's attempts on the SKU (429
 // `rate_limited` past the rate). No body is needed; a client that always sends one

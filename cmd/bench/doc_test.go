@@ -29,6 +29,14 @@ func TestBenchmarksDocIsCurrent(t *testing.T) {
 		t.Fatalf("docs/benchmarks.md lacks the %s … %s markers", docBegin, docEnd)
 	}
 	gen := doc[i+len(docBegin) : j]
+	// It leads with the run's goal lines, the same as its summary's.
+	h, k := strings.Index(doc, headBegin), strings.Index(doc, headEnd)
+	if h < 0 || k < h || h > i {
+		t.Fatalf("docs/benchmarks.md lacks the %s … %s markers before the figures", headBegin, headEnd)
+	}
+	if head, want := goalLines(doc[h:k]), goalLines(gen); len(want) == 0 || strings.Join(head, "\n") != strings.Join(want, "\n") {
+		t.Errorf("the headline lists the goal lines\n%s\nwant those of the figures below:\n%s", strings.Join(head, "\n"), strings.Join(want, "\n"))
+	}
 	if !regexp.MustCompile("^\n\nMeasured [0-9-]+ [0-9:]+ UTC by `make bench`").MatchString(gen) {
 		t.Errorf("the generated part does not open with writeDoc's `Measured … by make bench` line: edited by hand?")
 	}
@@ -65,6 +73,9 @@ func TestBenchmarksDocIsCurrent(t *testing.T) {
 // A rerun rewrites only what lies between the markers and keeps the header,
 // once, whether or not the report had it.
 func TestSpliceDocKeepsTheHandWrittenParts(t *testing.T) {
+	if _, err := spliceBetween("no markers", headBegin, headEnd, "x"); err == nil {
+		t.Error("spliceBetween on a document without the markers succeeded, want an error")
+	}
 	for _, doc := range []string{
 		"# b\nintro\n" + docBegin + "\nold figures\n" + docEnd + "\nnotes\n",
 		docHeader + "# b\nintro\n" + docBegin + "\nold figures\n" + docEnd + "\nnotes\n",

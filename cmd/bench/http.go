@@ -38,9 +38,10 @@ type devProcess struct {
 	stderr bytes.Buffer
 }
 
-// startDev builds cmd/dev and starts it on a free port, API only, with
+// startDev builds cmd/dev and starts it on a free port (API only, or the
+// whole stack), with
 // the bench's settings; it returns once the API answers.
-func startDev(ctx context.Context, dir, jwtDir, profile string) (*devProcess, error) {
+func startDev(ctx context.Context, dir, jwtDir, profile string, apiOnly bool) (*devProcess, error) {
 	bin := filepath.Join(dir, "dev")
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/dev").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build cmd/dev: %v\n%s", err, out)
@@ -52,7 +53,10 @@ func startDev(ctx context.Context, dir, jwtDir, profile string) (*devProcess, er
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	d := &devProcess{url: "http://" + addr}
-	args := []string{"-addr", addr, "-jwt-dir", jwtDir, "-api-only"}
+	args := []string{"-addr", addr, "-jwt-dir", jwtDir}
+	if apiOnly {
+		args = append(args, "-api-only")
+	}
 	if profile != "" {
 		args = append(args, "-cpuprofile", profile)
 	}
@@ -85,13 +89,10 @@ func (d *devProcess) stop() {
 }
 
 // cpu returns the process's CPU time so far (user + system, all threads).
-func (d *devProcess) cpu() (time.Duration, error) {
-	return procCPU(d.cmd.Process.Pid)
-}
+func (d *devProcess) cpu() (time.Duration, error) { return pidCPU(d.cmd.Process.Pid) }
 
-// procCPU returns the CPU time so far of the process pid (user + system,
-// all threads).
-func procCPU(pid int) (time.Duration, error) {
+// pidCPU returns a process's CPU time so far (user + system, all threads).
+func pidCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
@@ -120,7 +121,7 @@ func (b *bench) httpFigures(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dev, err := startDev(ctx, dir, jwtDir, b.o.devProfile)
+	dev, err := startDev(ctx, dir, jwtDir, b.o.devProfile, true)
 	if err != nil {
 		return err
 	}

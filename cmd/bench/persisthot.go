@@ -93,5 +93,5 @@ func (b *bench) dbCPU(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	return procCPU(pid)
+	return pidCPU(pid)
 }

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"syscall"
 	"time"
@@ -27,10 +28,19 @@ import (
 	"github.com/holdfast/holdfast/shared/config"
 )
 
+// devGCPercent is the dev stack's GOGC unless the environment sets one.
+const devGCPercent = 400
+
 func main() {
 	// Ctrl-C, kill, and a closed terminal (SIGHUP) all stop it the same way.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
+	if os.Getenv("GOGC") == "" {
+		// Every function shares this one process and two cores: a larger
+		// heap goal spends memory (tens of MB) instead of CPU on the
+		// collector, about 8% of the process under load (docs/benchmarks.md).
+		debug.SetGCPercent(devGCPercent)
+	}
 	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
 		fmt.Fprintln(os.Stderr, "dev:", err)
 		os.Exit(1)

@@ -30,6 +30,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/holdfast/holdfast/internal/devsqs"
 	"github.com/holdfast/holdfast/internal/eventsource"
 	"github.com/holdfast/holdfast/internal/samtemplate"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
@@ -166,7 +167,12 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 		return int32(q.VisibilityTimeout)
 	}
 	if !o.APIOnly {
-		s.consume(ctx, o, cfg, persistEv, compEv, vis(mainQ), vis(dlq), compensate, sweepEvery)
+		receiver, err := devsqs.New(ctx, s.App.SQS)
+		if err != nil {
+			_ = s.App.Close()
+			return nil, err
+		}
+		s.consume(ctx, o, cfg, receiver, persistEv, compEv, vis(mainQ), vis(dlq), compensate, sweepEvery)
 	}
 
 	addr := o.Addr
@@ -213,10 +219,10 @@ func Start(ctx context.Context, cfg config.Config, o Options) (*Stack, error) {
 
 // consume runs persist and compensate on their queues and the sweeper on
 // its schedule, as Lambda's event sources and EventBridge would.
-func (s *Stack) consume(ctx context.Context, o Options, cfg config.Config, persistEv, compEv samtemplate.SQSEvent,
+func (s *Stack) consume(ctx context.Context, o Options, cfg config.Config, receiver eventsource.API, persistEv, compEv samtemplate.SQSEvent,
 	mainVis, dlqVis int32, compensate *consumer.Handler, sweepEvery time.Duration) {
-	s.poll(ctx, o.Log, "persist", s.App.SQS, cfg.QueueURL, persistEv, mainVis, s.Persist.Handle)
-	s.poll(ctx, o.Log, "compensate", s.App.SQS, o.DLQURL, compEv, dlqVis, compensate.Handle)
+	s.poll(ctx, o.Log, "persist", receiver, cfg.QueueURL, persistEv, mainVis, s.Persist.Handle)
+	s.poll(ctx, o.Log, "compensate", receiver, o.DLQURL, compEv, dlqVis, compensate.Handle)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -260,7 +266,7 @@ func apiRoutes(tpl *samtemplate.Template, v Verifier) ([]samtemplate.Route, erro
 	return routes, nil
 }
 
-func (s *Stack) poll(ctx context.Context, log *slog.Logger, name string, client *sqs.Client, url string,
+func (s *Stack) poll(ctx context.Context, log *slog.Logger, name string, client eventsource.API, url string,
 	ev samtemplate.SQSEvent, visibility int32, h eventsource.Handler) {
 	p := &eventsource.Poller{
 		Client: client, QueueURL: url, BatchSize: int32(ev.BatchSize), Visibility: visibility,

@@ -55,9 +55,12 @@ type Result struct {
 // bounds an SQS batch as much as BatchSize does.
 const payloadLimit = 6 << 20
 
-// emptyPause is how long a batch being gathered waits after an empty
-// receive before asking again (within the window).
-const emptyPause = 20 * time.Millisecond
+// drainedPause is how long a batch being gathered waits, within its
+// window, after a receive that found fewer messages than it asked for
+// before asking again. Asking at once mostly comes back empty: at 20 ms,
+// make dev's pollers sent one receive for every three messages, half of
+// them empty, and each costs the SQS server a request (docs/benchmarks.md).
+const drainedPause = 100 * time.Millisecond
 
 // PollOnce gathers one batch, invokes the handler and deletes the
 // successes. A handler error fails the whole batch, as in Lambda.
@@ -110,9 +113,10 @@ func (p *Poller) gather(ctx context.Context) (events.SQSEvent, error) {
 		if len(ev.Records) > 0 {
 			wait = 0
 		}
+		asked := int32(min(10, want-len(ev.Records)))
 		out, err := p.Client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(p.QueueURL),
-			MaxNumberOfMessages:         int32(min(10, want-len(ev.Records))),
+			MaxNumberOfMessages:         asked,
 			VisibilityTimeout:           p.Visibility,
 			WaitTimeSeconds:             wait,
 			MessageAttributeNames:       []string{"All"},
@@ -124,18 +128,8 @@ func (p *Poller) gather(ctx context.Context) (events.SQSEvent, error) {
 			}
 			break
 		}
-		if len(out.Messages) == 0 {
-			if len(ev.Records) == 0 || !time.Now().Before(deadline) {
-				break
-			}
-			t := time.NewTimer(min(emptyPause, time.Until(deadline)))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ev, nil // what was received is handled, as Lambda would
-			case <-t.C:
-			}
-			continue
+		if len(out.Messages) == 0 && len(ev.Records) == 0 {
+			break
 		}
 		if len(ev.Records) == 0 {
 			deadline = time.Now().Add(p.Window)
@@ -148,6 +142,17 @@ func (p *Poller) gather(ctx context.Context) (events.SQSEvent, error) {
 		}
 		if !time.Now().Before(deadline) {
 			break
+		}
+		if len(out.Messages) < int(asked) {
+			// The queue is drained for now: ask again after a pause
+			// rather than at once, which would mostly come back empty.
+			t := time.NewTimer(min(drainedPause, time.Until(deadline)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ev, nil // what was received is handled, as Lambda would
+			case <-t.C:
+			}
 		}
 	}
 	return ev, nil

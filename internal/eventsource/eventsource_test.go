@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/holdfast/holdfast/internal/devsqs"
 	"github.com/holdfast/holdfast/internal/eventsource"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 )
@@ -21,10 +22,21 @@ import (
 // gathered over many receives (SQS gives at most 10 each), within the
 // window; the records the handler reports failed stay on the queue, the
 // others are deleted (in chunks of 10).
+// Both clients: the SDK's, and the dev stack's lean one (devsqs).
 func TestPollerGathersBatchesBeyondTenPerReceive(t *testing.T) {
 	env := testservices.Require(t)
-	ctx := context.Background()
 	client := env.SQS(t)
+	lean, err := devsqs.New(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, api := range map[string]eventsource.API{"sdk": client, "devsqs": lean} {
+		t.Run(name, func(t *testing.T) { gathersBatchesBeyondTen(t, env, client, api) })
+	}
+}
+
+func gathersBatchesBeyondTen(t *testing.T, env testservices.Env, client *sqs.Client, api eventsource.API) {
+	ctx := context.Background()
 	q := env.CreateQueues(t, client, 5)
 	const sent = 35
 	for i := 0; i < sent; i += 10 {
@@ -38,7 +50,7 @@ func TestPollerGathersBatchesBeyondTenPerReceive(t *testing.T) {
 	}
 	var sizes []int
 	var failedBody []string
-	p := &eventsource.Poller{Client: client, QueueURL: q.URL, BatchSize: 25, Window: 200 * time.Millisecond, Visibility: 2, WaitTime: 1,
+	p := &eventsource.Poller{Client: api, QueueURL: q.URL, BatchSize: 25, Window: 200 * time.Millisecond, Visibility: 2, WaitTime: 1,
 		Handler: func(_ context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
 			sizes = append(sizes, len(ev.Records))
 			var resp events.SQSEventResponse
@@ -78,13 +90,14 @@ func TestPollerGathersBatchesBeyondTenPerReceive(t *testing.T) {
 	}
 }
 
-// fakeSQS serves n messages of the given body size, 10 a receive, and
-// counts receives.
+// fakeSQS serves n messages of the given body size, 10 a receive (or
+// perReceive, if set), and counts receives.
 type fakeSQS struct {
-	mu       sync.Mutex
-	left     int
-	body     string
-	receives int
+	mu         sync.Mutex
+	left       int
+	body       string
+	perReceive int
+	receives   int
 }
 
 func (f *fakeSQS) ReceiveMessage(_ context.Context, in *sqs.ReceiveMessageInput, _ ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
@@ -92,7 +105,11 @@ func (f *fakeSQS) ReceiveMessage(_ context.Context, in *sqs.ReceiveMessageInput,
 	defer f.mu.Unlock()
 	f.receives++
 	out := &sqs.ReceiveMessageOutput{}
-	for range min(int(in.MaxNumberOfMessages), f.left) {
+	n := int(in.MaxNumberOfMessages)
+	if f.perReceive > 0 {
+		n = min(n, f.perReceive)
+	}
+	for range min(n, f.left) {
 		f.left--
 		out.Messages = append(out.Messages, sqstypes.Message{MessageId: aws.String(fmt.Sprint(f.left)), ReceiptHandle: aws.String("rh"), Body: aws.String(f.body)})
 	}
@@ -133,5 +150,27 @@ func TestPollerBatchStaysUnderThePayloadLimit(t *testing.T) {
 	}
 	if got != 10 || f.receives != 1 {
 		t.Errorf("no window: %d records in %d receives, want 10 in 1", got, f.receives)
+	}
+}
+
+// A queue that trickles (each receive finds one message, fewer than asked)
+// is asked again after a pause, not at once: a batch gathered over a
+// 500 ms window takes a handful of receives, not hundreds.
+func TestPollerPausesOnADrainedQueue(t *testing.T) {
+	f := &fakeSQS{left: 1_000_000, body: "m", perReceive: 1}
+	var got int
+	p := &eventsource.Poller{Client: f, QueueURL: "q", BatchSize: 10_000, Window: 500 * time.Millisecond, Visibility: 60,
+		Handler: func(_ context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
+			got = len(ev.Records)
+			return events.SQSEventResponse{}, nil
+		}}
+	if _, err := p.PollOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got < 2 || got != f.receives {
+		t.Fatalf("%d records in %d receives, want one a receive and more than one: the window keeps gathering", got, f.receives)
+	}
+	if f.receives > 7 { // the first, then at most one per 100 ms pause, and the one at the deadline
+		t.Errorf("%d receives in a 500 ms window on a trickling queue, want at most 7", f.receives)
 	}
 }

@@ -49,6 +49,7 @@ type memHold struct {
 	wn                      int64
 	landed                  bool // a transfer's units were credited (landed.lua's field landed)
 	sent                    bool // a join's message is sent (group_accept.lua's field sent)
+	paid                    bool // follow.lua followed it paid (field paid)
 }
 
 // reservation mirrors redisstore's holdFromMap: the outboxes are not Redis
@@ -114,6 +115,9 @@ type memHolds struct {
 	cursor string
 	// queues mirror the waiting rooms' keys (queue.lua), by bucket 0's name.
 	queues map[string]*memRoom
+	// unpaid mirrors each bucket's unpaid hash (id -> qty of the CONFIRMED
+	// reservations unpaid within a pay window); meta.unpaid sums it.
+	unpaid map[string]map[string]int64
 }
 
 // memRoom mirrors a waiting room's keys: the queue (ticket -> place),
@@ -174,6 +178,7 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 	if room <= 0 {
 		return st, ErrNoWaitingRoom
 	}
+	back := max(held, 0) + max(meta["unpaid"], 0) // units that may still return
 	if op.Charge != "" {
 		if wait := m.charge(name, op.Charge, now); wait > 0 {
 			return st, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
@@ -224,8 +229,8 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 		}
 	}
 	if open && !closed {
-		units := ((max(avail, 0)+max(held, 0))*room+999)/1000 - max(held, 0) // math.ceil
-		each := max(meta["limit"], 1)                                        // an admission's units
+		units := ((max(avail, 0)+back)*room+999)/1000 - back // math.ceil
+		each := max(meta["limit"], 1)                        // an admission's units
 		budget := (units+each-1)/each - int64(len(q.admitted))
 		order := q.order()
 		for ; budget > 0 && q.through < int64(len(order)); budget-- {
@@ -233,10 +238,10 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 			q.through++
 		}
 	}
-	if open && avail <= 0 && held <= 0 && q.through < int64(len(q.place)) {
+	if open && avail <= 0 && back <= 0 && q.through < int64(len(q.place)) {
 		q.sold = true
 	}
-	st.Through, st.Length, st.Available, st.Held = q.through, int64(len(q.place)), avail, held
+	st.Through, st.Length, st.Available, st.Held, st.Unpaid = q.through, int64(len(q.place)), avail, held, meta["unpaid"]
 	if ticket != "" {
 		if _, in := q.place[ticket]; in {
 			rank := int64(slices.Index(q.order(), ticket))
@@ -253,7 +258,7 @@ func (m *memHolds) Queue(_ context.Context, sku, ticket string, op QueueOp) (Que
 				st.State, st.AdmittedAt = TicketAdmitted, time.UnixMilli(at).UTC()
 			case closed:
 				st.State = TicketClosed
-			case open && avail <= 0 && held <= 0:
+			case open && avail <= 0 && back <= 0:
 				st.State = TicketSoldOut
 			default:
 				st.State = TicketWaiting
@@ -407,6 +412,28 @@ func (m *memHolds) forgetStock(sku string) {
 	delete(m.stock, sku)
 }
 
+// unpaidAdd and unpaidRemove mirror follow.lua's: the unpaid hash and
+// meta.unpaid change together, each once.
+func (m *memHolds) unpaidAdd(sku, id string, qty int64) {
+	if m.unpaid == nil {
+		m.unpaid = map[string]map[string]int64{}
+	}
+	if m.unpaid[sku] == nil {
+		m.unpaid[sku] = map[string]int64{}
+	}
+	if _, ok := m.unpaid[sku][id]; !ok {
+		m.unpaid[sku][id] = qty
+		m.metaOf(sku)["unpaid"] += qty
+	}
+}
+
+func (m *memHolds) unpaidRemove(sku, id string) {
+	if n, ok := m.unpaid[sku][id]; ok {
+		delete(m.unpaid[sku], id)
+		m.metaOf(sku)["unpaid"] -= n
+	}
+}
+
 // hold returns the hold hash of id, for assertions.
 func (m *memHolds) hold(id string) (Reservation, bool) {
 	m.mu.Lock()
@@ -416,6 +443,13 @@ func (m *memHolds) hold(id string) (Reservation, bool) {
 		return Reservation{}, false
 	}
 	return h.reservation(id), true
+}
+
+// unpaidUnits returns meta.unpaid of sku, for assertions.
+func (m *memHolds) unpaidUnits(sku string) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.meta[sku]["unpaid"]
 }
 
 // held returns meta.held of sku, for assertions.
@@ -631,6 +665,13 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 		(state == StatusConfirmed || state == "") && (state == "" || !old.hasRel || old.rel != token) && !stocked {
 		return returned, true
 	}
+	paid := !row.PaidAt.IsZero()
+	if row.Status == StatusCancelled || paid {
+		m.unpaidRemove(sku, id)
+	}
+	if row.Status == StatusConfirmed && !paid && !row.PayBy.IsZero() && (state == StatusHeld || state == "") {
+		m.unpaidAdd(sku, id, qty)
+	}
 	if state == "" { // the row's tombstone
 		m.holds[key] = &memHold{sku: row.SKU, qty: qty, user: user, group: gid, token: token, state: row.Status,
 			bucket: row.Bucket, transfer: row.Transfer, into: row.Into}
@@ -657,6 +698,7 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 				meta["cver"] = version
 			}
 		}
+		h.paid = h.paid || paid
 		return returned, false
 	}
 
@@ -814,6 +856,23 @@ func (m *memHolds) HeldIDs(_ context.Context, sku string, limit int) ([]string, 
 	return ids, nil
 }
 
+// UnpaidIDs mirrors redisstore's UnpaidIDs (HSCAN of the unpaid hash).
+func (m *memHolds) UnpaidIDs(_ context.Context, bucket string, limit int) ([]string, error) {
+	err := m.enter("UnpaidIDs")
+	defer m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for id := range m.unpaid[bucket] {
+		if len(ids) < limit {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
 // Warm mirrors warm.lua.
 func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confirmed []Reservation) (SyncResult, error) {
 	err := m.enter("Warm")
@@ -855,6 +914,16 @@ func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confi
 	meta["wn"]++
 	meta["opens"], meta["closes"] = windowMS(level.OpensAt), windowMS(level.ClosesAt)
 	meta["room"] = int64(level.AdmitPermille)
+	_, bucket := ParseBucket(level.SKU)
+	delete(m.unpaid, level.SKU) // rebuilt from MySQL's unpaid rows, but those settled since the read
+	meta["unpaid"] = 0
+	for _, r := range confirmed {
+		h := m.holds[holdKey(level.SKU, r.ID)]
+		if r.Status == StatusConfirmed && r.Bucket == bucket && !r.PayBy.IsZero() && r.PaidAt.IsZero() &&
+			(h == nil || (h.state != StatusCancelled && !h.paid)) {
+			m.unpaidAdd(level.SKU, r.ID, int64(r.Qty))
+		}
+	}
 	return SyncWarmed, nil
 }
 
@@ -2056,9 +2125,16 @@ func (l *memLedger) Snapshot(_ context.Context, sku string, ids []string) (Stock
 		return StockLevel{SKU: sku}, nil, ErrUnknownSKU
 	}
 	var confirmed []Reservation
+	seen := map[string]bool{}
 	for _, id := range ids {
 		if row, ok := l.rows[id]; ok && row.r.Status == StatusConfirmed {
 			confirmed = append(confirmed, row.r)
+			seen[id] = true
+		}
+	}
+	for id, row := range l.rows { // the unpaid ones within a pay window
+		if r := row.r; r.SKU == sku && r.Status == StatusConfirmed && !r.PayBy.IsZero() && r.PaidAt.IsZero() && !seen[id] {
+			confirmed = append(confirmed, r)
 		}
 	}
 	return levelCopy(st), confirmed, nil

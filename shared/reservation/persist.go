@@ -187,6 +187,7 @@ func (s *Service) decided(ctx context.Context, r Reservation, res BatchResult) (
 			}
 		}
 		r.Status = StatusConfirmed
+		r.PayBy = res.Row.PayBy // Redis counts a unit with a pay window as one that may return
 		r = s.carryOut(ctx, r, res.Version)
 		if r.GroupID != "" {
 			// This join was sent, so it was accepted: if its group's slots

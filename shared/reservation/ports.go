@@ -25,7 +25,7 @@ type Redis interface {
 // tickets and whom it admitted.
 type WaitingRoom interface {
 	// Queue admits, in queue order, the tickets the stock can serve
-	// (while the admitted who have not reserved ≤ ⌈(available + held) ×
+	// (while the admitted who have not reserved ≤ ⌈(available + held + unpaid) ×
 	// the SKU's admit factor⌉, by Redis's clock, from the opening on), lapses
 	// admissions older than op.AdmitFor, and answers the queue's state and
 	// ticket's ("" for none). With op.Join it first gives ticket its place
@@ -153,12 +153,20 @@ type StockFigures interface {
 	// HeldIDs returns the ids of the SKU's HELD holds (at most limit).
 	HeldIDs(ctx context.Context, sku string, limit int) ([]string, error)
 
+	// UnpaidIDs returns the ids of the bucket's reservations Redis counts
+	// as CONFIRMED and unpaid within a pay window (at most limit): units
+	// that may return (QueueState.Unpaid).
+	UnpaidIDs(ctx context.Context, bucket string, limit int) ([]string, error)
+
 	// Warm loads a SKU Redis has no stock for from one consistent MySQL
 	// read taken after held (HeldIDs) was listed: level, and confirmed, the
 	// rows among held MySQL has already CONFIRMED (their units are out of
 	// level.Available and still in held). available = level.Available −
 	// held + those units. SyncStale if any listed hold moved since, or a
-	// confirm newer than the level reached Redis: read again.
+	// confirm newer than the level reached Redis: read again. The rows of
+	// confirmed in level's bucket still unpaid within a pay window become
+	// the bucket's units that may return unpaid (QueueState.Unpaid), but
+	// for those Redis heard were paid or cancelled since the read.
 	Warm(ctx context.Context, level StockLevel, held []string, confirmed []Reservation) (SyncResult, error)
 
 	// Heal moves the SKU's stock by drift if the same drift was measured at
@@ -437,7 +445,8 @@ type Ledger interface {
 	// Stock returns the SKU's level, or ErrUnknownSKU.
 	Stock(ctx context.Context, sku string) (StockLevel, error)
 	// Snapshot reads, consistently, the SKU's level and the CONFIRMED rows
-	// among ids (the warm-up's read).
+	// among ids, and every CONFIRMED row of the SKU still unpaid within a
+	// pay window (units that may return), each row once (the warm-up's read).
 	Snapshot(ctx context.Context, sku string, ids []string) (StockLevel, []Reservation, error)
 	// StocksAfter returns up to limit SKUs' levels in SKU order, starting
 	// after the SKU named after ("": from the first).

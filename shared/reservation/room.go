@@ -54,8 +54,9 @@ type QueueState struct {
 	// many tickets the queue has.
 	Through, Length int64
 	// Available and Held are the SKU's units free and HELD (which may
-	// still return) when the state was read.
-	Available, Held int64
+	// still return) when the state was read; Unpaid its units CONFIRMED
+	// but unpaid within a pay window (which return if it lapses).
+	Available, Held, Unpaid int64
 	// The ticket's: its place from 1 (0 before the opening), its state,
 	// and when it was admitted (ADMITTED only).
 	Ticket     string
@@ -69,11 +70,11 @@ func (q QueueState) Open() bool { return q.OpensAt.IsZero() || !q.Now.Before(q.O
 
 // SoldOut reports whether no unit is left and none can return: every
 // waiter's next look says SOLD_OUT.
-func (q QueueState) SoldOut() bool { return q.Available <= 0 && q.Held <= 0 }
+func (q QueueState) SoldOut() bool { return q.Available <= 0 && q.Held <= 0 && q.Unpaid <= 0 }
 
-// MayReturn reports whether no unit is left but HELD ones may still come
-// back (a waiter may yet be admitted).
-func (q QueueState) MayReturn() bool { return q.Available <= 0 && q.Held > 0 }
+// MayReturn reports whether no unit is left but HELD or unpaid ones may
+// still come back (a waiter may yet be admitted).
+func (q QueueState) MayReturn() bool { return q.Available <= 0 && (q.Held > 0 || q.Unpaid > 0) }
 
 // Admission is a ticket's admission token, for POST /reservations.
 type Admission struct {

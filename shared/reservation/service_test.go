@@ -833,6 +833,37 @@ func TestRefundOwedToRedisIsGivenBackOnce(t *testing.T) {
 	}
 }
 
+// A payment tells Redis its units can no longer return (the waiting room
+// counts unpaid ones): a failure to tell it answers an error after MySQL
+// recorded the payment, and the order service's retry tells it, once.
+func TestPayTellsRedisItsUnitsCannotReturn(t *testing.T) {
+	f := newFixture(t)
+	f.stock(t, "s", 5)
+	within := time.Minute
+	if _, err := f.svc.ChangeStock(bg, StockChange{SKU: "s", Add: new(int64), PayWithin: &within}); err != nil {
+		t.Fatal(err)
+	}
+	r := f.reserve(t, "s", "u", 2)
+	f.persist(t, r)
+	if n := f.holds.unpaidUnits("s"); n != 2 {
+		t.Fatalf("unpaid after the confirmation = %d, want 2", n)
+	}
+	f.holds.fail["Follow"] = errInjected
+	if _, err := f.svc.Pay(bg, r.ID); !errors.Is(err, errInjected) || f.row(r.ID).PaidAt.IsZero() || f.holds.unpaidUnits("s") != 2 {
+		t.Fatalf("Pay with Redis down = %v, paid_at %v, unpaid %d; want the error, paid in MySQL, unpaid 2",
+			err, f.row(r.ID).PaidAt, f.holds.unpaidUnits("s"))
+	}
+	delete(f.holds.fail, "Follow")
+	for range 2 {
+		if out, err := f.svc.Pay(bg, r.ID); err != nil || out.PaidAt.IsZero() || f.holds.unpaidUnits("s") != 0 {
+			t.Fatalf("Pay again = %+v %v, unpaid %d; want paid, unpaid 0", out, err, f.holds.unpaidUnits("s"))
+		}
+	}
+	if f.redis("s") != 3 || f.mysql("s") != 3 {
+		t.Errorf("redis %d mysql %d, want 3 3: a payment moves no stock", f.redis("s"), f.mysql("s"))
+	}
+}
+
 // --------------------------------------------------------------- sweeper
 
 func TestSweepExpiredHoldFoundConfirmedOnlyMarksIt(t *testing.T) {

@@ -127,7 +127,9 @@ func (s *Service) cancel(ctx context.Context, id string, owner *string, reason R
 // stands. Errors, nothing changed: ErrNotFound (no such reservation),
 // ErrNotConfirmed (still HELD: MySQL has not confirmed it yet),
 // *CancelledError (cancelled first: a payment timeout, the buyer, …),
-// ErrGroupNotFormed (a join whose group has not formed).
+// ErrGroupNotFormed (a join whose group has not formed). ErrUnavailable
+// once paid: Redis has not heard that its units can no longer return; a
+// repeat tells it.
 func (s *Service) Pay(ctx context.Context, id string) (Reservation, error) {
 	if !ValidReservationID(id, "") || s.unknownSKUOf(ctx, id) {
 		return Reservation{}, ErrNotFound
@@ -151,6 +153,11 @@ func (s *Service) Pay(ctx context.Context, id string) (Reservation, error) {
 		s.metrics.Count("paid", 1)
 	}
 	s.publish(ctx, row.ID) // its ReservationPaid, or what a repeat finds still owed
+	// Redis stops counting its units as ones that may return (the waiting
+	// room's); a failure is the caller's to retry, as a repeat follows again.
+	if _, err := s.holds.Follow(ctx, row, 0); err != nil {
+		return Reservation{}, fmt.Errorf("pay %s: %w", id, err)
+	}
 	return row, nil
 }
 

@@ -24,7 +24,11 @@ type SweepReport struct {
 	// PaymentsTimedOut is the CONFIRMED reservations not paid by their
 	// PayBy that the sweep cancelled (payment_timeout), their stock back.
 	PaymentsTimedOut int `json:"payments_timed_out"`
-	EventsResent     int `json:"events_resent"` // events the sweep published from the event outbox
+	// UnpaidSettled is the reservations Redis still counted as unpaid, so as
+	// ones that may return, though MySQL has them paid or cancelled (a
+	// payment's Redis call that failed and was never retried).
+	UnpaidSettled int `json:"unpaid_settled"`
+	EventsResent  int `json:"events_resent"` // events the sweep published from the event outbox
 	// OutboxLagSeconds is how long ago the oldest event still unpublished
 	// after the drain occurred (0: none left).
 	OutboxLagSeconds int `json:"outbox_lag_seconds"`
@@ -352,12 +356,65 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 		// The backstop of the waiters' looks, which admit: units that came
 		// back (a hold released above) admit the next in line even if
 		// nobody looks for a while.
-		if _, err := s.lookQueue(ctx, level.SKU, "", QueueOp{AdmitFor: s.cfg.AdmitFor}, true); err != nil && !errors.Is(err, ErrNoWaitingRoom) {
+		q, err := s.lookQueue(ctx, level.SKU, "", QueueOp{AdmitFor: s.cfg.AdmitFor}, true)
+		if err != nil && !errors.Is(err, ErrNoWaitingRoom) {
 			rep.Errors++
 			s.log.ErrorContext(ctx, "sweep: admit from the waiting room", "sku", level.SKU, "error", err)
 		}
+		if err == nil && q.Available <= 0 && q.Held <= 0 && q.Unpaid > 0 {
+			s.settleUnpaid(ctx, level.SKU, rep)
+		}
 	}
 	return quiet
+}
+
+// maxUnpaidCheck is how many unpaid ids one sweep checks per room SKU.
+const maxUnpaidCheck = 1000
+
+// settleUnpaid is the backstop of a payment (or cancel) whose Redis call
+// failed and was never retried: while only unpaid units keep a room from
+// SOLD_OUT, it makes each one MySQL has paid or cancelled follow its row,
+// so Redis stops counting it as one that may return.
+func (s *Service) settleUnpaid(ctx context.Context, sku string, rep *SweepReport) {
+	ids, err := s.figures.UnpaidIDs(ctx, BucketName(sku, 0), maxUnpaidCheck)
+	if err != nil || len(ids) == 0 {
+		if err != nil {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: unpaid ids", "sku", sku, "error", err)
+		}
+		return
+	}
+	_, rows, err := s.ledger.Snapshot(ctx, sku, ids)
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: unpaid rows", "sku", sku, "error", err)
+		return
+	}
+	confirmed := make(map[string]Reservation, len(rows))
+	for _, r := range rows {
+		confirmed[r.ID] = r
+	}
+	for _, id := range ids {
+		row, ok := confirmed[id]
+		if ok && !row.PayBy.IsZero() && row.PaidAt.IsZero() {
+			continue // unpaid: it may return
+		}
+		if !ok { // not CONFIRMED: cancelled, so read it
+			if row, err = s.ledger.Reservation(ctx, id); err != nil {
+				if !errors.Is(err, ErrNotFound) {
+					rep.Errors++
+					s.log.ErrorContext(ctx, "sweep: unpaid row", "id", id, "error", err)
+				}
+				continue
+			}
+		}
+		if _, err := s.holds.Follow(ctx, row, 0); err != nil {
+			rep.Errors++
+			s.log.ErrorContext(ctx, "sweep: settle unpaid", "id", id, "error", err)
+			continue
+		}
+		rep.UnpaidSettled++
+	}
 }
 
 // sweepBucket works on bucket b of a SKU with the level the sweep listed:

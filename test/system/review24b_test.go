@@ -21,6 +21,56 @@ import (
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
+// Claims (issue 24, design.md): "When no unit is left and none can return,
+// every waiter's next poll says SOLD_OUT. If held units may still return,
+// the waiter says so"; "A look answers SOLD_OUT to every waiter once
+// available = 0 and held = 0". On a SKU with a pay window a CONFIRMED
+// reservation is not the end: unpaid by pay_by, the sweeper times it out
+// and its unit comes back. queue.lua counts only HELD units as ones that
+// may return, so the moment the last unit is confirmed every waiter hears
+// SOLD_OUT (may_return false) — the buyer page stops polling there for
+// good (SOLD_OUT is terminal in shop.js) — and when the payment times out
+// the unit admits a waiter who was told it never would, whose page is gone:
+// the admission lapses unseen, then the next one's, while the unit waits.
+func TestReview24bSoldOutWhileAnUnpaidUnitMayReturn(t *testing.T) {
+	ctx := context.Background()
+	p := newPromise(t)
+	svc := p.app.Service
+	sku := p.roomSKU(1, 1, 0)
+	p.payWindow(sku, time.Minute)
+	for _, u := range []string{"a", "b"} {
+		if _, err := svc.JoinQueue(ctx, u, sku); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, _, err := svc.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: "a", Admission: p.admit(sku, "a").Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.persistMsgs(r.ID)
+	p.wantStatus(r.ID, reservation.StatusConfirmed, "")
+	// a has a minute to pay; b waits.
+	q, err := svc.QueueStatus(ctx, sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.SoldOut() || !q.MayReturn() {
+		t.Errorf("status while a's unit is confirmed, unpaid, within its pay window = sold_out %v may_return %v, want sold_out false, may_return true (the unit returns if a does not pay)",
+			q.SoldOut(), q.MayReturn())
+	}
+	if got, _, _ := svc.Ticket(ctx, "b", sku, svc.TicketOf(sku, "b")); got.State == reservation.TicketSoldOut {
+		t.Errorf("b while a's unit may still come back = SOLD_OUT, want WAITING")
+	}
+	// a does not pay: the unit comes back, and admits b, who was told SOLD_OUT.
+	p.clock.Advance(time.Minute + 6*time.Second)
+	if rep := p.sweep(); rep.PaymentsTimedOut != 1 {
+		t.Fatalf("sweep = %+v, want a's payment timed out", rep)
+	}
+	if got, _, _ := svc.Ticket(ctx, "b", sku, svc.TicketOf(sku, "b")); got.State != reservation.TicketAdmitted {
+		t.Errorf("b after a's payment timed out = %s, want ADMITTED", got.State)
+	}
+}
+
 // Claim (issue 24, design.md "Cheap polls"): "Polling is cheap: no MySQL,
 // at most one Redis call"; the public status "needs no token" and names
 // nobody. For a SKU MySQL does not have, QueueStatus skips the unknown-SKU

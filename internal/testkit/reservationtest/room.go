@@ -184,6 +184,59 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	t.Run("a unit confirmed unpaid within a pay window may return until paid or cancelled; a warm-up rebuilds them", func(t *testing.T) {
+		s, sku, _ := room(t, 2, 1000, time.Time{})
+		for _, ticket := range []string{"a", "b", "c"} {
+			join(t, s, sku, ticket, 0)
+		}
+		for _, ticket := range []string{"a", "b"} {
+			if err := buy(s, sku, ticket, look(t, s, sku, ticket)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		unpaid := func(ticket string) reservation.Reservation {
+			r := row(hold(sku, "r-"+ticket, "u-"+ticket, 1), reservation.StatusConfirmed, false)
+			r.PayBy = t0.Add(time.Minute)
+			return r
+		}
+		a, b := unpaid("a"), unpaid("b")
+		for range 2 { // a repeat counts nothing twice: confirm.lua's batch, then follow.lua's
+			if _, errs := s.FollowAll(ctx, []reservation.Reservation{a}, 2); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			follow(t, s, b)
+		}
+		if q := look(t, s, sku, "c"); q.SoldOut() || !q.MayReturn() || q.Unpaid != 2 || q.State != reservation.TicketWaiting {
+			t.Errorf("both units confirmed, unpaid: %+v, want waiting, may return, unpaid 2", q)
+		}
+		paid := a
+		paid.PaidAt = t0
+		follow(t, s, paid)
+		follow(t, s, paid)
+		if q := look(t, s, sku, "c"); q.Unpaid != 1 || q.State != reservation.TicketWaiting {
+			t.Errorf("a paid: %+v, want unpaid 1, waiting", q)
+		}
+		refund := row(b, reservation.StatusCancelled, true)
+		follow(t, s, refund)
+		follow(t, s, refund)
+		if q := look(t, s, sku, "c"); q.Unpaid != 0 || q.Available != 1 || q.State != reservation.TicketAdmitted {
+			t.Errorf("b refunded: %+v, want unpaid 0, its unit back once, c admitted", q)
+		}
+		// Redis loses the stock: the warm-up counts MySQL's unpaid rows, but
+		// one Redis saw paid since MySQL's read (a's).
+		if err := s.ForgetStock(ctx, sku); err != nil {
+			t.Fatal(err)
+		}
+		z := unpaid("z")
+		level := reservation.StockLevel{SKU: sku, Available: 1, Version: 9, AdmitPermille: 1000}
+		if res, err := s.Warm(ctx, level, nil, []reservation.Reservation{a, z}); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		if q := look(t, s, sku, ""); q.Unpaid != 1 || q.Available != 1 {
+			t.Errorf("after the warm-up: %+v, want unpaid 1 (z's; a was paid since the read), available 1", q)
+		}
+	})
+
 	t.Run("an admission is for the per-user limit's units, one when the SKU sets none", func(t *testing.T) {
 		s, sku, _ := room(t, 2, 1000, time.Time{})
 		for _, ticket := range []string{"a", "b", "c"} {
@@ -217,6 +270,50 @@ func testRoom(t *testing.T, newHolds HoldsFactory) {
 		r.Ticket, r.TicketExpires = "t0", look(t, s2, sku2, "t0").AdmittedAt.Add(admitFor)
 		if _, _, err := s2.Reserve(ctx, r, ttl); err != nil {
 			t.Errorf("t0 reserves its 2 units: %v", err)
+		}
+	})
+
+	t.Run("a refused buy under a per-user limit leaves the buyer's units and the ticket as they were", func(t *testing.T) {
+		// reserve.lua raises the count and takes the ticket out before it
+		// knows the other can refuse: each refusal must give the other back.
+		c := &clock{now: t0}
+		s := newHolds(t, c, 0, 0)
+		sku := testservices.Name("room")
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 6, Version: 1, AdmitPermille: 1000, PerUserLimit: 2}, nil, nil); err != nil || res != reservation.SyncWarmed {
+			t.Fatalf("Warm = %v %v", res, err)
+		}
+		for _, ticket := range []string{"a", "b"} {
+			join(t, s, sku, ticket, 0)
+		}
+		units := func(after string, want int64) { // on stores that show them
+			t.Helper()
+			u, ok := s.(UserUnits)
+			if !ok {
+				return
+			}
+			if n, err := u.UserUnits(ctx, sku, "u-a"); err != nil || n != want {
+				t.Errorf("after %s the buyer has %d units (%v), want %d", after, n, err, want)
+			}
+		}
+		qa := look(t, s, sku, "a")
+		over := hold(sku, "r-a", "u-a", 3)
+		over.Ticket, over.TicketExpires = "a", qa.AdmittedAt.Add(admitFor)
+		if _, _, err := s.Reserve(ctx, over, ttl); !errors.Is(err, reservation.ErrLimitExceeded) {
+			t.Errorf("3 units under a limit of 2 = %v, want ErrLimitExceeded", err)
+		}
+		units("a refusal over the limit", 0)
+		forged := hold(sku, "r-x", "u-a", 1)
+		forged.Ticket, forged.TicketExpires = "x", qa.AdmittedAt.Add(admitFor)
+		if _, _, err := s.Reserve(ctx, forged, ttl); !errors.Is(err, reservation.ErrAdmissionExpired) {
+			t.Errorf("a ticket never admitted, within the limit = %v, want ErrAdmissionExpired", err)
+		}
+		units("a refused ticket", 0)
+		if err := buy(s, sku, "a", qa); err != nil {
+			t.Errorf("the ticket a refusal did not use buys: %v", err)
+		}
+		units("one unit", 1)
+		if avail, held := stockOf(t, s, sku); avail != 5 || held != 1 {
+			t.Errorf("stock %d held %d, want 5 and 1 (one hold)", avail, held)
 		}
 	})
 

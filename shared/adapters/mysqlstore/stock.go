@@ -429,6 +429,22 @@ func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reserv
 	if err != nil {
 		return level, nil, err
 	}
+	// The units that may still return unpaid (Redis's unpaid hash is rebuilt
+	// from them), through the index (sku, status).
+	unpaid, err := queryAll(ctx, tx, "snapshot unpaid", scanReservation, `SELECT `+reservationColumns+` FROM reservations
+		WHERE sku = ? AND status = 'CONFIRMED' AND paid_at IS NULL AND pay_by IS NOT NULL`, sku)
+	if err != nil {
+		return level, nil, err
+	}
+	seen := make(map[string]bool, len(confirmed))
+	for _, r := range confirmed {
+		seen[r.ID] = true
+	}
+	for _, r := range unpaid {
+		if !seen[r.ID] {
+			confirmed = append(confirmed, r)
+		}
+	}
 	return level, confirmed, nil
 }
 

@@ -1,10 +1,8 @@
 package queue
 
 import (
-	"bytes"
 	"context"
 	"crypto/md5" //nolint:gosec // SQS's own body checksum, not a security measure
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,7 +16,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/holdfast/holdfast/shared/message"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
@@ -54,7 +51,7 @@ type DirectConfig struct {
 type DirectPublisher struct {
 	c        DirectConfig
 	endpoint string
-	signer   *v4.Signer
+	signer   *Signer
 	// skew is SQS's clock minus this process's (ns), learnt from the Date
 	// of an answer refusing the signature's time, as the SDK's retryer
 	// does: a function whose clock is off still sends.
@@ -93,7 +90,7 @@ func NewDirectPublisher(c DirectConfig) (*DirectPublisher, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &DirectPublisher{c: c, endpoint: endpoint, signer: v4.NewSigner()}, nil
+	return &DirectPublisher{c: c, endpoint: endpoint, signer: NewSigner(c.Region, c.Credentials)}, nil
 }
 
 // sendMessage is SendMessage's input in the JSON protocol.
@@ -171,20 +168,9 @@ func (p *DirectPublisher) Enqueue(ctx context.Context, r reservation.Reservation
 
 // send makes one attempt; retry says whether another may succeed.
 func (p *DirectPublisher) send(ctx context.Context, payload []byte, wantMD5 string) (retry bool, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.endpoint+"/", bytes.NewReader(payload))
+	req, err := p.signer.Request(ctx, p.endpoint, "SendMessage", payload, p.c.Now().Add(time.Duration(p.skew.Load())))
 	if err != nil {
 		return false, err
-	}
-	req.Header.Set("Content-Type", "application/x-amz-json-1.0")
-	req.Header.Set("X-Amz-Target", "AmazonSQS.SendMessage")
-	creds, err := p.c.Credentials.Retrieve(ctx)
-	if err != nil {
-		return false, fmt.Errorf("credentials: %w", err)
-	}
-	hash := sha256.Sum256(payload)
-	signedAt := p.c.Now().Add(time.Duration(p.skew.Load()))
-	if err := p.signer.SignHTTP(ctx, creds, req, hex.EncodeToString(hash[:]), "sqs", p.c.Region, signedAt); err != nil {
-		return false, fmt.Errorf("sign: %w", err)
 	}
 	resp, err := p.c.HTTPClient.Do(req)
 	if err != nil {
@@ -196,16 +182,8 @@ func (p *DirectPublisher) send(ctx context.Context, payload []byte, wantMD5 stri
 		return true, fmt.Errorf("read answer: %w", err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Type    string `json:"__type"`
-			Message string `json:"message"`
-		}
-		_ = json.Unmarshal(data, &e)
-		code := e.Type[strings.LastIndexByte(e.Type, '#')+1:]
-		if code == "" {
-			code = http.StatusText(resp.StatusCode)
-		}
-		se := &SendError{Status: resp.StatusCode, Code: code, Message: e.Message}
+		code, msg := Refusal(resp.StatusCode, data)
+		se := &SendError{Status: resp.StatusCode, Code: code, Message: msg}
 		if skewCodes[code] {
 			if server, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 				p.skew.Store(int64(server.Sub(p.c.Now())))

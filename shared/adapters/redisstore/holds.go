@@ -198,13 +198,13 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 		cmds := make([]*redis.Cmd, len(chunks))
 		for c, chunk := range chunks {
 			k := keysOfHold(rows[chunk[0]])
-			ks := make([]string, 0, 2+len(chunk))
-			ks = append(ks, k.meta(), k.exp())
-			args := make([]any, 0, 2+2*len(chunk))
+			ks := make([]string, 0, 3+len(chunk))
+			ks = append(ks, k.meta(), k.exp(), k.unpaid())
+			args := make([]any, 0, 2+3*len(chunk))
 			args = append(args, version, int64(s.retention.Seconds()))
 			for _, i := range chunk {
 				ks = append(ks, k.hold(rows[i].ID))
-				args = append(args, rows[i].ID, rows[i].Token)
+				args = append(args, rows[i].ID, rows[i].Token, payByMS(rows[i]))
 			}
 			cmds[c] = confirmScript.EvalSha(ctx, p, ks, args...)
 		}
@@ -285,7 +285,17 @@ func (s *Store) followArgs(row reservation.Reservation, version int64, elsewhere
 	return []any{row.SKU, row.ID, row.Token, row.Qty, row.UserID, row.GroupID, string(row.Status),
 		flag(row.Cancellation == reservation.Refunded), flag(row.Release != reservation.ReleaseOwed),
 		string(row.Reason), int64(s.retention.Seconds()), version, row.RefundVersion, s.now(),
-		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup()), elsewhere}
+		flag(row.Status == reservation.StatusCancelled && !row.Reason.CountsInGroup()), elsewhere,
+		payByMS(row), flag(!row.PaidAt.IsZero())}
+}
+
+// payByMS is the row's pay_by as the scripts take it: unix ms, 0 when it
+// has no pay window or is paid (it can no longer return unpaid).
+func payByMS(row reservation.Reservation) int64 {
+	if row.PayBy.IsZero() || !row.PaidAt.IsZero() {
+		return 0
+	}
+	return row.PayBy.UnixMilli()
 }
 
 func flag(b bool) string {

@@ -27,6 +27,10 @@ func (k keys) hold(id string) string     { return k.tag + ":r:" + id }
 func (k keys) group(gid string) string   { return k.tag + ":g:" + gid }
 func (k keys) members(gid string) string { return k.tag + ":gm:" + gid }
 
+// unpaid names the hash of the bucket's CONFIRMED reservations still
+// unpaid within a pay window (id -> qty): units that may return.
+func (k keys) unpaid() string { return k.tag + ":unpaid" }
+
 // attempts names a user's attempt budget hash (budget.lua). Its suffix
 // stays ":rl:" from when it was named a rate limit: renaming the key would
 // reset every buyer's budget on deploy.
@@ -52,9 +56,9 @@ func (k keys) holdKeys(r reservation.Reservation) []string {
 
 // followKeys are follow.lua's KEYS: holdKeys, then the group and members
 // hashes of elsewhere, the group of a stray held in another group than
-// r's (placeholders, never written, when elsewhere is "").
+// r's (placeholders, never written, when elsewhere is ""), then unpaid.
 func (k keys) followKeys(r reservation.Reservation, elsewhere string) []string {
-	return append(k.holdKeys(r), k.group(elsewhere), k.members(elsewhere))
+	return append(k.holdKeys(r), k.group(elsewhere), k.members(elsewhere), k.unpaid())
 }
 
 // sweepKeys names the sweeper's keys of one ledger. Their hash tag starts

@@ -58,10 +58,10 @@ func (s *Store) Queue(ctx context.Context, sku, ticket string, op reservation.Qu
 	default:
 		return q, fmt.Errorf("redis queue: unknown code %q", out[0])
 	}
-	if len(out) != 11 {
+	if len(out) != 12 {
 		return q, fmt.Errorf("redis queue: unexpected reply %v", out)
 	}
-	q.Through, q.Length, q.Available, q.Held, q.Position = num(4), num(5), num(6), num(7), num(8)
+	q.Through, q.Length, q.Available, q.Held, q.Position, q.Unpaid = num(4), num(5), num(6), num(7), num(8), num(11)
 	q.State = reservation.TicketState(out[9])
 	if at := num(10); at > 0 {
 		q.AdmittedAt = time.UnixMilli(at).UTC()

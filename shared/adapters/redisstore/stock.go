@@ -92,6 +92,25 @@ func (s *Store) HeldIDs(ctx context.Context, sku string, limit int) ([]string, e
 	return ids, nil
 }
 
+// UnpaidIDs implements reservation.StockFigures (HSCAN of the unpaid hash
+// until limit ids).
+func (s *Store) UnpaidIDs(ctx context.Context, bucket string, limit int) ([]string, error) {
+	var ids []string
+	var cursor uint64
+	for {
+		kv, next, err := s.rdb.HScan(ctx, keysOf(bucket).unpaid(), cursor, "", int64(limit)).Result()
+		if err != nil {
+			return nil, reservation.Unavailable("redis unpaid ids", err)
+		}
+		for i := 0; i < len(kv) && len(ids) < limit; i += 2 {
+			ids = append(ids, kv[i])
+		}
+		if cursor = next; cursor == 0 || len(ids) >= limit {
+			return ids, nil
+		}
+	}
+}
+
 // Warm implements reservation.StockFigures.
 func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []string, confirmed []reservation.Reservation) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)
@@ -99,17 +118,27 @@ func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []s
 	for _, r := range confirmed {
 		token[r.ID] = r.Token
 	}
-	ks := make([]string, 0, 2+len(held))
+	ks := make([]string, 0, 3+len(held)+len(confirmed))
 	ks = append(ks, k.stock(), k.meta())
-	args := make([]any, 0, 10+2*len(held))
+	args := make([]any, 0, 11+2*len(held)+2*len(confirmed))
 	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.BucketCount(),
-		windowMS(level.OpensAt), windowMS(level.ClosesAt), level.AdmitPermille)
+		windowMS(level.OpensAt), windowMS(level.ClosesAt), level.AdmitPermille, len(held))
 	for _, id := range held {
 		ks = append(ks, k.hold(id))
 		if t, ok := token[id]; ok {
 			args = append(args, "1", t)
 		} else {
 			args = append(args, "0", "")
+		}
+	}
+	// The unpaid hash is rebuilt from MySQL's CONFIRMED rows of this bucket
+	// still unpaid within a pay window.
+	ks = append(ks, k.unpaid())
+	_, bucket := reservation.ParseBucket(level.SKU)
+	for _, r := range confirmed {
+		if r.Status == reservation.StatusConfirmed && r.Bucket == bucket && payByMS(r) > 0 {
+			ks = append(ks, k.hold(r.ID))
+			args = append(args, r.ID, r.Qty)
 		}
 	}
 	n, err := warmScript.Run(ctx, s.rdb, ks, args...).Int()

@@ -2,16 +2,16 @@
 -- charge.lua): one attempt budget per buyer and SKU (tokens refilled at the rate, up to the burst),
 -- in the buyer's home bucket. Needs clock.lua.
 --
--- spend(meta, budget, now, default_rate, default_burst, last) charges one attempt:
---   meta    the bucket's meta hash: rate, burst (0 or absent: the defaults)
+-- spend(rate, burst, budget, now, default_rate, default_burst, last) charges one attempt:
+--   rate, burst  the bucket's meta hash's rate and burst fields as HMGET read them (the caller
+--           reads them with its other meta fields, in one command; 0 or absent: the defaults)
 --   budget  the buyer's attempt budget hash: tokens, at (unix ms), last (the token of the last
 --           attempt charged)
 --   last    the attempt's token, recorded as last ("" records none)
 -- It returns nil when charged (or when no rate applies), else the wait in ms until a token is
 -- there (nothing charged). A clock that stepped back restarts the refill.
-local function spend(meta, budget, now, default_rate, default_burst, last)
-  local rate = tonumber(redis.call('HGET', meta, 'rate') or '0')
-  local burst = tonumber(redis.call('HGET', meta, 'burst') or '0')
+local function spend(rate, burst, budget, now, default_rate, default_burst, last)
+  rate, burst = tonumber(rate or '0'), tonumber(burst or '0')
   if rate <= 0 then rate = tonumber(default_rate) end
   if burst <= 0 then burst = tonumber(default_burst) end
   if rate <= 0 or burst <= 0 then return nil end

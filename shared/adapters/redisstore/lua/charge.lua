@@ -28,7 +28,8 @@ if gid ~= '' and redis.call('ZSCORE', KEYS[3], gid) then return {'OK'} end
 local charged = token ~= '' and redis.call('HGET', KEYS[2], 'last') == token
 
 if not charged then
-  local wait = spend(KEYS[1], KEYS[2], now, ARGV[2], ARGV[3], token)
+  local m = redis.call('HMGET', KEYS[1], 'rate', 'burst')
+  local wait = spend(m[1], m[2], KEYS[2], now, ARGV[2], ARGV[3], token)
   if wait then return {'RATE_LIMITED', tostring(wait)} end
 end
 

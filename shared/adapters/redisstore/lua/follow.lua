@@ -5,6 +5,8 @@
 -- KEYS[1] stock  KEYS[2] meta  KEYS[3] exp  KEYS[4] users  KEYS[5] hold
 -- KEYS[6] group  KEYS[7] members   (as in reserve.lua; group keys are placeholders when no group)
 -- KEYS[8] group  KEYS[9] members   of the group ARGV[16] names (placeholders when it names none)
+-- KEYS[10] unpaid  hash: id -> qty of the CONFIRMED reservations unpaid within a pay window (units
+--          that may return; meta.unpaid sums them)
 -- ARGV[1] sku  ARGV[2] reservation id  ARGV[3] token of the hold MySQL decided ("" for a row
 --   written before tokens existed: it matches any hold)
 -- ARGV[4] qty  ARGV[5] user  ARGV[6] group id          (the row's)
@@ -20,6 +22,7 @@
 --          slot of a join whose hold expired unsent (no field sent: group_accept.lua never ran)
 -- ARGV[16] the group of a stray this call may find in another group than the row's ("": none
 --          named; the caller names it after a reply {3, group})
+-- ARGV[17] the row's pay_by (unix ms; 0: no pay window, or paid)  ARGV[18] paid "1"/"0"
 -- Prefixed with clock.lua.
 --
 -- Returns 1 if this call returned stock, 0 otherwise, 2 if it cannot follow yet: a refund whose
@@ -52,6 +55,8 @@
 -- A transfer's row (user "") is followed in its giving bucket like a buy without a user: no
 -- per-user units move, and its units leave meta.moving (takeout.lua) with held, unless they
 -- left it already when the receiving bucket was credited (landed.lua: the hold's landed field).
+-- Unpaid: a CONFIRMED row with a pay_by, unpaid, enters KEYS[10] when its hold leaves HELD (or is
+-- missing); a paid or CANCELLED row leaves it. Both once (HSETNX, HDEL), with meta.unpaid.
 -- Idempotent: the hold's state and its rel field (the token whose release was applied)
 -- make a repeat a no-op; MySQL's released flag ends the retries. A stray is replaced when
 -- it is returned, so a repeat finds the row's tombstone and frees no slot again.
@@ -62,6 +67,18 @@ local reason, retention, version = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[1
 local refund_version = tonumber(ARGV[13])
 
 local never_counted = ARGV[15] == '1' -- set below for an expired hold never sent
+
+-- unpaid_add and unpaid_remove keep KEYS[10] and meta.unpaid together, each change once.
+local function unpaid_add()
+  if redis.call('HSETNX', KEYS[10], id, qty) == 1 then redis.call('HINCRBY', KEYS[2], 'unpaid', qty) end
+end
+local function unpaid_remove()
+  local n = redis.call('HGET', KEYS[10], id)
+  if n then
+    redis.call('HDEL', KEYS[10], id)
+    redis.call('HINCRBY', KEYS[2], 'unpaid', -tonumber(n))
+  end
+end
 
 -- reopen frees who's slot of the group whose hash is gkey (members mkey) if the member entry
 -- names this id and the group is OPEN: before its deadline, or at any time when never.
@@ -112,6 +129,11 @@ if status == 'CANCELLED' and refunded and not released and (state == 'CONFIRMED'
   return 2
 end
 
+if status == 'CANCELLED' or ARGV[18] == '1' then unpaid_remove() end
+if status == 'CONFIRMED' and ARGV[18] ~= '1' and tonumber(ARGV[17]) > 0 and (state == 'HELD' or not state) then
+  unpaid_add()
+end
+
 if not state then
   redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid, 'token', token,
     'state', status, 'deadline', 0, 'created', 0)
@@ -136,6 +158,7 @@ if status == 'CONFIRMED' then
       redis.call('HSET', KEYS[2], 'cver', version)
     end
   end
+  if ARGV[18] == '1' then redis.call('HSET', KEYS[5], 'paid', '1') end -- warm.lua skips it in unpaid
   if state ~= 'CONFIRMED' then redis.call('EXPIRE', KEYS[5], retention) end
   return returned
 end

@@ -1,15 +1,17 @@
 -- queue.lua: a waiting room's queue, admitted from the stock (docs/design.md, "The waiting room"):
 -- join it, or look at it (the SKU's state, and a ticket's). Both admit first: tickets in queue order
 -- while the units the admitted who have not reserved may take (each the per-user limit, one when
--- the SKU sets none) < ceil((available + held) × factor) - held (a held unit's holder is one of the
--- buyers its factor stands for). All keys share bucket
+-- the SKU sets none) < ceil((available + back) × factor) - back, back = held + unpaid: the units that
+-- may still return (a holder of one is one of the buyers its factor stands for). All keys share bucket
 -- 0's {hash tag} (a SKU with a waiting room has one bucket). Prefixed with clock.lua and
 -- budget.lua.
 --
 -- KEYS[1] stock     string: units buyers can still reserve
--- KEYS[2] meta      hash: held (units HELD, which may still return), room (the admit factor in
+-- KEYS[2] meta      hash: held (units HELD, which may still return), unpaid (units CONFIRMED, unpaid
+--                   within a pay window, which return if the window lapses), room (the admit factor in
 --                   thousandths; 0 or absent = no waiting room), opens, closes (unix ms; 0 = none),
---                   limit (per-user units: what one admission may take; 0 = none, one unit)
+--                   limit (per-user units: what one admission may take; 0 = none, one unit),
+--                   rate, burst (the attempt budget's: budget.lua)
 -- KEYS[3] queue     sorted set: ticket -> place, by rounds (a round: the tickets of one opening):
 --                   base + a random fraction in [0, 1) for a ticket taken before the opening (so
 --                   they are shuffled at it), base + 1 + its arrival number after; a round's base
@@ -31,7 +33,8 @@
 --         budget (a join, a ticket's look; "" for the public look)  ARGV[9] default rate
 --         ARGV[10] default burst (the SKU's meta rate/burst, when set, win)
 --
--- Returns {code, now, opens, closes, through, length, available, held, position, state, admitted_at}:
+-- Returns {code, now, opens, closes, through, length, available, held, position, state, admitted_at,
+--          unpaid}:
 --   code         OK; UNKNOWN_SKU (no stock figure: warm bucket 0 and ask again); NO_ROOM (the SKU has
 --                no waiting room); QUEUE_NOT_OPEN (a join before opens - lead); SALE_CLOSED (a join
 --                from closes on); nothing changed but for the admission; RATE_LIMITED (the
@@ -46,12 +49,14 @@ local op, ticket = ARGV[1], ARGV[2]
 local now, ttl = clock_ms(ARGV[6]), tonumber(ARGV[5])
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
-local m = redis.call('HMGET', KEYS[2], 'held', 'room', 'opens', 'closes', 'limit')
+local m = redis.call('HMGET', KEYS[2], 'held', 'room', 'opens', 'closes', 'limit', 'rate', 'burst', 'unpaid')
 local held, room = tonumber(m[1] or '0'), tonumber(m[2] or '0')
+local unpaid = tonumber(m[8] or '0')
+local back = math.max(held, 0) + math.max(unpaid, 0) -- units that may still return
 local opens, closes = tonumber(m[3] or '0'), tonumber(m[4] or '0')
 if room <= 0 then return {'NO_ROOM'} end
 if ARGV[8] ~= '' then -- before anything else: a refused call changes nothing
-  local wait = spend(KEYS[2], KEYS[7], now, ARGV[9], ARGV[10], '')
+  local wait = spend(m[6], m[7], KEYS[7], now, ARGV[9], ARGV[10], '')
   if wait then return {'RATE_LIMITED', tostring(now), tostring(opens), tostring(closes), tostring(wait)} end
 end
 local available = tonumber(stock)
@@ -99,7 +104,7 @@ if open then -- admissions lapse after the close too; none is made from it on
   end
 end
 if open and not closed then
-  local h, each = math.max(held, 0), math.max(tonumber(m[5] or '0'), 1)
+  local h, each = back, math.max(tonumber(m[5] or '0'), 1)
   local units = math.ceil((math.max(available, 0) + h) * room / 1000) - h
   local budget = math.ceil(units / each) - redis.call('ZCARD', KEYS[5])
   if budget > 0 then
@@ -114,7 +119,7 @@ if open and not closed then
 end
 
 -- Waiters told SOLD_OUT (below) are not carried into another round: remember it, once.
-if open and available <= 0 and held <= 0 and through < redis.call('ZCARD', KEYS[3])
+if open and available <= 0 and back <= 0 and through < redis.call('ZCARD', KEYS[3])
     and redis.call('HGET', KEYS[4], 'sold') ~= '1' then
   redis.call('HSET', KEYS[4], 'sold', 1)
   wrote = true
@@ -139,7 +144,7 @@ if ticket ~= '' then
       state, admitted = 'ADMITTED', tonumber(at)
     elseif closed then
       state = 'CLOSED'
-    elseif open and available <= 0 and held <= 0 then
+    elseif open and available <= 0 and back <= 0 then
       state = 'SOLD_OUT'
     else
       state = 'WAITING'
@@ -147,4 +152,4 @@ if ticket ~= '' then
   end
 end
 return {'OK', tostring(now), tostring(opens), tostring(closes), tostring(through), tostring(redis.call('ZCARD', KEYS[3])),
-  tostring(available), tostring(held), tostring(position), state, tostring(admitted)}
+  tostring(available), tostring(held), tostring(position), state, tostring(admitted), tostring(unpaid)}

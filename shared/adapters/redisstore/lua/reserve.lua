@@ -46,26 +46,28 @@
 -- charged first (a refusal costs its token like a hold does), then the window, judged by this
 -- script's clock, so nobody hears sold_out or is held outside it; then the per-user limit, then
 -- the stock (a request both over the limit and over the stock is LIMIT: see below).
+-- The cost: every redis.call is a large part of the script's Redis time, so the OK path sends as
+-- few as its guarantees allow (docs/design.md, "The reserve script's cost"): one read of meta
+-- for the window, the limit, the room and the attempt budget's rate; the per-user count is
+-- raised and judged in one HINCRBY (given back when refused); the ticket is taken out and judged
+-- in one ZREM once nothing else can refuse; the done hash keeps the TTL it has (the admitted
+-- set's, which queue.lua gives both).
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local ttl, token = tonumber(ARGV[6]), ARGV[7]
 
 -- An attempt budget per user and SKU (budget.lua): every attempt costs one token — a new one, sold
 -- out or refused, and a client's replay (of a HELD hold, which re-sends the message, or a decided
 -- one) — so a script hammering from one account can neither crowd out other buyers nor flood the
 -- queue. A retry of this very call (the same token: go-redis after a timeout) is free.
 local now = clock_ms(ARGV[8])
-local function charge()
-  if ARGV[11] == '1' then return nil end
-  return spend(KEYS[2], KEYS[8], now, ARGV[9], ARGV[10], '')
-end
 
 if redis.call('EXISTS', KEYS[5]) == 1 then
-  local h = redis.call('HMGET', KEYS[5], 'qty', 'user', 'group', 'token', 'state')
+  local h = redis.call('HMGET', KEYS[5], 'qty', 'user', 'group', 'token')
   if tonumber(h[1]) ~= qty or h[2] ~= user or (h[3] or '') ~= gid then
     return {'MISMATCH'}
   end
-  if h[4] ~= token then
-    local wait = charge()
+  if h[4] ~= ARGV[7] and ARGV[11] ~= '1' then
+    local m = redis.call('HMGET', KEYS[2], 'rate', 'burst')
+    local wait = spend(m[1], m[2], KEYS[8], now, ARGV[9], ARGV[10], '')
     if wait then return {'RATE_LIMITED', tostring(wait)} end
   end
   local out = redis.call('HGETALL', KEYS[5])
@@ -73,12 +75,14 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
   return out
 end
 
-local wait = charge()
-if wait then return {'RATE_LIMITED', tostring(wait)} end
+local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit', 'room', 'rate', 'burst')
+if ARGV[11] ~= '1' then
+  local wait = spend(m[5], m[6], KEYS[8], now, ARGV[9], ARGV[10], '')
+  if wait then return {'RATE_LIMITED', tostring(wait)} end
+end
 
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
-local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit', 'room')
 local opens, closes = tonumber(m[1] or '0'), tonumber(m[2] or '0')
 if opens > 0 and now < opens then return {'NOT_OPEN', tostring(opens), tostring(opens - now)} end
 if closes > 0 and now >= closes then return {'SALE_CLOSED'} end
@@ -89,20 +93,55 @@ local ticket = ARGV[12] or ''
 local room = tonumber(m[4] or '0') > 0
 if room then
   if ticket == '' then return {'NOT_ADMITTED'} end
-  if now >= tonumber(ARGV[13]) or not redis.call('ZSCORE', KEYS[9], ticket) then return {'ADMISSION_LAPSED'} end
+  if now >= tonumber(ARGV[13]) then return {'ADMISSION_LAPSED'} end
 end
 
 -- The per-user limit before the stock: a request the limit refuses is LIMIT even at a dry bucket,
 -- so it never makes the caller refill the bucket from another (a transfer, and a version of the
--- stock row at persist, for a request that could not be served anyway).
-local limit = tonumber(m[3] or '0')
-if limit > 0 and tonumber(redis.call('HGET', KEYS[4], user) or '0') + qty > limit then
-  return {'LIMIT'}
+-- stock row at persist, for a request that could not be served anyway). A buy the stock can serve
+-- raises the buyer's count and judges the new figure (counted); a refusal gives it back exactly
+-- (follow.lua deletes a count that reaches 0), so nothing refused changes it.
+local limit, left = tonumber(m[3] or '0'), tonumber(stock)
+local refusal, counted = nil, false
+local function uncount()
+  if redis.call('HINCRBY', KEYS[4], user, -qty) <= 0 then redis.call('HDEL', KEYS[4], user) end
+end
+if limit > 0 then
+  if gid == '' and left >= qty then
+    if redis.call('HINCRBY', KEYS[4], user, qty) > limit then
+      uncount()
+      refusal = 'LIMIT'
+    else
+      counted = true
+    end
+  elseif tonumber(redis.call('HGET', KEYS[4], user) or '0') + qty > limit then
+    refusal = 'LIMIT'
+  end
 end
 -- An admission is for the per-user limit's units, one when the SKU sets none (queue.lua admits
 -- by that much), so a buyer behind never takes the units the room admitted the one ahead for.
-if room and limit <= 0 and qty > 1 then return {'LIMIT'} end
-if tonumber(stock) < qty then return {'SOLD_OUT'} end
+if not refusal and room and limit <= 0 and qty > 1 then refusal = 'LIMIT' end
+if not refusal and left < qty then refusal = 'SOLD_OUT' end
+
+-- The ticket: a lapsed one answers ADMISSION_LAPSED before any refusal above. When nothing is left
+-- to refuse a buy (no group to judge), one ZREM both judges and takes it out. life: the admitted
+-- set's TTL for a done hash that has none yet (read before the ZREM may empty the set).
+local life, taken = nil, false
+local function take()
+  if redis.call('PTTL', KEYS[10]) <= 0 then life = redis.call('PTTL', KEYS[9]) end
+  return redis.call('ZREM', KEYS[9], ticket) == 1
+end
+if room then
+  if refusal or gid ~= '' then
+    if not redis.call('ZSCORE', KEYS[9], ticket) then return {'ADMISSION_LAPSED'} end
+  elseif take() then
+    taken = true
+  else
+    if counted then uncount() end
+    return {'ADMISSION_LAPSED'}
+  end
+end
+if refusal then return {refusal} end
 
 local full = '0'
 if gid ~= '' then
@@ -121,17 +160,16 @@ if gid ~= '' then
   if pttl > 0 then redis.call('PEXPIRE', KEYS[7], pttl) end
 end
 
-local deadline = now + ttl
+local deadline = now + tonumber(ARGV[6])
 redis.call('DECRBY', KEYS[1], qty)
 redis.call('HINCRBY', KEYS[2], 'held', qty)
-redis.call('HINCRBY', KEYS[4], user, qty)
-redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid, 'token', token,
+if not counted then redis.call('HINCRBY', KEYS[4], user, qty) end
+redis.call('HSET', KEYS[5], 'sku', sku, 'qty', qty, 'user', user, 'group', gid, 'token', ARGV[7],
   'state', 'HELD', 'deadline', deadline, 'created', now)
 redis.call('ZADD', KEYS[3], deadline, id)
 if room then
-  local life = redis.call('PTTL', KEYS[9]) -- the room's keys live as long (queue.lua sets it)
-  redis.call('ZREM', KEYS[9], ticket)
+  if not taken then take() end -- a join: its ZSCORE above holds, nothing ran in between
   redis.call('HSET', KEYS[10], ticket, 'R')
-  if life > 0 then redis.call('PEXPIRE', KEYS[10], life) end
+  if life and life > 0 then redis.call('PEXPIRE', KEYS[10], life) end
 end
 return {'OK', tostring(deadline), tostring(now), full}

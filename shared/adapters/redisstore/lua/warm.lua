@@ -1,14 +1,18 @@
 -- warm.lua: load a SKU's bucket Redis has no stock for from one consistent MySQL read, counting every unit
 -- once: MySQL's available has the confirmed units out already, held has every HELD hold in.
 --
--- KEYS[1] stock  KEYS[2] meta (held, cver)  KEYS[3..n] the holds that were HELD before MySQL was read
+-- KEYS[1] stock  KEYS[2] meta (held, cver, unpaid)  KEYS[3..2+h] the h holds that were HELD before MySQL
+-- was read  KEYS[3+h] unpaid (hash: id -> qty, follow.lua's)  KEYS[4+h..] the holds of MySQL's unpaid rows
 -- ARGV[1] MySQL available  ARGV[2] MySQL version  ARGV[3] per-user limit  ARGV[4] MySQL admin delta
 -- ARGV[5] per-user attempts per second  ARGV[6] burst (0: the service's defaults)
 -- ARGV[7] the SKU's bucket count K (meta.k)
 -- ARGV[8] ARGV[9] the sale window: opens, closes (unix ms; 0 = no such bound)
 -- ARGV[10] the waiting room: buyers admitted per unit left, in thousandths (0 = no waiting room)
--- ARGV[9+2i] ARGV[10+2i]  for KEYS[2+i]: "1" and the token if MySQL's read had its row CONFIRMED,
---                         "0" and "" if MySQL had no decision for it
+-- ARGV[11] h, how many HELD holds are listed
+-- ARGV[10+2i] ARGV[11+2i]  for KEYS[2+i], i = 1..h: "1" and the token if MySQL's read had its row
+--                         CONFIRMED, "0" and "" if MySQL had no decision for it
+-- ARGV[10+2h+2j] ARGV[11+2h+2j]  for KEYS[3+h+j], j = 1..: the id and qty of a row MySQL's read had
+--                         CONFIRMED, unpaid, within a pay window (it may return)
 --
 -- Returns
 --   0  the stock exists: nothing changed
@@ -20,15 +24,17 @@
 --      is a stray and stays counted as held); meta.wver = version, so a refund MySQL made at or
 --      before it is not given back again, and a confirm after it is taken (follow.lua); meta.ahead = 0
 --      and meta.wn + 1: units credited ahead of a transfer's record are not in MySQL's level, so the
---      record's credit adds them again (credit.lua)
+--      record's credit adds them again (credit.lua); unpaid = MySQL's unpaid rows, but those whose
+--      hold Redis has paid or CANCELLED (settled after the read), meta.unpaid their units
 -- While the stock key is missing no reserve can take a hold (reserve.lua answers UNKNOWN_SKU), so
 -- the listed holds are all the HELD ones.
 local available, version, limit, delta = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 if tonumber(redis.call('HGET', KEYS[2], 'cver') or '0') > version then return 3 end
 local held = tonumber(redis.call('HGET', KEYS[2], 'held') or '0')
-for i = 3, #KEYS do
-  local confirmed, token = ARGV[2 * i + 5] == '1', ARGV[2 * i + 6]
+local nh = tonumber(ARGV[11])
+for i = 3, 2 + nh do
+  local confirmed, token = ARGV[2 * i + 6] == '1', ARGV[2 * i + 7]
   local h = redis.call('HMGET', KEYS[i], 'state', 'qty', 'token')
   if confirmed then
     if h[1] == 'HELD' and (token == '' or h[3] == token) then
@@ -46,4 +52,15 @@ redis.call('SET', KEYS[1], available - held)
 redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'wver', version, 'rate', ARGV[5], 'burst', ARGV[6], 'k', ARGV[7],
   'opens', ARGV[8], 'closes', ARGV[9], 'room', ARGV[10], 'ahead', 0)
 redis.call('HINCRBY', KEYS[2], 'wn', 1)
+local unpaid, units = KEYS[3 + nh], 0
+redis.call('DEL', unpaid)
+for j = 1, #KEYS - 3 - nh do
+  local id, n = ARGV[10 + 2 * nh + 2 * j], tonumber(ARGV[11 + 2 * nh + 2 * j])
+  local h = redis.call('HMGET', KEYS[3 + nh + j], 'state', 'paid')
+  if h[1] ~= 'CANCELLED' and not h[2] then
+    redis.call('HSET', unpaid, id, n)
+    units = units + n
+  end
+end
+redis.call('HSET', KEYS[2], 'unpaid', units)
 return 1

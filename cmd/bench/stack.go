@@ -1,0 +1,300 @@
+package main
+
+// The whole stack's CPU per accepted order: make dev's binary (gateway,
+// JWT, reserve, the event source, persist, compensate, the sweeper) and the
+// servers it uses (goaws, redis-server, MariaDB), under wrk, a load
+// generator outside the project, at a fixed concurrency on a fresh SKU.
+// Every answer is counted by status; each process's CPU (user + system,
+// /proc/<pid>/stat) is read before the load and after the last accepted
+// order is CONFIRMED in MySQL, so persist's work is in the figure.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/holdfast/holdfast/internal/devauth"
+)
+
+// Stack load settings: the issue's method (32 connections, 20 s).
+const (
+	stackConnections = 32
+	stackDuration    = 20 * time.Second
+	// stackGoal is the goal for the whole stack's CPU per accepted order.
+	stackGoal = 700 * time.Microsecond
+)
+
+// modeStack is the stack part's table row.
+const modeStack = "make dev stack under wrk, c=32, 20 s"
+
+// stackFigure is the stack part's measurement.
+type stackFigure struct {
+	accepted  int64 // answers 202, as wrk counted them
+	confirmed int64 // CONFIRMED in MySQL: the accepted and those in flight when wrk stopped
+	statuses  map[int]int64
+	elapsed   time.Duration
+	cpu       map[string]time.Duration // by process
+	order     []string
+}
+
+func (f stackFigure) total() time.Duration {
+	var t time.Duration
+	for _, d := range f.cpu {
+		t += d
+	}
+	return t
+}
+
+// per is d per accepted order, in ms.
+func (f stackFigure) per(d time.Duration) string {
+	return fmt.Sprintf("%.3f ms", float64(d.Microseconds())/1000/float64(max(f.accepted, 1)))
+}
+
+// stackWrk is wrk's script: each request a buyer's own token, cycling
+// through the tokens file; each answer counted by status, printed by done.
+const stackWrk = `
+local tokens = {}
+for line in io.lines(os.getenv("HOLDFAST_WRK_TOKENS")) do tokens[#tokens + 1] = line end
+local body = os.getenv("HOLDFAST_WRK_BODY")
+local threads = {}
+local n = 0
+counts = {}
+function setup(thread)
+  thread:set("offset", #threads * 7919)
+  threads[#threads + 1] = thread
+end
+function request()
+  n = n + 1
+  local t = tokens[((offset or 0) + n) % #tokens + 1]
+  return wrk.format("POST", "/reservations", {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. t}, body)
+end
+function response(status, headers, body)
+  counts[status] = (counts[status] or 0) + 1
+end
+function done(summary, latency, requests)
+  local all = {}
+  for _, t in ipairs(threads) do
+    for s, c in pairs(t:get("counts")) do all[s] = (all[s] or 0) + c end
+  end
+  for s, c in pairs(all) do io.write(string.format("status %d %d\n", s, c)) end
+  io.write(string.format("errors %d %d %d %d %d\n", summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.status, summary.errors.timeout))
+end
+`
+
+// stack runs the stack part.
+func (b *bench) stack(ctx context.Context) error {
+	wrk, err := exec.LookPath("wrk")
+	if err != nil {
+		return errors.New("stack: wrk is not installed (apt-get install wrk)")
+	}
+	dir, err := os.MkdirTemp("", "holdfast-bench-stack-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	jwtDir := filepath.Join(dir, "jwt")
+	issuer, err := devauth.Open(jwtDir)
+	if err != nil {
+		return err
+	}
+	var toks bytes.Buffer
+	for i := range httpUsers {
+		t, err := issuer.Mint(fmt.Sprintf("stack-u%d", i), time.Hour)
+		if err != nil {
+			return err
+		}
+		toks.WriteString(t + "\n")
+	}
+	tokens, script := filepath.Join(dir, "tokens"), filepath.Join(dir, "stack.lua")
+	if err := os.WriteFile(tokens, toks.Bytes(), 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(script, []byte(stackWrk), 0o600); err != nil {
+		return err
+	}
+	dev, err := startDev(ctx, dir, jwtDir, b.o.devProfile, false)
+	if err != nil {
+		return err
+	}
+	defer dev.stop()
+	procs := map[string]int{"holdfast-dev": dev.cmd.Process.Pid}
+	for name, addr := range map[string]string{"redis": b.cfg.RedisAddr, "goaws": b.cfg.AWSEndpoint, "mariadb": dsnAddr(b.getenv("HOLDFAST_DB_DSN"))} {
+		pid, err := listener(addr)
+		if err != nil {
+			return fmt.Errorf("stack: %s: %w", name, err)
+		}
+		procs[name] = pid
+	}
+	sku := fmt.Sprintf("bench-stack-%d", time.Now().UnixNano())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, dev.url+"/admin/skus/"+sku+"/stock", strings.NewReader(fmt.Sprintf(
+		`{"stock":%d,"per_user_limit":1000,"pay_within_seconds":900,"opens_at":%q,"closes_at":%q}`, // every per-SKU check on
+		bigStock, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339), time.Now().Add(time.Hour).UTC().Format(time.RFC3339))))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("stack: set stock: %d", resp.StatusCode)
+	}
+	b.log("stack: wrk, %d connections, %v, against make dev's stack …", stackConnections, stackDuration)
+	cpu0, err := cpuOf(procs)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, wrk, "-t2", fmt.Sprintf("-c%d", stackConnections), fmt.Sprintf("-d%ds", int(stackDuration.Seconds())),
+		"--timeout", "10s", "-s", script, dev.url)
+	cmd.Env = append(os.Environ(), "HOLDFAST_WRK_TOKENS="+tokens, fmt.Sprintf(`HOLDFAST_WRK_BODY={"sku":%q,"qty":1}`, sku))
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	elapsed := time.Since(start)
+	if err != nil {
+		return fmt.Errorf("stack: wrk: %v\n%s", err, out)
+	}
+	f := stackFigure{statuses: map[int]int64{}, elapsed: elapsed, cpu: map[string]time.Duration{}}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var s, c int64
+		var e [5]int64
+		if n, _ := fmt.Sscanf(sc.Text(), "status %d %d", &s, &c); n == 2 {
+			f.statuses[int(s)] = c
+		} else if n, _ := fmt.Sscanf(sc.Text(), "errors %d %d %d %d %d", &e[0], &e[1], &e[2], &e[3], &e[4]); n == 5 && e[0]+e[1]+e[2]+e[4] > 0 {
+			return fmt.Errorf("stack: wrk saw socket errors (connect, read, write, status, timeout) %v\n%s", e, out)
+		}
+	}
+	f.accepted = f.statuses[http.StatusAccepted]
+	if f.accepted == 0 || len(f.statuses) != 1 {
+		return fmt.Errorf("stack: answers by status %v: want only 202\n%s", f.statuses, out)
+	}
+	// Persist's share: wait until every accepted order is CONFIRMED.
+	settle, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for {
+		var n int64
+		if err := b.app.DB.QueryRowContext(settle, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&n); err != nil {
+			return fmt.Errorf("stack: %d of %d accepted confirmed: %w", n, f.accepted, err)
+		}
+		// wrk does not count the answers in flight when it stops (one a
+		// connection at most), which the stack took: confirmed, not counted.
+		if n > f.accepted+stackConnections {
+			return fmt.Errorf("stack: %d confirmed, %d accepted", n, f.accepted)
+		}
+		if n >= f.accepted {
+			f.confirmed = n
+			break
+		}
+		select {
+		case <-settle.Done():
+			return fmt.Errorf("stack: %d of %d accepted confirmed in 5 min", n, f.accepted)
+		case <-time.After(100 * time.Millisecond): // polling MySQL while persist drains the queue
+		}
+	}
+	cpu1, err := cpuOf(procs)
+	if err != nil {
+		return err
+	}
+	for name := range procs {
+		f.cpu[name] = cpu1[name] - cpu0[name]
+		f.order = append(f.order, name)
+	}
+	sort.Slice(f.order, func(i, j int) bool { return f.cpu[f.order[i]] > f.cpu[f.order[j]] })
+	b.stackRun = &f
+	b.results = append(b.results, result{group: "stack", name: modeStack, ops: f.accepted, elapsed: elapsed,
+		extra: map[string]string{"stack CPU": f.per(f.total()) + "/accepted"}})
+	b.checks = append(b.checks, fmt.Sprintf("stack: %d answers, all 202; %d CONFIRMED in MySQL (wrk does not count the answers in flight when it stops)", f.accepted, f.confirmed))
+	return nil
+}
+
+// stackLines are the stack part's summary lines.
+func (b *bench) stackLines() []string {
+	f := b.stackRun
+	if f == nil {
+		return nil
+	}
+	var parts []string
+	for _, name := range f.order {
+		parts = append(parts, name+" "+f.per(f.cpu[name]))
+	}
+	return []string{fmt.Sprintf("CPU per accepted order through make dev = %s (goal ≤ %.1f ms): %s; %d accepted at %.0f/s, wrk c=%d %v",
+		f.per(f.total()), float64(stackGoal.Microseconds())/1000, strings.Join(parts, ", "), f.accepted,
+		float64(f.accepted)/f.elapsed.Seconds(), stackConnections, stackDuration)}
+}
+
+// cpuOf reads each process's CPU time so far.
+func cpuOf(procs map[string]int) (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	for name, pid := range procs {
+		d, err := pidCPU(pid)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out[name] = d
+	}
+	return out, nil
+}
+
+var dsnAddrRe = regexp.MustCompile(`tcp\(([^)]+)\)`)
+
+// dsnAddr is the host:port of a go-sql-driver DSN.
+func dsnAddr(dsn string) string {
+	if m := dsnAddrRe.FindStringSubmatch(dsn); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// listener returns the PID of the process listening on addr's port (a
+// host:port or a URL), from /proc/net/tcp{,6} and the processes' sockets.
+func listener(addr string) (int, error) {
+	addr = strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://")
+	_, p, err := net.SplitHostPort(strings.TrimSuffix(addr, "/"))
+	if err != nil {
+		return 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return 0, err
+	}
+	inodes := map[string]bool{}
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(l)
+			if len(f) < 10 || f[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			i := strings.LastIndexByte(f[1], ':')
+			if lp, err := strconv.ParseInt(f[1][i+1:], 16, 32); err == nil && int(lp) == port {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	if len(inodes) == 0 {
+		return 0, fmt.Errorf("nothing listens on port %d", port)
+	}
+	dirs, _ := filepath.Glob("/proc/[0-9]*/fd")
+	for _, d := range dirs {
+		fds, _ := os.ReadDir(d)
+		for _, fd := range fds {
+			if l, err := os.Readlink(filepath.Join(d, fd.Name())); err == nil && inodes[l] {
+				return strconv.Atoi(strings.Split(d, "/")[2])
+			}
+		}
+	}
+	return 0, fmt.Errorf("no process found for port %d", port)
+}
