@@ -669,7 +669,8 @@ func (m *memHolds) follow(row Reservation, version int64) (returned, pending boo
 	if row.Status == StatusCancelled || paid {
 		m.unpaidRemove(sku, id)
 	}
-	if row.Status == StatusConfirmed && !paid && !row.PayBy.IsZero() && (state == StatusHeld || state == "") {
+	if row.Status == StatusConfirmed && !paid && !row.PayBy.IsZero() &&
+		(state == StatusHeld || state == "" || (state == StatusConfirmed && !old.paid)) {
 		m.unpaidAdd(sku, id, qty)
 	}
 	if state == "" { // the row's tombstone

@@ -127,9 +127,9 @@ func (s *Service) cancel(ctx context.Context, id string, owner *string, reason R
 // stands. Errors, nothing changed: ErrNotFound (no such reservation),
 // ErrNotConfirmed (still HELD: MySQL has not confirmed it yet),
 // *CancelledError (cancelled first: a payment timeout, the buyer, …),
-// ErrGroupNotFormed (a join whose group has not formed). ErrUnavailable
-// once paid: Redis has not heard that its units can no longer return; a
-// repeat tells it.
+// ErrGroupNotFormed (a join whose group has not formed). Once MySQL has it
+// paid, Pay succeeds even if Redis does not hear that its units can no
+// longer return: a repeat tells it, and so does the sweep.
 func (s *Service) Pay(ctx context.Context, id string) (Reservation, error) {
 	if !ValidReservationID(id, "") || s.unknownSKUOf(ctx, id) {
 		return Reservation{}, ErrNotFound
@@ -154,9 +154,15 @@ func (s *Service) Pay(ctx context.Context, id string) (Reservation, error) {
 	}
 	s.publish(ctx, row.ID) // its ReservationPaid, or what a repeat finds still owed
 	// Redis stops counting its units as ones that may return (the waiting
-	// room's); a failure is the caller's to retry, as a repeat follows again.
-	if _, err := s.holds.Follow(ctx, row, 0); err != nil {
-		return Reservation{}, fmt.Errorf("pay %s: %w", id, err)
+	// room's), if it counted them: only a row with a pay window. MySQL has
+	// decided, so Redis's failure fails no payment: a repeat follows again,
+	// and the sweep checks a room's unpaid units against MySQL.
+	if !row.PayBy.IsZero() {
+		if _, err := s.holds.Follow(ctx, row, 0); err != nil {
+			s.metrics.Count("paid_redis_behind", 1)
+			s.log.WarnContext(ctx, "paid in mysql; redis still counts its units as unpaid until the sweep or a repeat",
+				"reservation_id", row.ID, "error", err)
+		}
 	}
 	return row, nil
 }

@@ -361,7 +361,7 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 			rep.Errors++
 			s.log.ErrorContext(ctx, "sweep: admit from the waiting room", "sku", level.SKU, "error", err)
 		}
-		if err == nil && q.Available <= 0 && q.Held <= 0 && q.Unpaid > 0 {
+		if err == nil && (level.PayWithin > 0 || q.Unpaid > 0) {
 			s.settleUnpaid(ctx, level.SKU, rep)
 		}
 	}
@@ -371,17 +371,17 @@ func (s *Service) sweepSKU(ctx context.Context, level StockLevel, rep *SweepRepo
 // maxUnpaidCheck is how many unpaid ids one sweep checks per room SKU.
 const maxUnpaidCheck = 1000
 
-// settleUnpaid is the backstop of a payment (or cancel) whose Redis call
-// failed and was never retried: while only unpaid units keep a room from
-// SOLD_OUT, it makes each one MySQL has paid or cancelled follow its row,
-// so Redis stops counting it as one that may return.
+// settleUnpaid holds a room's unpaid units in Redis to MySQL's, every sweep
+// of a room SKU with a pay window (or units counted unpaid): each one Redis
+// counts that MySQL has paid or cancelled (a payment or cancel whose Redis
+// call failed) follows its row, so Redis stops counting it as one that may
+// return; each one MySQL has unpaid that Redis does not count follows its
+// row too, and is counted. One MySQL read per such SKU and sweep.
 func (s *Service) settleUnpaid(ctx context.Context, sku string, rep *SweepReport) {
 	ids, err := s.figures.UnpaidIDs(ctx, BucketName(sku, 0), maxUnpaidCheck)
-	if err != nil || len(ids) == 0 {
-		if err != nil {
-			rep.Errors++
-			s.log.ErrorContext(ctx, "sweep: unpaid ids", "sku", sku, "error", err)
-		}
+	if err != nil {
+		rep.Errors++
+		s.log.ErrorContext(ctx, "sweep: unpaid ids", "sku", sku, "error", err)
 		return
 	}
 	_, rows, err := s.ledger.Snapshot(ctx, sku, ids)
@@ -393,6 +393,26 @@ func (s *Service) settleUnpaid(ctx context.Context, sku string, rep *SweepReport
 	confirmed := make(map[string]Reservation, len(rows))
 	for _, r := range rows {
 		confirmed[r.ID] = r
+	}
+	// Rows MySQL has unpaid that Redis does not count (confirmed by a
+	// release before Redis counted unpaid units, or while its call failed):
+	// following them adds each once.
+	counted := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		counted[id] = true
+	}
+	if len(ids) < maxUnpaidCheck { // all of Redis's ids are known
+		for _, r := range rows {
+			if counted[r.ID] || r.PayBy.IsZero() || !r.PaidAt.IsZero() || r.Bucket != 0 {
+				continue
+			}
+			if _, err := s.holds.Follow(ctx, r, 0); err != nil {
+				rep.Errors++
+				s.log.ErrorContext(ctx, "sweep: count unpaid", "id", r.ID, "error", err)
+				continue
+			}
+			rep.UnpaidSettled++
+		}
 	}
 	for _, id := range ids {
 		row, ok := confirmed[id]

@@ -91,6 +91,12 @@ func sale(t *testing.T, base, sku string, buyers []string, units int, open func(
 	}
 	results := make([]outcome, len(buyers))
 	var wg sync.WaitGroup
+	// No one buys before every page shows its place: on a busy machine the
+	// units could otherwise sell out before a slow page's first look after
+	// the opening, and a page that learns SOLD_OUT from the public state
+	// needs no place.
+	var placed sync.WaitGroup
+	placed.Add(len(buyers))
 	for i, name := range buyers {
 		wg.Add(1)
 		go func() {
@@ -98,10 +104,12 @@ func sale(t *testing.T, base, sku string, buyers []string, units int, open func(
 			tab := tabs[i]
 			fail := func(err error) { results[i] = outcome{name: name, err: err} }
 			p, err := browser.Until(tab, step, `document.getElementById("position").dataset.position`)
+			placed.Done()
 			if err != nil {
 				fail(fmt.Errorf("no place after the opening: %w", err))
 				return
 			}
+			placed.Wait()
 			place, _ := strconv.Atoi(p)
 			st, err := browser.WaitAttr(tab, step, "#state", "data-state", "ADMITTED", "SOLD_OUT")
 			if err != nil {

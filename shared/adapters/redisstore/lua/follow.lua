@@ -56,7 +56,8 @@
 -- per-user units move, and its units leave meta.moving (takeout.lua) with held, unless they
 -- left it already when the receiving bucket was credited (landed.lua: the hold's landed field).
 -- Unpaid: a CONFIRMED row with a pay_by, unpaid, enters KEYS[10] when its hold leaves HELD (or is
--- missing); a paid or CANCELLED row leaves it. Both once (HSETNX, HDEL), with meta.unpaid.
+-- missing, or is CONFIRMED and not marked paid: confirmed before Redis counted unpaid units); a
+-- paid or CANCELLED row leaves it. Both once (HSETNX, HDEL), with meta.unpaid.
 -- Idempotent: the hold's state and its rel field (the token whose release was applied)
 -- make a repeat a no-op; MySQL's released flag ends the retries. A stray is replaced when
 -- it is returned, so a repeat finds the row's tombstone and frees no slot again.
@@ -106,7 +107,7 @@ local function unhold(n)
 end
 
 local returned = 0
-local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel', 'into', 'sent', 'landed')
+local h = redis.call('HMGET', KEYS[5], 'state', 'qty', 'user', 'group', 'token', 'rel', 'into', 'sent', 'landed', 'paid')
 in_transit = h[7] ~= false and h[7] ~= nil and not h[9]
 if reason == 'expired' and h[1] == 'HELD' and not h[8] then never_counted = true end
 local state = h[1]
@@ -130,7 +131,8 @@ if status == 'CANCELLED' and refunded and not released and (state == 'CONFIRMED'
 end
 
 if status == 'CANCELLED' or ARGV[18] == '1' then unpaid_remove() end
-if status == 'CONFIRMED' and ARGV[18] ~= '1' and tonumber(ARGV[17]) > 0 and (state == 'HELD' or not state) then
+if status == 'CONFIRMED' and ARGV[18] ~= '1' and tonumber(ARGV[17]) > 0
+    and (state == 'HELD' or not state or (state == 'CONFIRMED' and not h[10])) then
   unpaid_add()
 end
 
