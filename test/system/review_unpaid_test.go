@@ -7,8 +7,10 @@ package system_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/reservation"
 )
 
 // Promise: "MySQL decides every unit that moves, exactly once; Redis is a
@@ -67,4 +69,55 @@ func TestReviewUnpaidUnitConfirmedBeforeTheDeployIsCounted(t *testing.T) {
 		p.sweep()
 	}
 	p.wantRoom(sku, "with a unit confirmed by the previous release, unpaid within its window, after two sweeps", 0, 1, false)
+}
+
+// Promise (issue 24): admitted buyers who have not reserved ≤ ⌈(units
+// available + units that may still return) × admit_factor⌉. A paid unit
+// cannot return. A payment whose Redis call failed and was never retried
+// leaves it counted as unpaid (the state TestWaitingRoomUnpaidUnits builds
+// for its backstop), and the sweep's backstop (settleUnpaid) runs only when
+// available = 0 and held = 0: while a unit is left it never runs, and at a
+// factor above 1 the phantom unit admits one buyer more than the bound.
+func TestReviewPaidUnitRedisNeverHeardOfOverAdmitsWhileUnitsAreLeft(t *testing.T) {
+	ctx := context.Background()
+	p := newPromise(t)
+	svc := p.app.Service
+	sku := p.roomSKU(2, 2, 0)
+	p.payWindow(sku, time.Minute)
+	if _, err := svc.JoinQueue(ctx, "a", sku); err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := svc.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: "a", Admission: p.admit(sku, "a").Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.persistMsgs(r.ID)
+	if _, err := svc.Pay(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	// What a payment whose Redis call failed, never retried, leaves.
+	tag := "hf:{" + sku + "}"
+	if err := p.rdb.HSet(ctx, tag+":unpaid", r.ID, 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.rdb.HIncrBy(ctx, tag+":meta", "unpaid", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p.sweep() // the backstop's chance
+	admitted := 0
+	for _, u := range []string{"b1", "b2", "b3", "b4", "b5"} {
+		if _, err := svc.JoinQueue(ctx, u, sku); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.sweep()
+	for _, u := range []string{"b1", "b2", "b3", "b4", "b5"} {
+		if q, _, _ := svc.Ticket(ctx, u, sku, svc.TicketOf(sku, u)); q.State == reservation.TicketAdmitted {
+			admitted++
+		}
+	}
+	// One unit available, none that may return: ⌈1 × 2⌉ = 2.
+	if admitted > 2 {
+		t.Errorf("admitted who have not reserved = %d with 1 unit left and none that may return (a paid), want ≤ ⌈1 × 2⌉ = 2", admitted)
+	}
 }
