@@ -58,3 +58,48 @@ func TestReviewWarmWithManyUnpaidRowsIsOneLongScript(t *testing.T) {
 		t.Errorf("one warm.lua run blocked the shard %v for %d unpaid rows (> 5ms)", script, n)
 	}
 }
+
+// Review (the unpaid hash, a stray in another bucket): Service.followStray
+// follows MySQL's CONFIRMED row in the bucket of a twin hold (K changed
+// between the two holds) with stray.Bucket = that bucket. follow.lua then
+// adds the row to that bucket's unpaid hash (the hold there is HELD or
+// missing, the row unpaid). The payment, a cancel and the sweep's
+// settleUnpaid all follow the row in its own bucket, so the entry in the
+// twin's bucket is never taken out (the hash has no TTL): once the SKU is
+// down to one bucket with a waiting room, its bucket 0 counts a unit that
+// can never return, and the room never says SOLD_OUT.
+func TestReviewStrayInAnotherBucketLeavesAnUnpaidUnitForever(t *testing.T) {
+	env := testservices.Require(t)
+	c := env.Redis(t)
+	ctx := context.Background()
+	s := redisstore.New(c, time.Hour)
+	sku := testservices.Name("revstray")
+	for b := range 2 {
+		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: reservation.BucketName(sku, b), Available: 5, Version: 1}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row := reservation.Reservation{ID: sku + ".x", SKU: sku, Bucket: 1, Qty: 1, UserID: "u", Token: "t",
+		Status: reservation.StatusConfirmed, PayBy: time.Now().Add(time.Hour)}
+	if _, err := s.Follow(ctx, row, 2); err != nil { // its own bucket follows the confirmation
+		t.Fatal(err)
+	}
+	stray := row // what followStray passes for the twin held in bucket 0
+	stray.Bucket, stray.Release = 0, reservation.ReleaseDone
+	if _, err := s.Follow(ctx, stray, 0); err != nil {
+		t.Fatal(err)
+	}
+	paid := row
+	paid.PaidAt = time.Now()
+	for range 2 { // Service.Pay, then the sweep's settleUnpaid: both follow the row in bucket 1
+		if _, err := s.Follow(ctx, paid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for b := range 2 {
+		tag := "hf:{" + reservation.BucketName(sku, b) + "}"
+		if n := c.HGet(ctx, tag+":meta", "unpaid").Val(); n != "" && n != "0" {
+			t.Errorf("bucket %d: meta.unpaid = %s after the row was paid (unpaid hash %v), want 0", b, n, c.HGetAll(ctx, tag+":unpaid").Val())
+		}
+	}
+}
