@@ -364,7 +364,7 @@ func (s *Service) followStray(ctx context.Context, row Reservation, b int) {
 	}
 	stray := row
 	stray.Bucket, stray.Release = b, ReleaseDone // the row's own give-back is not this bucket's
-	stray.PayBy = time.Time{}                     // nor its unpaid units, counted in its own bucket
+	stray.PayBy = time.Time{}                    // nor its unpaid units, counted in its own bucket
 	if _, err := s.holds.Follow(ctx, stray, 0); err != nil {
 		s.log.WarnContext(ctx, "a stray in another bucket did not follow mysql; the sweeper retries",
 			"reservation_id", row.ID, "bucket", b, "error", err)
