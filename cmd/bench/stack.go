@@ -139,7 +139,7 @@ func (b *bench) stack(ctx context.Context) error {
 	}
 	sku := fmt.Sprintf("bench-stack-%d", time.Now().UnixNano())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, dev.url+"/admin/skus/"+sku+"/stock", strings.NewReader(fmt.Sprintf(
-		`{"stock":%d,"per_user_limit":1000,"pay_within_seconds":900,"opens_at":%q,"closes_at":%q}`, // every per-SKU check on
+		`{"stock":%d,"per_user_limit":1000,"pay_within_seconds":86400,"opens_at":%q,"closes_at":%q}`, // every per-SKU check on (a day to pay: no timeouts for the later parts to sweep)
 		bigStock, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339), time.Now().Add(time.Hour).UTC().Format(time.RFC3339))))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
