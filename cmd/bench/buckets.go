@@ -198,6 +198,11 @@ func mainThreadCPU(ctx context.Context, addr string) (float64, error) {
 func commandStats(ctx context.Context, addr string) (shardFigure, error) {
 	n := redis.NewClient(&redis.Options{Addr: addr})
 	defer n.Close()
+	return commandStatsOf(ctx, n, addr)
+}
+
+// commandStatsOf reads INFO commandstats through n, the node at addr.
+func commandStatsOf(ctx context.Context, n *redis.Client, addr string) (shardFigure, error) {
 	info, err := n.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return shardFigure{}, err

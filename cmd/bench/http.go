@@ -107,6 +107,19 @@ func pidCPU(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * (time.Second / 100), nil // USER_HZ = 100 on Linux
 }
 
+// mintTokens mints an hour's token for each of httpUsers buyers, named
+// prefix0, prefix1, ….
+func mintTokens(issuer *devauth.Issuer, prefix string) ([]string, error) {
+	tokens := make([]string, httpUsers)
+	for i := range tokens {
+		var err error
+		if tokens[i], err = issuer.Mint(fmt.Sprintf("%s%d", prefix, i), time.Hour); err != nil {
+			return nil, err
+		}
+	}
+	return tokens, nil
+}
+
 // httpFigures: accepted reservations per second and sold-out answers per
 // second, each at c = 32 and 128, through real HTTP against make dev's
 // binary; and the dev process's CPU per answer.
@@ -126,11 +139,9 @@ func (b *bench) httpFigures(ctx context.Context) error {
 		return err
 	}
 	defer dev.stop()
-	tokens := make([]string, httpUsers)
-	for i := range tokens {
-		if tokens[i], err = issuer.Mint(fmt.Sprintf("http-u%d", i), time.Hour); err != nil {
-			return err
-		}
+	tokens, err := mintTokens(issuer, "http-u")
+	if err != nil {
+		return err
 	}
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512}}
 	call := func(method, path, body, token string) (int, error) {

@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -252,12 +251,12 @@ func measureScripts(ctx context.Context, c redis.UniversalClient, addrs []string
 				return f, err
 			}
 			for _, n := range nodes {
-				n, u, err := evalshaStats(ctx, n)
+				st, err := commandStatsOf(ctx, n, "")
 				if err != nil {
 					return f, err
 				}
-				calls[i] += n
-				usec[i] += u
+				calls[i] += st.scripts
+				usec[i] += float64(st.scriptUS)
 			}
 		}
 	}
@@ -279,33 +278,6 @@ func loadEverywhere(ctx context.Context, s *redis.Script, addrs []string) error 
 		}
 	}
 	return nil
-}
-
-// evalshaStats reads a node's EVALSHA calls and µs (INFO commandstats).
-func evalshaStats(ctx context.Context, n *redis.Client) (int64, float64, error) {
-	info, err := n.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || name != "cmdstat_evalsha" {
-			continue
-		}
-		var calls int64
-		var usec float64
-		for _, kv := range strings.Split(rest, ",") {
-			key, v, _ := strings.Cut(kv, "=")
-			switch key {
-			case "calls":
-				calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				usec, _ = strconv.ParseFloat(v, 64)
-			}
-		}
-		return calls, usec, nil
-	}
-	return 0, 0, nil
 }
 
 // scriptLines are the part's summary lines, one a place.

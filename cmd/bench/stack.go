@@ -109,16 +109,12 @@ func (b *bench) stack(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var toks bytes.Buffer
-	for i := range httpUsers {
-		t, err := issuer.Mint(fmt.Sprintf("stack-u%d", i), time.Hour)
-		if err != nil {
-			return err
-		}
-		toks.WriteString(t + "\n")
+	toks, err := mintTokens(issuer, "stack-u")
+	if err != nil {
+		return err
 	}
 	tokens, script := filepath.Join(dir, "tokens"), filepath.Join(dir, "stack.lua")
-	if err := os.WriteFile(tokens, toks.Bytes(), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte(strings.Join(toks, "\n")+"\n"), 0o600); err != nil {
 		return err
 	}
 	if err := os.WriteFile(script, []byte(stackWrk), 0o600); err != nil {
