@@ -19,6 +19,7 @@ import (
 	"github.com/holdfast/holdfast/internal/devstack"
 	"github.com/holdfast/holdfast/internal/loadgen"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/outbox"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/eventbus"
 	"github.com/holdfast/holdfast/shared/adapters/redisstore"
@@ -135,9 +136,9 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 	// by type; and the ones of its decisions it saw (every final join, the
 	// units it saw confirmed, both groups formed).
 	ev := rep.Events
-	outbox := map[reservation.EventType]int{}
-	rows, err := db.QueryContext(ctx, `SELECT type, COUNT(*) FROM events
-		WHERE JSON_UNQUOTE(JSON_EXTRACT(payload, '$.sku')) IN (?, ?) GROUP BY type`, sku, rep.GroupSKU)
+	written := map[reservation.EventType]int{}
+	rows, err := db.QueryContext(ctx, `SELECT type, COUNT(*) FROM `+outbox.Table+`
+		WHERE sku IN (?, ?) GROUP BY type`, sku, rep.GroupSKU)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 		if err := rows.Scan(&typ, &n); err != nil {
 			t.Fatal(err)
 		}
-		outbox[reservation.EventType(typ)] = n
+		written[reservation.EventType(typ)] = n
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
@@ -158,8 +159,8 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 		cancelled += n
 	}
 	for _, typ := range reservation.EventTypes {
-		if ev.Counts[typ] != outbox[typ] {
-			t.Errorf("the run counted %d %s events, the outbox has %d", ev.Counts[typ], typ, outbox[typ])
+		if ev.Counts[typ] != written[typ] {
+			t.Errorf("the run counted %d %s events, the outbox has %d", ev.Counts[typ], typ, written[typ])
 		}
 	}
 	if ev.Counts[reservation.EventConfirmed] != 150+rep.GroupUnits || ev.Counts[reservation.EventCancelled] != cancelled ||

@@ -1831,16 +1831,17 @@ func (l *memLedger) Unpublished(_ context.Context, t time.Time, limit int) ([]Ev
 	return out, nil
 }
 
-// MarkPublished mirrors `UPDATE events SET published_at = ? WHERE event_id IN (…)`.
-func (l *memLedger) MarkPublished(_ context.Context, ids []string, _ time.Time) error {
+// MarkPublished mirrors `UPDATE events SET published_at = ? WHERE event_id IN (…)`
+// (the fake keeps a batch's confirmations one by one: published each as it goes).
+func (l *memLedger) MarkPublished(_ context.Context, evs []Event, _ time.Time) error {
 	err := l.enter("MarkPublished")
 	defer l.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	for _, id := range ids {
+	for _, ev := range evs {
 		for _, e := range l.events {
-			if e.e.ID == id {
+			if e.e.ID == ev.ID {
 				e.published = true
 			}
 		}

@@ -421,14 +421,17 @@ type Ledger interface {
 	// transfers not credited yet), for the sweeper to drain.
 	Outbox(ctx context.Context, t time.Time, limit int) ([]Reservation, error)
 	// EventsOf returns the unpublished events of the named aggregates
-	// (reservation or group ids), in the order they were written.
+	// (reservation or group ids), each aggregate's in the order they were
+	// written.
 	EventsOf(ctx context.Context, aggregates []string) ([]Event, error)
-	// Unpublished returns up to limit unpublished events that occurred
-	// before t, in the order they were written (an aggregate's in version
-	// order): the event outbox the sweeper drains.
+	// Unpublished returns unpublished events that occurred before t, oldest
+	// first, each aggregate's in version order: the event outbox the
+	// sweeper drains. Up to limit events — or more, when the confirmations
+	// one ApplyBatch wrote are kept together: those still unpublished come
+	// whole.
 	Unpublished(ctx context.Context, t time.Time, limit int) ([]Event, error)
-	// MarkPublished records that the events of ids went out at at.
-	MarkPublished(ctx context.Context, ids []string, at time.Time) error
+	// MarkPublished records that evs went out at at.
+	MarkPublished(ctx context.Context, evs []Event, at time.Time) error
 	// OldestUnpublished returns when the oldest unpublished event occurred;
 	// ok false when every event is published (the outbox's lag).
 	OldestUnpublished(ctx context.Context) (at time.Time, ok bool, err error)

@@ -62,20 +62,20 @@ func (s *Service) send(ctx context.Context, evs []Event) (int, error) {
 			break
 		}
 		perr := s.notifier.Publish(ctx, round)
-		ids := make([]string, 0, len(round))
+		out := make([]Event, 0, len(round))
 		for i, e := range round {
 			if perr[i] != nil {
 				blocked[e.AggregateID] = true
 				errs = append(errs, fmt.Errorf("publish %s: %w", e.ID, perr[i]))
 				continue
 			}
-			ids = append(ids, e.ID)
+			out = append(out, e)
 		}
-		if len(ids) > 0 {
-			if err := s.ledger.MarkPublished(ctx, ids, s.clock.Now()); err != nil {
+		if len(out) > 0 {
+			if err := s.ledger.MarkPublished(ctx, out, s.clock.Now()); err != nil {
 				return sent, errors.Join(append(errs, fmt.Errorf("mark published: %w", err))...)
 			}
-			sent += len(ids)
+			sent += len(out)
 		}
 		evs = rest
 	}

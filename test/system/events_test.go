@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/internal/testkit/outbox"
+
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/eventbus"
 	"github.com/holdfast/holdfast/shared/app"
@@ -108,7 +110,7 @@ func TestEvents(t *testing.T) {
 			t.Errorf("%s published before its version 1: %v", id, order)
 		}
 	}
-	if n := s.count(`SELECT COUNT(*) FROM events WHERE published_at IS NULL`); n != 0 {
+	if n := s.count(`SELECT COUNT(*) FROM ` + outbox.Table + ` WHERE NOT published`); n != 0 {
 		t.Errorf("%d events unpublished after the deciding paths", n)
 	}
 	s.clock.Advance(time.Minute)
@@ -146,7 +148,7 @@ func TestEventsOutlastTheBus(t *testing.T) {
 	if _, err := s.app.Service.Persist(context.Background(), rec.msgs[0]); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.count(`SELECT COUNT(*) FROM events WHERE aggregate_id = ? AND published_at IS NULL`, id); n != 1 {
+	if n := s.count(`SELECT COUNT(*) FROM `+outbox.Table+` WHERE aggregate_id = ? AND NOT published`, id); n != 1 {
 		t.Fatalf("unpublished events of %s = %d, want its confirmation kept", id, n)
 	}
 	s.clock.Advance(30 * time.Second)
@@ -213,7 +215,7 @@ func TestEventsOfABatch(t *testing.T) {
 	for _, m := range rec.msgs {
 		id := reservation.EventID("reservation", m.ID, 1)
 		var payload []byte
-		if err := s.db.QueryRow(`SELECT payload FROM events WHERE event_id = ?`, id).Scan(&payload); err != nil {
+		if err := s.db.QueryRow(`SELECT payload FROM `+outbox.Table+` WHERE event_id = ?`, id).Scan(&payload); err != nil {
 			t.Fatalf("the outbox's %s: %v", id, err)
 		}
 		var stored reservation.Event
@@ -231,7 +233,7 @@ func TestEventsOfABatch(t *testing.T) {
 	if len(got) != len(rec.msgs) {
 		t.Errorf("published %d events, want %d confirmations", len(got), len(rec.msgs))
 	}
-	if n := s.count(`SELECT COUNT(*) FROM events WHERE published_at IS NULL AND aggregate_id LIKE ?`, sku+".%"); n != 0 {
+	if n := s.count(`SELECT COUNT(*) FROM `+outbox.Table+` WHERE NOT published AND aggregate_id LIKE ?`, sku+".%"); n != 0 {
 		t.Errorf("%d events unpublished after the batch", n)
 	}
 }

@@ -309,6 +309,7 @@ func (m *modelMachine) retire() {
 		`DELETE FROM product_stock WHERE sku = ?`,
 		`DELETE FROM group_buys WHERE sku = ?`,
 		`UPDATE events SET published_at = CURRENT_TIMESTAMP(3) WHERE published_at IS NULL AND JSON_VALUE(payload, '$.sku') = ?`,
+		`UPDATE event_batches SET published_at = CURRENT_TIMESTAMP(3) WHERE published_at IS NULL AND JSON_VALUE(payload, '$[0].sku') = ?`,
 	} {
 		_, _ = m.s.db.ExecContext(ctx, q, m.sku)
 	}

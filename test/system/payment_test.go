@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/internal/testkit/outbox"
+
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
@@ -32,7 +34,7 @@ func (p *promise) payWindow(sku string, d time.Duration) {
 // schema); the outbox is the record of what was decided.
 func eventsOf(p *promise, sku string) map[string][]string {
 	p.t.Helper()
-	rows, err := p.db.Query(`SELECT aggregate_id, type, version FROM events WHERE event_id LIKE 'reservation/%' AND aggregate_id LIKE CONCAT(?, '.%')
+	rows, err := p.db.Query(`SELECT aggregate_id, type, version FROM `+outbox.Table+` WHERE event_id LIKE 'reservation/%' AND aggregate_id LIKE CONCAT(?, '.%')
 		ORDER BY aggregate_id, version`, sku)
 	if err != nil {
 		p.t.Fatal(err)
@@ -50,7 +52,7 @@ func eventsOf(p *promise, sku string) map[string][]string {
 	if err := rows.Err(); err != nil {
 		p.t.Fatal(err)
 	}
-	if n := p.count(`SELECT COUNT(*) FROM events WHERE published_at IS NULL AND aggregate_id LIKE CONCAT(?, '.%')`, sku); n != 0 {
+	if n := p.count(`SELECT COUNT(*) FROM `+outbox.Table+` WHERE NOT published AND aggregate_id LIKE CONCAT(?, '.%')`, sku); n != 0 {
 		p.t.Errorf("%d events not published", n)
 	}
 	return out

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/holdfast/holdfast/internal/testkit/outbox"
+
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -188,7 +190,7 @@ func Check(ctx context.Context, db *sql.DB, redis Stock, e Expect) ([]Violation,
 			case status == "CANCELLED":
 				want[1] = "ReservationCancelled"
 			}
-			rows, err := db.QueryContext(ctx, `SELECT version, type, published_at IS NOT NULL FROM events WHERE aggregate_id = ? AND event_id LIKE 'reservation/%'`, id)
+			rows, err := db.QueryContext(ctx, `SELECT version, type, published FROM `+outbox.Table+` WHERE aggregate_id = ? AND event_id LIKE 'reservation/%'`, id)
 			if err != nil {
 				return nil, err
 			}

@@ -35,11 +35,7 @@ func markPublished(t *testing.T, s reservation.Ledger, id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := make([]string, len(evs))
-	for i, e := range evs {
-		ids[i] = e.ID
-	}
-	if err := s.MarkPublished(context.Background(), ids, now); err != nil {
+	if err := s.MarkPublished(context.Background(), evs, now); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -77,38 +73,43 @@ func ledgerEvents(t *testing.T, newLedger LedgerFactory) {
 		for _, e := range evs {
 			got = append(got, e.ID)
 		}
-		want := "reservation/a/1 reservation/b1/1 reservation/b2/1 reservation/f/1 reservation/a/2"
-		if strings.Join(got, " ") != want {
-			t.Fatalf("Unpublished = %v, want %s", got, want)
+		// Every event once, each aggregate's in version order (a's
+		// confirmation before its refund); a batch's may come together.
+		at := map[string]int{}
+		for i, id := range got {
+			at[id] = i
 		}
-		wantEvents := []reservation.Event{
-			{ID: "reservation/a/1", Type: reservation.EventConfirmed, AggregateID: "a", Version: 1, OccurredAt: now,
+		if len(got) != 5 || len(at) != 5 || at["reservation/a/1"] > at["reservation/a/2"] {
+			t.Fatalf("Unpublished = %v, want a/1, b1/1, b2/1, f/1, a/2, each once, a/1 before a/2", got)
+		}
+		wantEvents := map[string]reservation.Event{
+			"reservation/a/1": {ID: "reservation/a/1", Type: reservation.EventConfirmed, AggregateID: "a", Version: 1, OccurredAt: now,
 				ReservationID: "a", SKU: "s", UserID: "u-a", Qty: 3},
-			{ID: "reservation/b1/1", Type: reservation.EventConfirmed, AggregateID: "b1", Version: 1, OccurredAt: now,
+			"reservation/b1/1": {ID: "reservation/b1/1", Type: reservation.EventConfirmed, AggregateID: "b1", Version: 1, OccurredAt: now,
 				ReservationID: "b1", SKU: "t", UserID: "u-b1", Qty: 1},
-			{ID: "reservation/b2/1", Type: reservation.EventConfirmed, AggregateID: "b2", Version: 1, OccurredAt: now,
+			"reservation/b2/1": {ID: "reservation/b2/1", Type: reservation.EventConfirmed, AggregateID: "b2", Version: 1, OccurredAt: now,
 				ReservationID: "b2", SKU: "t", UserID: "u-b2", Qty: 1},
-			{ID: "reservation/f/1", Type: reservation.EventCancelled, AggregateID: "f", Version: 1, OccurredAt: now,
+			"reservation/f/1": {ID: "reservation/f/1", Type: reservation.EventCancelled, AggregateID: "f", Version: 1, OccurredAt: now,
 				ReservationID: "f", SKU: "s", UserID: "u-f", Qty: 1, Reason: reservation.ReasonExpired},
-			{ID: "reservation/a/2", Type: reservation.EventCancelled, AggregateID: "a", Version: 2, OccurredAt: now,
+			"reservation/a/2": {ID: "reservation/a/2", Type: reservation.EventCancelled, AggregateID: "a", Version: 2, OccurredAt: now,
 				ReservationID: "a", SKU: "s", UserID: "u-a", Qty: 3, Reason: reservation.ReasonBuyer, Refunded: true},
 		}
-		for i, e := range evs {
+		for _, e := range evs {
 			e.OccurredAt = e.OccurredAt.UTC()
-			if e != wantEvents[i] {
-				t.Errorf("event %d = %+v, want %+v", i, e, wantEvents[i])
+			if e != wantEvents[e.ID] {
+				t.Errorf("event = %+v, want %+v", e, wantEvents[e.ID])
 			}
 		}
 		if early, err := s.Unpublished(ctx, now, 100); err != nil || len(early) != 0 {
 			t.Errorf("Unpublished before the decisions = %v %v, want none", early, err)
 		}
-		if first, err := s.Unpublished(ctx, now.Add(time.Second), 2); err != nil || len(first) != 2 || first[1].ID != "reservation/b1/1" {
-			t.Errorf("Unpublished, 2 = %v %v, want the first two", first, err)
+		if first, err := s.Unpublished(ctx, now.Add(time.Second), 2); err != nil || len(first) < 2 || len(first) == len(evs) {
+			t.Errorf("Unpublished, 2 = %v %v, want two (or a batch's whole), not all", first, err)
 		}
 		if at, ok, err := s.OldestUnpublished(ctx); err != nil || !ok || !at.Equal(now) {
 			t.Errorf("OldestUnpublished = %v %v %v, want %v", at, ok, err, now)
 		}
-		if err := s.MarkPublished(ctx, got, now.Add(time.Second)); err != nil {
+		if err := s.MarkPublished(ctx, evs, now.Add(time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		if left, err := s.Unpublished(ctx, now.Add(time.Hour), 100); err != nil || len(left) != 0 {
@@ -122,6 +123,41 @@ func ledgerEvents(t *testing.T, newLedger LedgerFactory) {
 		}
 		if got := unpublished(t, s, "f"); len(got) != 0 {
 			t.Errorf("a second fence wrote %v", got)
+		}
+	})
+
+	t.Run("a batch's confirmation still owed goes out before its reservation's refund", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		if _, err := s.ChangeStock(ctx, reservation.SetTo("t", 5)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.ApplyBatch(ctx, "t", []reservation.Reservation{res("c1", "t", 1), res("c2", "t", 1)}, now); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Refund(ctx, "c2", reservation.ReasonBuyer, "", now.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if got := unpublished(t, s, "c2"); strings.Join(got, " ") != "ReservationConfirmed/1 ReservationCancelled/2" {
+			t.Errorf("events of c2 = %v, want its confirmation, then its refund", got)
+		}
+		markPublished(t, s, "c2")
+		if got := unpublished(t, s, "c2"); len(got) != 0 {
+			t.Errorf("events of c2 after they went out = %v", got)
+		}
+		// c1's confirmation, its batch's other, was not sent: still owed, alone.
+		evs, err := s.Unpublished(ctx, now.Add(time.Hour), 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) != 1 || evs[0].ID != "reservation/c1/1" {
+			t.Errorf("Unpublished = %+v, want c1's confirmation alone", evs)
+		}
+		if err := s.MarkPublished(ctx, evs, now.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if left, err := s.Unpublished(ctx, now.Add(time.Hour), 100); err != nil || len(left) != 0 {
+			t.Errorf("Unpublished after the batch went out = %v %v", left, err)
 		}
 	})
 

@@ -198,7 +198,7 @@ func upsertUserUnits(ctx context.Context, tx *sql.Tx, sku string, units map[stri
 }
 
 // rowsPerStatement bounds the rows of one batch statement: 1,000 rows of at
-// most 8 placeholders stay far below the protocol's 65,535 placeholders, and
+// most 10 placeholders stay far below the protocol's 65,535 placeholders, and
 // their few hundred kilobytes far below max_allowed_packet (16 MiB by
 // default in MariaDB, 64 MiB in RDS MySQL).
 const rowsPerStatement = 1000
@@ -287,15 +287,16 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if len(fresh) == 0 {
 		return out, nil
 	}
+	batchID := batchOf(rs[fresh[0]].ID) // the outbox row of the batch's confirmations (writeBatch)
 	err = inChunks(len(fresh), func(lo, hi int) error {
-		args := make([]any, 0, (hi-lo)*8)
+		args := make([]any, 0, (hi-lo)*10)
 		for _, i := range fresh[lo:hi] {
 			r := rs[i]
-			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, r.Bucket, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now))
+			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, r.Bucket, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now), batchID)
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO reservations
-			(reservation_id, sku, qty, user_id, bucket, hold_token, status, expires_at, created_at, updated_at) VALUES `+
-			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?),`, hi-lo), ","), args...)
+			(reservation_id, sku, qty, user_id, bucket, hold_token, status, expires_at, created_at, updated_at, event_batch) VALUES `+
+			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?, ?),`, hi-lo), ","), args...)
 		return err
 	})
 	if isDuplicate(err) && !read {
@@ -399,7 +400,7 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if err := addUserUnits(ctx, tx, sku, added); err != nil {
 		return nil, err
 	}
-	if err := writeEvents(ctx, tx, confirmations(rs, fresh, out, now)); err != nil { // one statement for the batch's
+	if err := writeBatch(ctx, tx, batchID, confirmations(rs, fresh, out, now), now); err != nil { // one row for the batch's
 		return nil, err
 	}
 	if err := tx.Commit(); err != nil {

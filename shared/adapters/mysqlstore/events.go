@@ -1,11 +1,15 @@
 package mysqlstore
 
 // The event outbox: every decision's event, written in the decision's transaction, published after it.
+// Two tables: events, one row per outcome, and event_batches, one row per
+// persist batch holding its ReservationConfirmed events (ApplyBatch).
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -37,6 +41,29 @@ func writeEvents(ctx context.Context, tx querier, evs []reservation.Event) error
 	return err
 }
 
+// batchOf is the id of the event_batches row of a persist batch whose first
+// inserted reservation is first: unique, as that row is inserted once.
+func batchOf(first string) string { return "confirmations/" + first }
+
+// writeBatch inserts a persist batch's confirmations evs (none: nothing)
+// as one event_batches row, id, inside the batch's transaction tx: one
+// insert and one entry per index for the whole batch, where a row per
+// event cost each of them (migration 0015).
+func writeBatch(ctx context.Context, tx querier, id string, evs []reservation.Event, now time.Time) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	payload, err := json.Marshal(evs)
+	if err != nil {
+		return fmt.Errorf("encode event batch %s: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO event_batches (batch_id, events, payload, occurred_at) VALUES (?, ?, ?, ?)`,
+		id, len(evs), string(payload), utc(now)); err != nil {
+		return translate("write event batch", err)
+	}
+	return nil
+}
+
 func scanEvent(row interface{ Scan(...any) error }) (reservation.Event, error) {
 	var payload []byte
 	var e reservation.Event
@@ -49,7 +76,50 @@ func scanEvent(row interface{ Scan(...any) error }) (reservation.Event, error) {
 	return e, nil
 }
 
-// EventsOf implements reservation.Ledger: the index (aggregate_id, version).
+// eventBatch is an event_batches row: its events not out yet, in the order
+// written, and the ids of those out (sent).
+type eventBatch struct {
+	seq    int64
+	events []reservation.Event
+	sent   map[string]bool
+}
+
+// batchColumns are what scanBatch reads.
+const batchColumns = `seq, payload, sent`
+
+func scanBatch(row interface{ Scan(...any) error }) (eventBatch, error) {
+	var payload, sent []byte
+	var b eventBatch
+	if err := row.Scan(&b.seq, &payload, &sent); err != nil {
+		return b, err
+	}
+	if err := json.Unmarshal(payload, &b.events); err != nil {
+		return b, fmt.Errorf("decode event batch: %w", err)
+	}
+	if sent == nil {
+		return b, nil
+	}
+	var out []string
+	if err := json.Unmarshal(sent, &out); err != nil {
+		return b, fmt.Errorf("decode event batch: %w", err)
+	}
+	b.sent = make(map[string]bool, len(out))
+	for _, id := range out {
+		b.sent[id] = true
+	}
+	left := b.events[:0]
+	for _, e := range b.events {
+		if !b.sent[e.ID] {
+			left = append(left, e)
+		}
+	}
+	b.events = left
+	return b, nil
+}
+
+// EventsOf implements reservation.Ledger: a reservation's confirmation its
+// batch still owes (found through the row's event_batch, by primary key),
+// then the index (aggregate_id, version).
 func (s *Store) EventsOf(ctx context.Context, aggregates []string) ([]reservation.Event, error) {
 	ids := make([]any, 0, len(aggregates))
 	for _, id := range aggregates {
@@ -57,8 +127,11 @@ func (s *Store) EventsOf(ctx context.Context, aggregates []string) ([]reservatio
 			ids = append(ids, id)
 		}
 	}
-	var out []reservation.Event
-	err := inChunks(len(ids), func(lo, hi int) error {
+	out, err := s.owed(ctx, ids, nil)
+	if err != nil {
+		return nil, err
+	}
+	err = inChunks(len(ids), func(lo, hi int) error {
 		evs, err := queryAll(ctx, s.db, "events of", scanEvent, `SELECT payload FROM events
 			WHERE aggregate_id IN (?`+strings.Repeat(",?", hi-lo-1)+`) AND published_at IS NULL ORDER BY seq`, ids[lo:hi]...)
 		out = append(out, evs...)
@@ -67,15 +140,145 @@ func (s *Store) EventsOf(ctx context.Context, aggregates []string) ([]reservatio
 	return out, err // an aggregate's events are all in one chunk, in order
 }
 
-// Unpublished implements reservation.Ledger: the index (published_at, seq)
-// read in order from its NULL end.
-func (s *Store) Unpublished(ctx context.Context, t time.Time, limit int) ([]reservation.Event, error) {
-	return queryAll(ctx, s.db, "unpublished events", scanEvent, `SELECT payload FROM events
-		WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit)
+// owed returns the confirmations of the reservations ids that an
+// unpublished event_batches row still holds (but the batches of skip,
+// read already): a confirmation is its reservation's first event, so it
+// goes out before any other of that reservation's.
+func (s *Store) owed(ctx context.Context, ids []any, skip map[int64]bool) ([]reservation.Event, error) {
+	named := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		named[id.(string)] = true
+	}
+	var out []reservation.Event
+	err := inChunks(len(ids), func(lo, hi int) error {
+		batches, err := queryAll(ctx, s.db, "events owed by batches", scanBatch, `SELECT `+batchColumns+` FROM event_batches
+			WHERE published_at IS NULL AND batch_id IN (SELECT event_batch FROM reservations
+				WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`) AND event_batch IS NOT NULL) ORDER BY seq`, ids[lo:hi]...)
+		for _, b := range batches {
+			if skip[b.seq] {
+				continue
+			}
+			for _, e := range b.events {
+				if named[e.AggregateID] {
+					out = append(out, e)
+				}
+			}
+		}
+		return err
+	})
+	return out, err
 }
 
-// MarkPublished implements reservation.Ledger.
-func (s *Store) MarkPublished(ctx context.Context, ids []string, at time.Time) error {
+// Unpublished implements reservation.Ledger: the unpublished batches, oldest
+// first, each whole (its events are marked published together), while
+// fewer than limit events are read; then the index (published_at, seq) read
+// in order from its NULL end, each reservation's confirmation a batch not
+// read still owes first (a batch's clock may run ahead of a later
+// decision's).
+func (s *Store) Unpublished(ctx context.Context, t time.Time, limit int) ([]reservation.Event, error) {
+	var out []reservation.Event
+	read := map[int64]bool{}
+	rows, err := s.db.QueryContext(ctx, `SELECT `+batchColumns+` FROM event_batches
+		WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit)
+	if err != nil {
+		return nil, translate("unpublished event batches", err)
+	}
+	for len(out) < limit && rows.Next() {
+		b, err := scanBatch(rows)
+		if err != nil {
+			_ = rows.Close()
+			return nil, translate("unpublished event batches", err)
+		}
+		read[b.seq] = true
+		out = append(out, b.events...)
+	}
+	err = errors.Join(rows.Err(), rows.Close())
+	if err != nil {
+		return nil, translate("unpublished event batches", err)
+	}
+	if len(out) >= limit {
+		return out, nil
+	}
+	evs, err := queryAll(ctx, s.db, "unpublished events", scanEvent, `SELECT payload FROM events
+		WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit-len(out))
+	if err != nil {
+		return nil, err
+	}
+	var ids []any
+	for _, e := range evs {
+		if e.ReservationID != "" {
+			ids = append(ids, e.AggregateID)
+		}
+	}
+	owed, err := s.owed(ctx, ids, read)
+	if err != nil {
+		return nil, err
+	}
+	return append(append(out, owed...), evs...), nil
+}
+
+// MarkPublished implements reservation.Ledger. A batch's confirmation is
+// found by its row's event_batch (primary key reads). A batch all of whose
+// events went out is marked published in one update (events is how many
+// it was written with); one partly out records which (markPartly).
+func (s *Store) MarkPublished(ctx context.Context, evs []reservation.Event, at time.Time) error {
+	var confirmed []any
+	unique := make(map[string]reservation.Event, len(evs))
+	for _, e := range evs {
+		if _, ok := unique[e.ID]; ok {
+			continue
+		}
+		unique[e.ID] = e
+		if e.Type == reservation.EventConfirmed {
+			confirmed = append(confirmed, e.AggregateID)
+		}
+	}
+	inBatch := map[string]string{} // reservation id → its batch
+	err := inChunks(len(confirmed), func(lo, hi int) error {
+		type rb struct{ id, batch string }
+		rows, err := queryAll(ctx, s.db, "mark published", func(row interface{ Scan(...any) error }) (rb, error) {
+			var v rb
+			err := row.Scan(&v.id, &v.batch)
+			return v, err
+		}, `SELECT reservation_id, event_batch FROM reservations
+			WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`) AND event_batch IS NOT NULL`, confirmed[lo:hi]...)
+		for _, v := range rows {
+			inBatch[v.id] = v.batch
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	sent := map[string]map[string]bool{} // batch → the ids of its events among evs
+	ids := make([]string, 0, len(unique))
+	for id, e := range unique {
+		if b, ok := inBatch[e.AggregateID]; ok && e.Type == reservation.EventConfirmed {
+			if sent[b] == nil {
+				sent[b] = map[string]bool{}
+			}
+			sent[b][id] = true
+			continue
+		}
+		ids = append(ids, id)
+	}
+	for b, out := range sent {
+		// Every event the batch was written with: published, whatever a
+		// partial mark recorded before.
+		res, err := s.db.ExecContext(ctx, `UPDATE event_batches SET published_at = ?
+			WHERE batch_id = ? AND events <= ? AND published_at IS NULL`, utc(at), b, len(out))
+		if err != nil {
+			return translate("mark batch published", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return translate("mark batch published", err)
+		} else if n == 0 {
+			if err := s.markPartly(ctx, b, out, at); err != nil {
+				return err
+			}
+		}
+	}
+	sort.Strings(ids)
 	return inChunks(len(ids), func(lo, hi int) error {
 		args := make([]any, 0, hi-lo+1)
 		args = append(args, utc(at))
@@ -90,16 +293,73 @@ func (s *Store) MarkPublished(ctx context.Context, ids []string, at time.Time) e
 	})
 }
 
-// OldestUnpublished implements reservation.Ledger: the first unpublished
-// event written (one index entry).
-func (s *Store) OldestUnpublished(ctx context.Context) (time.Time, bool, error) {
-	rows, err := queryAll(ctx, s.db, "oldest unpublished event", func(row interface{ Scan(...any) error }) (time.Time, error) {
-		var t time.Time
-		err := row.Scan(&t)
-		return t, err
-	}, `SELECT occurred_at FROM events WHERE published_at IS NULL ORDER BY seq LIMIT 1`)
-	if err != nil || len(rows) == 0 {
-		return time.Time{}, false, err
+// markPartly records the events out (ids) of the unpublished batch b as
+// sent: the batch is published once none of its events is left. The row's
+// lock orders it with every other mark of b (the batch's own publish, a
+// later decision's, the sweeper's drain), so none undoes another's. The
+// payload stays whole: the record of what was decided.
+func (s *Store) markPartly(ctx context.Context, b string, out map[string]bool, at time.Time) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return translate("mark batch partly begin", err)
 	}
-	return rows[0], true, nil
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	batches, err := queryAll(ctx, tx, "mark batch partly", scanBatch, `SELECT `+batchColumns+` FROM event_batches
+		WHERE batch_id = ? AND published_at IS NULL FOR UPDATE`, b)
+	if err != nil || len(batches) == 0 {
+		return err // published already: nothing to do
+	}
+	sent := make([]string, 0, len(batches[0].sent)+len(out))
+	for id := range batches[0].sent {
+		sent = append(sent, id)
+	}
+	left := false
+	for _, e := range batches[0].events {
+		if out[e.ID] {
+			sent = append(sent, e.ID)
+		} else {
+			left = true
+		}
+	}
+	if !left {
+		_, err = tx.ExecContext(ctx, `UPDATE event_batches SET published_at = ? WHERE seq = ?`, utc(at), batches[0].seq)
+	} else {
+		sort.Strings(sent)
+		var list []byte
+		if list, err = json.Marshal(sent); err != nil {
+			return fmt.Errorf("encode event batch %s: %w", b, err)
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE event_batches SET sent = ? WHERE seq = ?`, string(list), batches[0].seq)
+	}
+	if err != nil {
+		return translate("mark batch partly", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return translate("mark batch partly commit", err)
+	}
+	return nil
+}
+
+// OldestUnpublished implements reservation.Ledger: the first unpublished
+// event written and the first unpublished batch (one index entry each).
+func (s *Store) OldestUnpublished(ctx context.Context) (time.Time, bool, error) {
+	var oldest time.Time
+	found := false
+	for _, q := range []string{
+		`SELECT occurred_at FROM events WHERE published_at IS NULL ORDER BY seq LIMIT 1`,
+		`SELECT occurred_at FROM event_batches WHERE published_at IS NULL ORDER BY seq LIMIT 1`,
+	} {
+		rows, err := queryAll(ctx, s.db, "oldest unpublished event", func(row interface{ Scan(...any) error }) (time.Time, error) {
+			var t time.Time
+			err := row.Scan(&t)
+			return t, err
+		}, q)
+		if err != nil {
+			return time.Time{}, false, err
+		}
+		if len(rows) > 0 && (!found || rows[0].Before(oldest)) {
+			oldest, found = rows[0], true
+		}
+	}
+	return oldest, found, nil
 }
