@@ -14,7 +14,7 @@ const Table = `(SELECT event_id, aggregate_id, version, type, JSON_UNQUOTE(JSON_
 		b.published_at IS NOT NULL OR COALESCE(JSON_CONTAINS(b.sent, JSON_QUOTE(j.event_id)), 0)
 	FROM event_batches b, JSON_TABLE(b.payload, '$[*]' COLUMNS (
 		n FOR ORDINALITY,
-		event_id VARCHAR(120) PATH '$.event_id',
+		event_id VARCHAR(128) PATH '$.event_id',
 		aggregate_id VARCHAR(100) PATH '$.aggregate_id',
 		version INT PATH '$.version',
 		type VARCHAR(32) PATH '$.type',

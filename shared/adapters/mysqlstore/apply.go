@@ -287,7 +287,7 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if len(fresh) == 0 {
 		return out, nil
 	}
-	batchID := batchOf(rs[fresh[0]].ID) // the outbox row of the batch's confirmations (writeBatch)
+	batchID := batchOf(rs[fresh[0]].ID, now) // the outbox row of the batch's confirmations (writeBatch)
 	err = inChunks(len(fresh), func(lo, hi int) error {
 		args := make([]any, 0, (hi-lo)*10)
 		for _, i := range fresh[lo:hi] {

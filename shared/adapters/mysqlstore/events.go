@@ -7,9 +7,9 @@ package mysqlstore
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,8 +42,12 @@ func writeEvents(ctx context.Context, tx querier, evs []reservation.Event) error
 }
 
 // batchOf is the id of the event_batches row of a persist batch whose first
-// inserted reservation is first: unique, as that row is inserted once.
-func batchOf(first string) string { return "confirmations/" + first }
+// inserted reservation is first, settled at now. The time is part of it: a
+// row the batch refuses is deleted again, so its id may be first in a later
+// batch too (its fence never ran), never at the same instant.
+func batchOf(first string, now time.Time) string {
+	return "confirmations/" + first + "/" + strconv.FormatInt(now.UnixNano(), 36)
+}
 
 // writeBatch inserts a persist batch's confirmations evs (none: nothing)
 // as one event_batches row, id, inside the batch's transaction tx: one
@@ -89,10 +93,16 @@ const batchColumns = `seq, payload, sent`
 
 func scanBatch(row interface{ Scan(...any) error }) (eventBatch, error) {
 	var payload, sent []byte
-	var b eventBatch
-	if err := row.Scan(&b.seq, &payload, &sent); err != nil {
-		return b, err
+	var seq int64
+	if err := row.Scan(&seq, &payload, &sent); err != nil {
+		return eventBatch{}, err
 	}
+	return decodeBatch(seq, payload, sent)
+}
+
+// decodeBatch is the batch seq of payload and sent (batchColumns).
+func decodeBatch(seq int64, payload, sent []byte) (eventBatch, error) {
+	b := eventBatch{seq: seq}
 	if err := json.Unmarshal(payload, &b.events); err != nil {
 		return b, fmt.Errorf("decode event batch: %w", err)
 	}
@@ -178,23 +188,35 @@ func (s *Store) owed(ctx context.Context, ids []any, skip map[int64]bool) ([]res
 func (s *Store) Unpublished(ctx context.Context, t time.Time, limit int) ([]reservation.Event, error) {
 	var out []reservation.Event
 	read := map[int64]bool{}
-	rows, err := s.db.QueryContext(ctx, `SELECT `+batchColumns+` FROM event_batches
-		WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit)
-	if err != nil {
-		return nil, translate("unpublished event batches", err)
+	// The batches' sizes first, then the payloads of those used: a batch
+	// is hundreds of events, so one or two fill a drain.
+	type size struct {
+		seq    int64
+		events int
 	}
-	for len(out) < limit && rows.Next() {
-		b, err := scanBatch(rows)
+	sizes, err := queryAll(ctx, s.db, "unpublished event batches", func(row interface{ Scan(...any) error }) (size, error) {
+		var v size
+		err := row.Scan(&v.seq, &v.events)
+		return v, err
+	}, `SELECT seq, events FROM event_batches WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit)
+	if err != nil {
+		return nil, err
+	}
+	var seqs []any
+	for n, i := 0, 0; i < len(sizes) && n < limit; i++ {
+		seqs = append(seqs, sizes[i].seq)
+		n += sizes[i].events
+	}
+	if len(seqs) > 0 {
+		batches, err := queryAll(ctx, s.db, "unpublished event batches", scanBatch, `SELECT `+batchColumns+` FROM event_batches
+			WHERE seq IN (?`+strings.Repeat(",?", len(seqs)-1)+`) AND published_at IS NULL ORDER BY seq`, seqs...)
 		if err != nil {
-			_ = rows.Close()
-			return nil, translate("unpublished event batches", err)
+			return nil, err
 		}
-		read[b.seq] = true
-		out = append(out, b.events...)
-	}
-	err = errors.Join(rows.Err(), rows.Close())
-	if err != nil {
-		return nil, translate("unpublished event batches", err)
+		for _, b := range batches {
+			read[b.seq] = true
+			out = append(out, b.events...)
+		}
 	}
 	if len(out) >= limit {
 		return out, nil
@@ -263,19 +285,8 @@ func (s *Store) MarkPublished(ctx context.Context, evs []reservation.Event, at t
 		ids = append(ids, id)
 	}
 	for b, out := range sent {
-		// Every event the batch was written with: published, whatever a
-		// partial mark recorded before.
-		res, err := s.db.ExecContext(ctx, `UPDATE event_batches SET published_at = ?
-			WHERE batch_id = ? AND events <= ? AND published_at IS NULL`, utc(at), b, len(out))
-		if err != nil {
-			return translate("mark batch published", err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return translate("mark batch published", err)
-		} else if n == 0 {
-			if err := s.markPartly(ctx, b, out, at); err != nil {
-				return err
-			}
+		if err := retryDeadlocks(ctx, func() error { return s.markBatch(ctx, b, out, at) }); err != nil {
+			return err
 		}
 	}
 	sort.Strings(ids)
@@ -293,6 +304,23 @@ func (s *Store) MarkPublished(ctx context.Context, evs []reservation.Event, at t
 	})
 }
 
+// markBatch records the events out (ids) of batch b. Every event the batch
+// was written with: published in one update, whatever a partial mark
+// recorded before; fewer: markPartly.
+func (s *Store) markBatch(ctx context.Context, b string, out map[string]bool, at time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE event_batches SET published_at = ?
+		WHERE batch_id = ? AND events <= ? AND published_at IS NULL`, utc(at), b, len(out))
+	if err != nil {
+		return translate("mark batch published", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return translate("mark batch published", err)
+	} else if n == 1 {
+		return nil
+	}
+	return s.markPartly(ctx, b, out, at)
+}
+
 // markPartly records the events out (ids) of the unpublished batch b as
 // sent: the batch is published once none of its events is left. The row's
 // lock orders it with every other mark of b (the batch's own publish, a
@@ -304,17 +332,30 @@ func (s *Store) markPartly(ctx context.Context, b string, out map[string]bool, a
 		return translate("mark batch partly begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	batches, err := queryAll(ctx, tx, "mark batch partly", scanBatch, `SELECT `+batchColumns+` FROM event_batches
-		WHERE batch_id = ? AND published_at IS NULL FOR UPDATE`, b)
-	if err != nil || len(batches) == 0 {
+	// Locked through batch_id alone, as markBatch's update is (one lock
+	// order); a deadlock all the same is retried (markBatch's caller).
+	type locked struct {
+		batch     eventBatch
+		published bool
+	}
+	batches, err := queryAll(ctx, tx, "mark batch partly", func(row interface{ Scan(...any) error }) (locked, error) {
+		var payload, sent []byte
+		var l locked
+		if err := row.Scan(&l.batch.seq, &payload, &sent, &l.published); err != nil {
+			return l, err
+		}
+		l.batch, err = decodeBatch(l.batch.seq, payload, sent)
+		return l, err
+	}, `SELECT `+batchColumns+`, published_at IS NOT NULL FROM event_batches WHERE batch_id = ? FOR UPDATE`, b)
+	if err != nil || len(batches) == 0 || batches[0].published {
 		return err // published already: nothing to do
 	}
-	sent := make([]string, 0, len(batches[0].sent)+len(out))
-	for id := range batches[0].sent {
+	sent := make([]string, 0, len(batches[0].batch.sent)+len(out))
+	for id := range batches[0].batch.sent {
 		sent = append(sent, id)
 	}
 	left := false
-	for _, e := range batches[0].events {
+	for _, e := range batches[0].batch.events {
 		if out[e.ID] {
 			sent = append(sent, e.ID)
 		} else {
@@ -322,14 +363,14 @@ func (s *Store) markPartly(ctx context.Context, b string, out map[string]bool, a
 		}
 	}
 	if !left {
-		_, err = tx.ExecContext(ctx, `UPDATE event_batches SET published_at = ? WHERE seq = ?`, utc(at), batches[0].seq)
+		_, err = tx.ExecContext(ctx, `UPDATE event_batches SET published_at = ? WHERE seq = ?`, utc(at), batches[0].batch.seq)
 	} else {
 		sort.Strings(sent)
 		var list []byte
 		if list, err = json.Marshal(sent); err != nil {
 			return fmt.Errorf("encode event batch %s: %w", b, err)
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE event_batches SET sent = ? WHERE seq = ?`, string(list), batches[0].seq)
+		_, err = tx.ExecContext(ctx, `UPDATE event_batches SET sent = ? WHERE seq = ?`, string(list), batches[0].batch.seq)
 	}
 	if err != nil {
 		return translate("mark batch partly", err)

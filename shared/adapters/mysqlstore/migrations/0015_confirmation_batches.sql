@@ -6,7 +6,8 @@
 -- a JSON array (payload; events: how many), published_at set once every
 -- one went out (sent: the ids out so far of a batch partly out, else
 -- NULL); events keeps every other outcome, one row each. batch_id is derived from the batch's first
--- reservation inserted (unique: a row is inserted once); each row the
+-- reservation inserted and its time (a refused row is deleted again, so
+-- its id may come first in a later batch); each row the
 -- batch confirmed names it in event_batch (no index: it is read by the
 -- row's primary key), so a later event of that reservation finds, and goes
 -- out after, the confirmation its batch still owes.
@@ -15,7 +16,7 @@
 -- in MySQL 8 and MariaDB) and its inserts do not name it.
 CREATE TABLE event_batches (
   seq          BIGINT       NOT NULL AUTO_INCREMENT,
-  batch_id     VARCHAR(120) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+  batch_id     VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
   events       INT          NOT NULL,
   payload      JSON         NOT NULL,
   sent         JSON         NULL,
@@ -26,4 +27,4 @@ CREATE TABLE event_batches (
   KEY event_batches_unpublished (published_at, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
-ALTER TABLE reservations ADD COLUMN event_batch VARCHAR(120) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL;
+ALTER TABLE reservations ADD COLUMN event_batch VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL;
