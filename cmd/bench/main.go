@@ -67,6 +67,7 @@ type result struct {
 	elapsed     time.Duration
 	lat         []time.Duration
 	extra       map[string]string
+	cpu         map[string]time.Duration // CPU each process spent over the timed part (persist parts only)
 }
 
 func (r result) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -163,6 +164,9 @@ type bench struct {
 	groupRuns []groupsFigure
 	// stackRun is the stack part's run.
 	stackRun *stackFigure
+	// serverPids are the servers the persist parts read the CPU of, by
+	// name (persistCPU finds them once).
+	serverPids map[string]int
 	// handlerPer is the handler CPU part's CPU per accepted reservation,
 	// by send mode.
 	handlerPer map[string]time.Duration
@@ -445,6 +449,7 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers, batch int, pr
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var lat []time.Duration
+	cpu0, cpuErr := b.persistCPU()
 	start := time.Now()
 	for range consumers {
 		wg.Add(1)
@@ -469,8 +474,15 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers, batch int, pr
 		}()
 	}
 	wg.Wait()
+	elapsed := time.Since(start)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	r := result{group: "persist", name: modeBatch, ops: int64(n), elapsed: time.Since(start), lat: lat}
+	r := result{group: "persist", name: modeBatch, ops: int64(n), elapsed: elapsed, lat: lat}
+	if cpu1, err := b.persistCPU(); cpuErr == nil && err == nil {
+		r.cpu = map[string]time.Duration{}
+		for name, d := range cpu1 {
+			r.cpu[name] = d - cpu0[name]
+		}
+	}
 	var confirmed, cancelled, avail int64
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL`, sku).Scan(&confirmed)
 	_ = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CANCELLED'`, sku).Scan(&cancelled)
