@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/internal/devauth"
+	"github.com/holdfast/holdfast/internal/services"
 )
 
 // Stack load settings: the method (32 connections, 20 s).
@@ -95,9 +96,9 @@ end
 
 // stack runs the stack part.
 func (b *bench) stack(ctx context.Context) error {
-	wrk, err := exec.LookPath("wrk")
+	wrk, err := exec.LookPath(services.Wrk)
 	if err != nil {
-		return errors.New("stack: wrk is not installed (apt-get install wrk)")
+		return errors.New("stack: wrk is not installed (make bench installs it: scripts/services.sh with HOLDFAST_BENCH=1)")
 	}
 	dir, err := os.MkdirTemp("", "holdfast-bench-stack-")
 	if err != nil {

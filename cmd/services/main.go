@@ -2,7 +2,8 @@
 // (redis-server, MariaDB, goaws) on loopback; scripts/services.sh wraps it.
 //
 //	services install          install what is missing (apt, the pinned goaws;
-//	                          chromium too when HOLDFAST_BROWSER=1)
+//	                          chromium too when HOLDFAST_BROWSER=1, wrk
+//	                          when HOLDFAST_BENCH=1)
 //	services start DIR        install, then start everything with data under
 //	                          DIR; writes DIR/env (shell exports) and DIR/pids
 //	services stop DIR         stop what `start DIR` started, by PID
@@ -10,7 +11,8 @@
 // Ports are free ones unless HOLDFAST_REDIS_PORT, HOLDFAST_DB_PORT or
 // HOLDFAST_SQS_PORT say; HOLDFAST_DB_DURABLE=1 syncs MariaDB at every commit;
 // HOLDFAST_BROWSER=1 (make test) installs chromium as well, for the buyer
-// page's browser test.
+// page's browser test; HOLDFAST_BENCH=1 (make bench) installs wrk, the load
+// generator of its stack part.
 package main
 
 import (
@@ -39,11 +41,12 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if len(args) == 0 {
 		return usage
 	}
+	extras := services.Extras{Browser: getenv("HOLDFAST_BROWSER") == "1", Wrk: getenv("HOLDFAST_BENCH") == "1"}
 	switch {
 	case args[0] == "install" && len(args) == 1:
-		return services.Install(ctx, root, getenv("HOLDFAST_BROWSER") == "1", os.Stderr)
+		return services.Install(ctx, root, extras, os.Stderr)
 	case args[0] == "start" && len(args) == 2:
-		if err := services.Install(ctx, root, getenv("HOLDFAST_BROWSER") == "1", os.Stderr); err != nil {
+		if err := services.Install(ctx, root, extras, os.Stderr); err != nil {
 			return err
 		}
 		port := func(key string) int { n, _ := strconv.Atoi(getenv(key)); return n }

@@ -51,13 +51,25 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// Install installs with apt what is missing (redis-server, MariaDB and,
-// with browser, Debian's chromium for the buyer page's browser test) and
-// builds the pinned goaws into root/bin.
-func Install(ctx context.Context, root string, browser bool, log io.Writer) error {
+// Wrk is the HTTP load generator make bench's stack part drives make dev
+// with (Debian's package of that name).
+const Wrk = "wrk"
+
+// Extras are what Install installs beyond the data tier.
+type Extras struct {
+	Browser bool // Chromium, for the buyer page's browser test (make test)
+	Wrk     bool // Wrk, for make bench
+}
+
+// Install installs with apt what is missing (redis-server, MariaDB and the
+// extras asked for) and builds the pinned goaws into root/bin.
+func Install(ctx context.Context, root string, extras Extras, log io.Writer) error {
 	bins := map[string]string{"redis-server": "redis-server", "mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server"}
-	if browser {
+	if extras.Browser {
 		bins[Chromium] = "chromium"
+	}
+	if extras.Wrk {
+		bins[Wrk] = "wrk"
 	}
 	var need []string
 	for bin, pkg := range bins {
