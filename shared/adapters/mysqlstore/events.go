@@ -159,15 +159,20 @@ func (s *Store) owed(ctx context.Context, ids []any, skip map[int64]bool) ([]res
 	for _, id := range ids {
 		named[id.(string)] = true
 	}
+	done := make(map[int64]bool, len(skip)) // skip, and the batches listed so far
+	for seq := range skip {
+		done[seq] = true
+	}
 	var out []reservation.Event
 	err := inChunks(len(ids), func(lo, hi int) error {
 		batches, err := queryAll(ctx, s.db, "events owed by batches", scanBatch, `SELECT `+batchColumns+` FROM event_batches
 			WHERE published_at IS NULL AND batch_id IN (SELECT event_batch FROM reservations
 				WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`) AND event_batch IS NOT NULL) ORDER BY seq`, ids[lo:hi]...)
 		for _, b := range batches {
-			if skip[b.seq] {
+			if done[b.seq] {
 				continue
 			}
+			done[b.seq] = true // a batch two chunks both name goes out once
 			for _, e := range b.events {
 				if named[e.AggregateID] {
 					out = append(out, e)
@@ -179,55 +184,73 @@ func (s *Store) owed(ctx context.Context, ids []any, skip map[int64]bool) ([]res
 	return out, err
 }
 
-// Unpublished implements reservation.Ledger: the unpublished batches, oldest
-// first, each whole (its events are marked published together), while
-// fewer than limit events are read; then the index (published_at, seq) read
-// in order from its NULL end, each reservation's confirmation a batch not
-// read still owes first (a batch's clock may run ahead of a later
-// decision's).
+// Unpublished implements reservation.Ledger: the unpublished batches and
+// events rows merged oldest first (by occurred_at; each table's own in seq
+// order), each batch whole (its events are marked published together)
+// and counted by the events it still owes, until limit events are taken.
+// Each reservation's confirmation a batch not taken still owes comes first
+// (a batch's clock may run ahead of a later decision's).
 func (s *Store) Unpublished(ctx context.Context, t time.Time, limit int) ([]reservation.Event, error) {
-	var out []reservation.Event
-	read := map[int64]bool{}
-	// The batches' sizes first, then the payloads of those used: a batch
+	// The batches' sizes first, then the payloads of those taken: a batch
 	// is hundreds of events, so one or two fill a drain.
 	type size struct {
-		seq    int64
-		events int
+		seq  int64
+		at   time.Time
+		owes int
 	}
 	sizes, err := queryAll(ctx, s.db, "unpublished event batches", func(row interface{ Scan(...any) error }) (size, error) {
 		var v size
-		err := row.Scan(&v.seq, &v.events)
+		err := row.Scan(&v.seq, &v.at, &v.owes)
 		return v, err
-	}, `SELECT seq, events FROM event_batches WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit)
+	}, `SELECT seq, occurred_at, events - COALESCE(JSON_LENGTH(sent), 0) FROM event_batches
+		WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit)
 	if err != nil {
 		return nil, err
 	}
-	var seqs []any
-	for n, i := 0, 0; i < len(sizes) && n < limit; i++ {
-		seqs = append(seqs, sizes[i].seq)
-		n += sizes[i].events
+	evs, err := queryAll(ctx, s.db, "unpublished events", scanEvent, `SELECT payload FROM events
+		WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit)
+	if err != nil {
+		return nil, err
 	}
+	// The merge: a batch (b >= 0) or an events row (e >= 0) at each place.
+	type place struct{ b, e int }
+	var order []place
+	var seqs []any
+	for i, j, n := 0, 0, 0; n < limit && (i < len(sizes) || j < len(evs)); {
+		if j == len(evs) || i < len(sizes) && !evs[j].OccurredAt.Before(sizes[i].at) {
+			order = append(order, place{b: i, e: -1})
+			seqs = append(seqs, sizes[i].seq)
+			n += max(1, sizes[i].owes)
+			i++
+			continue
+		}
+		order = append(order, place{b: -1, e: j})
+		n++
+		j++
+	}
+	batches := map[int64]eventBatch{}
 	if len(seqs) > 0 {
-		batches, err := queryAll(ctx, s.db, "unpublished event batches", scanBatch, `SELECT `+batchColumns+` FROM event_batches
-			WHERE seq IN (?`+strings.Repeat(",?", len(seqs)-1)+`) AND published_at IS NULL ORDER BY seq`, seqs...)
+		rows, err := queryAll(ctx, s.db, "unpublished event batches", scanBatch, `SELECT `+batchColumns+` FROM event_batches
+			WHERE seq IN (?`+strings.Repeat(",?", len(seqs)-1)+`) AND published_at IS NULL`, seqs...)
 		if err != nil {
 			return nil, err
 		}
-		for _, b := range batches {
-			read[b.seq] = true
-			out = append(out, b.events...)
+		for _, b := range rows {
+			batches[b.seq] = b
 		}
 	}
-	if len(out) >= limit {
-		return out, nil
-	}
-	evs, err := queryAll(ctx, s.db, "unpublished events", scanEvent, `SELECT payload FROM events
-		WHERE published_at IS NULL AND occurred_at < ? ORDER BY seq LIMIT ?`, utc(t), limit-len(out))
-	if err != nil {
-		return nil, err
-	}
+	read := map[int64]bool{}
 	var ids []any
-	for _, e := range evs {
+	var out []reservation.Event
+	for _, p := range order {
+		if p.b >= 0 {
+			seq := sizes[p.b].seq
+			read[seq] = true
+			out = append(out, batches[seq].events...)
+			continue
+		}
+		e := evs[p.e]
+		out = append(out, e)
 		if e.ReservationID != "" {
 			ids = append(ids, e.AggregateID)
 		}
@@ -236,7 +259,7 @@ func (s *Store) Unpublished(ctx context.Context, t time.Time, limit int) ([]rese
 	if err != nil {
 		return nil, err
 	}
-	return append(append(out, owed...), evs...), nil
+	return append(owed, out...), nil
 }
 
 // MarkPublished implements reservation.Ledger. A batch's confirmation is

@@ -208,3 +208,133 @@ func TestOutboxTableListsEveryEventOnce(t *testing.T) {
 		t.Errorf("outbox = %v", got)
 	}
 }
+
+// A SKU may be 64 characters (reservation.ValidID), so a reservation id is
+// up to 64 + 1 + 26 = 91 (migration 0002 widened reservations to 100). The
+// events table (migration 0010) keeps aggregate_id VARCHAR(64) and event_id
+// VARCHAR(96): "reservation/<91>/1" is 105. Every decision that writes an
+// events row for such a reservation (Apply, Fence, Refund) fails under the
+// strict SQL mode MySQL 8 runs by default ("Data too long"), so persist
+// cannot decide it, the sweeper cannot fence it, and a refund cannot be
+// made. Since 0015 a hot batch's confirmation goes into event_batches' JSON
+// and succeeds, which makes it worse: the row is CONFIRMED, and then no
+// refund of it ever commits.
+func TestLongSKUDecisionsWriteTheirEvents(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	sku := strings.Repeat("s", 64)
+	if !reservation.ValidID(sku) {
+		t.Fatal("a 64-character SKU is valid")
+	}
+	if _, err := s.ChangeStock(ctx, reservation.SetTo(sku, 10)); err != nil {
+		t.Fatal(err)
+	}
+	id := func(n int) string {
+		return reservation.ReservationID(reservation.ReserveRequest{SKU: sku, UserID: "u", IdempotencyKey: fmt.Sprint(n)}, []byte("k"))
+	}
+	mk := func(n int) reservation.Reservation { r := res(id(n), sku, 1); r.UserID = "u"; return r }
+	one := mk(1)
+	if err := one.Validate(10); err != nil {
+		t.Fatalf("the reservation is valid: %v", err)
+	}
+	t.Logf("reservation id: %d characters", len(one.ID))
+	if r, err := apply(ctx, s, one); err != nil || r != reservation.Applied {
+		t.Errorf("Apply (persist, one by one) = %v, %v; want Applied", r, err)
+	}
+	if _, _, err := s.Fence(ctx, mk(2), reservation.ReasonExpired, now); err != nil {
+		t.Errorf("Fence (the sweeper's expiry, reserve's failed send) = %v", err)
+	}
+	settleBatch(t, s, sku, now, mk(3)) // the hot path: event_batches has no such limit
+	if _, _, err := s.Refund(ctx, id(3), reservation.ReasonBuyer, "", now.Add(time.Second)); err != nil {
+		t.Errorf("Refund of a row the batch confirmed = %v", err)
+	}
+}
+
+// The drain (Unpublished) counts a batch by the events it was written with
+// (event_batches.events), not by those still owed. A batch the bus partly
+// refused (throttling: PutEvents answers per entry) keeps its whole count,
+// so once its count reaches the sweep's limit every drain reads that batch
+// alone and no batch behind it: a single event the bus keeps refusing
+// starves every later batch, and a backlog of partly sent batches drains
+// one batch a sweep. With one events row per confirmation (before 0015) the
+// drain took limit events whatever one of them did.
+func TestDrainIsNotStuckBehindAPartlySentBatch(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("t", 10)); err != nil {
+		t.Fatal(err)
+	}
+	settleBatch(t, s, "t", now, res("p1", "t", 1), res("p2", "t", 1), res("p3", "t", 1), res("p4", "t", 1))
+	settleBatch(t, s, "t", now.Add(time.Millisecond), res("q1", "t", 1), res("q2", "t", 1))
+	const limit = 4 // SweepBatch (500 in production, a persist batch's size)
+	evs, err := s.Unpublished(ctx, now.Add(time.Second), limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bus took every event of the first batch but p1 (which it keeps refusing).
+	var out []reservation.Event
+	for _, e := range evs {
+		if e.AggregateID != "p1" {
+			out = append(out, e)
+		}
+	}
+	if err := s.MarkPublished(ctx, out, now); err != nil {
+		t.Fatal(err)
+	}
+	for sweep := 1; sweep <= 3; sweep++ {
+		evs, err := s.Unpublished(ctx, now.Add(time.Second), limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ids(evs); !strings.Contains(got, "reservation/q1/1") {
+			t.Fatalf("drain %d with room for %d events = %q: the second batch (q1, q2) waits behind p1's one owed event", sweep, limit, got)
+		}
+	}
+}
+
+// Ledger.Unpublished promises the oldest first (ports.go). The drain lists
+// unpublished batches before any events row, and stops once they fill the
+// limit: an older cancellation (or payment, or a group's end) is not in
+// the drain at all while batches of limit events wait behind it. After a
+// bus outage in a sale (thousands of batches), every other outcome waits
+// until every batch went out. Before 0015 the one table drained by seq.
+func TestDrainTakesTheOldestEventFirst(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("t", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Fence(ctx, res("f1", "t", 1), reservation.ReasonExpired, now); err != nil {
+		t.Fatal(err)
+	}
+	settleBatch(t, s, "t", now.Add(time.Second), res("b1", "t", 1), res("b2", "t", 1))
+	evs, err := s.Unpublished(ctx, now.Add(time.Minute), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(evs); !strings.HasPrefix(got, "reservation/f1/1") {
+		t.Errorf("Unpublished, limit 2 = %q; want the oldest, f1's cancellation (a second before the batch), first", got)
+	}
+}
+
+// EventsOf reads the batches its reservations name in chunks of ids; a
+// batch two chunks both name is listed once.
+func TestEventsOfListsABatchOnceAcrossChunks(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	if _, err := s.ChangeStock(ctx, reservation.SetTo("t", 10)); err != nil {
+		t.Fatal(err)
+	}
+	settleBatch(t, s, "t", now, res("c1", "t", 1), res("c2", "t", 1))
+	var names []string
+	for i := range 999 { // c1 last of the first chunk of 1000, c2 first of the second
+		names = append(names, fmt.Sprintf("x%d", i))
+	}
+	evs, err := s.EventsOf(ctx, append(names, "c1", "c2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(evs); got != "reservation/c1/1 reservation/c2/1" {
+		t.Errorf("EventsOf = %q, want each confirmation once", got)
+	}
+}

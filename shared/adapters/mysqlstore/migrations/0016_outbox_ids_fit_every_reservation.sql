@@ -1,0 +1,13 @@
+-- 0016: the outbox's ids fit every reservation id (docs/design.md, "MySQL").
+-- A SKU may be 64 characters, so a reservation id is up to 91 (reservations
+-- holds 100) and its event id, "reservation/<id>/<version>", up to 123.
+-- 0010 made event_id 96 and aggregate_id 64 characters: every decision
+-- about a reservation of a SKU over 37 characters that writes an events
+-- row (a single persist, a fence, a refund) failed with "Data too long".
+-- Widening a VARCHAR whose length stays in two bytes is done in place in
+-- MySQL 8 and MariaDB: no copy of the table, writes go on. The collation
+-- stays (changing it would copy the table); two ids that differ only in
+-- case cannot both be here, since reservation and group ids end in 26
+-- lower-case base32 characters of their own. Across the deploy: the code
+-- of the release before writes ids that fit either width, and runs unchanged.
+ALTER TABLE events MODIFY event_id VARCHAR(128) NOT NULL, MODIFY aggregate_id VARCHAR(100) NOT NULL;
