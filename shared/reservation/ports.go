@@ -427,8 +427,9 @@ type Ledger interface {
 	// Unpublished returns unpublished events that occurred before t, oldest
 	// first, each aggregate's in version order: the event outbox the
 	// sweeper drains. Up to limit events — or more, when the confirmations
-	// one ApplyBatch wrote are kept together: those still unpublished come
-	// whole.
+	// one ApplyBatch wrote are kept together (those still unpublished come
+	// whole), and when a listed reservation's confirmation, which goes
+	// before it, is still owed by a batch not listed (one such each, at most).
 	Unpublished(ctx context.Context, t time.Time, limit int) ([]Event, error)
 	// MarkPublished records that evs went out at at.
 	MarkPublished(ctx context.Context, evs []Event, at time.Time) error

@@ -240,16 +240,30 @@ func (s *Store) Unpublished(ctx context.Context, t time.Time, limit int) ([]rese
 		}
 	}
 	read := map[int64]bool{}
+	holder := map[string]int64{} // a taken batch's reservations → its seq
+	for _, p := range order {
+		if p.b >= 0 {
+			for _, e := range batches[sizes[p.b].seq].events {
+				holder[e.AggregateID] = sizes[p.b].seq
+			}
+		}
+	}
 	var ids []any
 	var out []reservation.Event
 	for _, p := range order {
 		if p.b >= 0 {
 			seq := sizes[p.b].seq
-			read[seq] = true
-			out = append(out, batches[seq].events...)
+			if !read[seq] {
+				read[seq] = true
+				out = append(out, batches[seq].events...)
+			}
 			continue
 		}
 		e := evs[p.e]
+		if seq, ok := holder[e.AggregateID]; ok && !read[seq] {
+			read[seq] = true // the batch owes e's first event: it goes first, whole
+			out = append(out, batches[seq].events...)
+		}
 		out = append(out, e)
 		if e.ReservationID != "" {
 			ids = append(ids, e.AggregateID)
