@@ -25,7 +25,7 @@ func TestBenchPartsRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
-	for _, row := range []string{"http c=32  accepted (202)", "http c=128 sold out (409)", modeHandlerSDK, modeHandlerDirect, "accept → CONFIRMED",
+	for _, row := range []string{"http c=32  accepted (202)", "http c=128 sold out (409)", modeHandlerSDK, modeHandlerDirect, modeHandlerRoom, "reserve handler CPU per accepted reservation = ", "accept → CONFIRMED",
 		"reserve, K = 3 on 3 shards", "shards' shares of the CPU", "projected ceiling",
 		modeDecodeV1, modeDecodeStrict, "strict decoder on a reserve body",
 		"waiting room: reserve attempts per unit sold = ", "waiting room: admissions out of queue order = 0 of", "waiting room: Redis commands / MySQL statements per poll = ",

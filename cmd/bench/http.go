@@ -39,9 +39,9 @@ type devProcess struct {
 }
 
 // startDev builds cmd/dev and starts it on a free port (API only, or the
-// whole stack), with
-// the bench's settings; it returns once the API answers.
-func startDev(ctx context.Context, dir, jwtDir, profile string, apiOnly bool) (*devProcess, error) {
+// whole stack), with the bench's settings and env besides (KEY=value); it
+// returns once the API answers.
+func startDev(ctx context.Context, dir, jwtDir, profile string, apiOnly bool, env ...string) (*devProcess, error) {
 	bin := filepath.Join(dir, "dev")
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/dev").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build cmd/dev: %v\n%s", err, out)
@@ -61,7 +61,7 @@ func startDev(ctx context.Context, dir, jwtDir, profile string, apiOnly bool) (*
 		args = append(args, "-cpuprofile", profile)
 	}
 	d.cmd = exec.CommandContext(ctx, bin, args...)
-	d.cmd.Env = append(os.Environ(), "HOLDFAST_LOG_LEVEL=error")
+	d.cmd.Env = append(append(os.Environ(), "HOLDFAST_LOG_LEVEL=error"), env...)
 	d.cmd.Stdout, d.cmd.Stderr = io.Discard, &d.stderr
 	if err := d.cmd.Start(); err != nil {
 		return nil, err

@@ -168,7 +168,7 @@ type bench struct {
 	// name (persistCPU finds them once).
 	serverPids map[string]int
 	// handlerPer is the handler CPU part's CPU per accepted reservation,
-	// by send mode.
+	// by mode.
 	handlerPer map[string]time.Duration
 	// scriptRuns are the script part's figures (standalone, K = 3).
 	scriptRuns []scriptFigure
@@ -393,7 +393,7 @@ func (b *bench) persist(ctx context.Context) error {
 
 	// holdfast's persist: the same backlog and consumers, batches of 10
 	// (the textbook's batch, and holdfast's before issue 14).
-	hf, confirmed, cancelled, err := b.holdfastPersist(ctx, b.o.backlog, b.o.consumers, 10, "h")
+	hf, confirmed, cancelled, err := b.holdfastPersist(ctx, b.o.backlog, b.o.consumers, 10, "h", nil)
 	if err != nil {
 		return err
 	}
@@ -404,7 +404,7 @@ func (b *bench) persist(ctx context.Context) error {
 	for _, consumers := range []int{4, b.o.consumers} {
 		for _, size := range persistBatchSizes {
 			n := max(b.o.backlog, min(200_000, 4*consumers*size))
-			r, confirmed, cancelled, err := b.holdfastPersist(ctx, n, consumers, size, fmt.Sprintf("b%dc%d", size, consumers))
+			r, confirmed, cancelled, err := b.holdfastPersist(ctx, n, consumers, size, fmt.Sprintf("b%dc%d", size, consumers), nil)
 			if err != nil {
 				return err
 			}
@@ -422,8 +422,9 @@ var persistBatchSizes = []int{10, 100, 500, 1000, 5000}
 
 // holdfastPersist settles a backlog of n messages on a fresh hot SKU with
 // the given number of consumers, each taking batches of batch messages; the
-// latencies are those of one batch.
-func (b *bench) holdfastPersist(ctx context.Context, n, consumers, batch int, prefix string) (result, int64, int64, error) {
+// latencies are those of one batch. bus, when set, replaces the event bus
+// (nil: the configured one).
+func (b *bench) holdfastPersist(ctx context.Context, n, consumers, batch int, prefix string, bus reservation.Notifier) (result, int64, int64, error) {
 	db := b.app.DB
 	sku := fmt.Sprintf("bench-%s-%d", prefix, time.Now().UnixNano())
 	if _, err := b.app.Service.ChangeStock(ctx, reservation.SetTo(sku, int64(n))); err != nil {
@@ -432,7 +433,9 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers, batch int, pr
 	now := time.Now()
 	msgs := make([]reservation.Reservation, n)
 	for i := range msgs {
-		msgs[i] = reservation.Reservation{ID: fmt.Sprintf("%s.%s%d-%d", sku, prefix, now.UnixNano()%1e9, i), SKU: sku, Qty: 1,
+		// Ids as reserve mints them: random, so a batch's rows land all over
+		// the primary key, as a sale's do.
+		msgs[i] = reservation.Reservation{ID: reservation.ReservationID(reservation.ReserveRequest{SKU: sku}, nil), SKU: sku, Qty: 1,
 			UserID: fmt.Sprintf("u%d", i), Token: fmt.Sprintf("t%d", i), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	}
 	// Each message's hold, as reserve left it (untimed): persist confirms them.
@@ -440,7 +443,11 @@ func (b *bench) holdfastPersist(ctx context.Context, n, consumers, batch int, pr
 		return result{}, 0, 0, err
 	}
 	rec := &counter{}
-	svc, err := b.service(ctx, b.cfg, app.Options{Metrics: rec})
+	opts := app.Options{Metrics: rec}
+	if bus != nil {
+		opts.Notifier = func(reservation.Notifier) reservation.Notifier { return bus }
+	}
+	svc, err := b.service(ctx, b.cfg, opts)
 	if err != nil {
 		return result{}, 0, 0, err
 	}

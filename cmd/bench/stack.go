@@ -3,8 +3,10 @@ package main
 // The whole stack's CPU per accepted order: make dev's binary (gateway,
 // JWT, reserve, the event source, persist, compensate, the sweeper) and the
 // servers it uses (goaws, redis-server, MariaDB), under wrk, a load
-// generator outside the project, at a fixed concurrency on a fresh SKU.
-// Every answer is counted by status; each process's CPU (user + system,
+// generator outside the project, at a fixed concurrency on a fresh SKU
+// with every per-SKU check on: a sale window, a per-user limit, a pay
+// window and a waiting room (each buyer admitted before the run, each
+// request with its admission token). Every answer is counted by status; each process's CPU (user + system,
 // /proc/<pid>/stat) is read before the load and after the last accepted
 // order is CONFIRMED in MySQL, so persist's work is in the figure.
 
@@ -14,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -27,7 +30,23 @@ import (
 
 	"github.com/holdfast/holdfast/internal/devauth"
 	"github.com/holdfast/holdfast/internal/services"
+	"github.com/holdfast/holdfast/shared/app"
 )
+
+// stackThreads are wrk's threads (-t).
+const (
+	stackThreads    = 2
+	stackThreadsLua = "2" // stackThreads, in the script
+)
+
+// stackAdmitRate is how many buyers a second of stackDuration the stack
+// part admits to its SKU's waiting room before the run: more requests than
+// these cores answer, so no buyer's admission is used twice.
+const stackAdmitRate = 8000
+
+// stackAdmitFor is how long the stack part's admissions last: long enough
+// for admitting the pool and the run (a buyer's own lasts HOLDFAST_ADMIT_FOR).
+const stackAdmitFor = 15 * time.Minute
 
 // Stack load settings: the issue's method (32 connections, 20 s).
 const (
@@ -63,23 +82,28 @@ func (f stackFigure) per(d time.Duration) string {
 	return fmt.Sprintf("%.3f ms", float64(d.Microseconds())/1000/float64(max(f.accepted, 1)))
 }
 
-// stackWrk is wrk's script: each request a buyer's own token, cycling
-// through the tokens file; each answer counted by status, printed by done.
+// stackWrk is wrk's script: each request a buyer of its own, with the
+// buyer's token and admission token (a line of the tokens file each,
+// threads taking every stackThreads-th line, none twice while the file
+// lasts); each answer counted by status, printed by done.
 const stackWrk = `
 local tokens = {}
-for line in io.lines(os.getenv("HOLDFAST_WRK_TOKENS")) do tokens[#tokens + 1] = line end
+for line in io.lines(os.getenv("HOLDFAST_WRK_TOKENS")) do
+  local jwt, admission = line:match("^(%S+) (%S+)$")
+  tokens[#tokens + 1] = {jwt, admission}
+end
 local body = os.getenv("HOLDFAST_WRK_BODY")
 local threads = {}
 local n = 0
 counts = {}
 function setup(thread)
-  thread:set("offset", #threads * 7919)
+  thread:set("index", #threads)
   threads[#threads + 1] = thread
 end
 function request()
+  local t = tokens[(n * ` + stackThreadsLua + ` + (index or 0)) % #tokens + 1]
   n = n + 1
-  local t = tokens[((offset or 0) + n) % #tokens + 1]
-  return wrk.format("POST", "/reservations", {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. t}, body)
+  return wrk.format("POST", "/reservations", {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. t[1], ["Admission-Token"] = t[2]}, body)
 end
 function response(status, headers, body)
   counts[status] = (counts[status] or 0) + 1
@@ -110,18 +134,13 @@ func (b *bench) stack(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	toks, err := mintTokens(issuer, "stack-u")
-	if err != nil {
-		return err
-	}
 	tokens, script := filepath.Join(dir, "tokens"), filepath.Join(dir, "stack.lua")
-	if err := os.WriteFile(tokens, []byte(strings.Join(toks, "\n")+"\n"), 0o600); err != nil {
-		return err
-	}
 	if err := os.WriteFile(script, []byte(stackWrk), 0o600); err != nil {
 		return err
 	}
-	dev, err := startDev(ctx, dir, jwtDir, b.o.devProfile, false)
+	// Admitting the pool takes a while: its admissions last stackAdmitFor,
+	// in make dev and in the service here that admits them.
+	dev, err := startDev(ctx, dir, jwtDir, b.o.devProfile, false, "HOLDFAST_ADMIT_FOR="+stackAdmitFor.String())
 	if err != nil {
 		return err
 	}
@@ -136,7 +155,7 @@ func (b *bench) stack(ctx context.Context) error {
 	}
 	sku := fmt.Sprintf("bench-stack-%d", time.Now().UnixNano())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, dev.url+"/admin/skus/"+sku+"/stock", strings.NewReader(fmt.Sprintf(
-		`{"stock":%d,"per_user_limit":1000,"pay_within_seconds":86400,"opens_at":%q,"closes_at":%q}`, // every per-SKU check on (a day to pay: no timeouts for the later parts to sweep)
+		`{"stock":%d,"per_user_limit":1000,"pay_within_seconds":86400,"opens_at":%q,"closes_at":%q,"waiting_room":true}`, // every per-SKU check on (a day to pay: no timeouts for the later parts to sweep)
 		bigStock, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339), time.Now().Add(time.Hour).UTC().Format(time.RFC3339))))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -146,12 +165,55 @@ func (b *bench) stack(ctx context.Context) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("stack: set stock: %d", resp.StatusCode)
 	}
+	// Each buyer admitted, and a token of theirs, before the run: what a
+	// buyer does before buying (the room's join and polls) is not timed.
+	pool := int(stackDuration.Seconds() * stackAdmitRate)
+	b.log("stack: admitting %d buyers to the waiting room …", pool)
+	cfg := b.cfg
+	cfg.Protocol.AdmitFor = stackAdmitFor
+	room, err := b.service(ctx, cfg, app.Options{})
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	admissions, err := admitAll(ctx, room, sku, "stack-u", pool+1) // one more for the first request
+	if err != nil {
+		return fmt.Errorf("stack: %w", err)
+	}
+	b.log("stack: %d admitted in %v", len(admissions), time.Since(t0).Round(time.Second))
+	lines := make([]string, len(admissions))
+	for i, a := range admissions {
+		jwt, err := issuer.Mint(fmt.Sprintf("stack-u%d", i), time.Hour)
+		if err != nil {
+			return err
+		}
+		lines[i] = jwt + " " + a
+	}
+	// One buyer's request first, outside the count: the run stops here, with
+	// the answer, if a buyer's request is refused.
+	jwt, adm, _ := strings.Cut(lines[len(lines)-1], " ")
+	lines = lines[:len(lines)-1]
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, dev.url+"/reservations", strings.NewReader(fmt.Sprintf(`{"sku":%q,"qty":1}`, sku)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+jwt)
+	req.Header.Set("Admission-Token", adm)
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		return err
+	}
+	first, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("stack: a buyer's first request: %d %s", resp.StatusCode, first)
+	}
+	if err := os.WriteFile(tokens, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		return err
+	}
 	b.log("stack: wrk, %d connections, %v, against make dev's stack …", stackConnections, stackDuration)
 	cpu0, err := cpuOf(procs)
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, wrk, "-t2", fmt.Sprintf("-c%d", stackConnections), fmt.Sprintf("-d%ds", int(stackDuration.Seconds())),
+	cmd := exec.CommandContext(ctx, wrk, fmt.Sprintf("-t%d", stackThreads), fmt.Sprintf("-c%d", stackConnections), fmt.Sprintf("-d%ds", int(stackDuration.Seconds())),
 		"--timeout", "10s", "-s", script, dev.url)
 	cmd.Env = append(os.Environ(), "HOLDFAST_WRK_TOKENS="+tokens, fmt.Sprintf(`HOLDFAST_WRK_BODY={"sku":%q,"qty":1}`, sku))
 	start := time.Now()
@@ -170,6 +232,13 @@ func (b *bench) stack(ctx context.Context) error {
 		} else if n, _ := fmt.Sscanf(sc.Text(), "errors %d %d %d %d %d", &e[0], &e[1], &e[2], &e[3], &e[4]); n == 5 && e[0]+e[1]+e[2]+e[4] > 0 {
 			return fmt.Errorf("stack: wrk saw socket errors (connect, read, write, status, timeout) %v\n%s", e, out)
 		}
+	}
+	var answered int64
+	for _, c := range f.statuses {
+		answered += c
+	}
+	if answered > int64(pool) {
+		return fmt.Errorf("stack: %d answers for %d admitted buyers: an admission went twice, raise stackAdmitRate", answered, pool)
 	}
 	f.accepted = f.statuses[http.StatusAccepted]
 	if f.accepted == 0 || len(f.statuses) != 1 {
@@ -224,7 +293,7 @@ func (b *bench) stackLines() []string {
 	for _, name := range f.order {
 		parts = append(parts, name+" "+f.per(f.cpu[name]))
 	}
-	return []string{fmt.Sprintf("CPU per accepted order through make dev = %s (goal ≤ %.1f ms): %s; %d accepted at %.0f/s, wrk c=%d %v",
+	return []string{fmt.Sprintf("CPU per accepted order through make dev = %s (goal ≤ %.1f ms): %s; %d accepted at %.0f/s, wrk c=%d %v, an admission token each (waiting room)",
 		f.per(f.total()), float64(stackGoal.Microseconds())/1000, strings.Join(parts, ", "), f.accepted,
 		float64(f.accepted)/f.elapsed.Seconds(), stackConnections, stackDuration)}
 }
