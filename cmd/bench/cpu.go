@@ -38,7 +38,7 @@ func processCPU() time.Duration {
 const (
 	modeHandlerSDK    = "reserve handler, SDK SendMessage (before)"
 	modeHandlerDirect = "reserve handler, direct send (after)"
-	modeHandlerRoom   = "reserve handler, direct send, admission token"
+	modeHandlerRoom   = "reserve handler, admission token"
 )
 
 // roomRate is how many buyers a second of the handler part's duration it

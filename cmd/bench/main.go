@@ -162,8 +162,9 @@ type bench struct {
 	sweeps  []sweepFigure
 	// groupRuns is the groups part's run.
 	groupRuns []groupsFigure
-	// stackRun is the stack part's run.
-	stackRun *stackFigure
+	// stackRun is the stack part's run with a waiting room (the figure),
+	// stackNoRoom its run without.
+	stackRun, stackNoRoom *stackFigure
 	// serverPids are the servers the persist parts read the CPU of, by
 	// name (persistCPU finds them once).
 	serverPids map[string]int

@@ -82,7 +82,7 @@ func (b *bench) persistHot(ctx context.Context) error {
 // modeHotNoBus names the hot part's runs with the event bus a no-op: in
 // AWS the bus (EventBridge) takes no CPU of these cores, where goaws, its
 // local stand-in, does. The outbox is written and marked as ever.
-const modeHotNoBus = "persist, one hot SKU, template settings, the event bus off these cores"
+const modeHotNoBus = "persist, one hot SKU, no-op event bus"
 
 // nopBus is an event bus that takes every event at once and does nothing.
 type nopBus struct{}

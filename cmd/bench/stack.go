@@ -103,7 +103,9 @@ end
 function request()
   local t = tokens[(n * ` + stackThreadsLua + ` + (index or 0)) % #tokens + 1]
   n = n + 1
-  return wrk.format("POST", "/reservations", {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. t[1], ["Admission-Token"] = t[2]}, body)
+  local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. t[1]}
+  if t[2] ~= "-" then headers["Admission-Token"] = t[2] end
+  return wrk.format("POST", "/reservations", headers, body)
 end
 function response(status, headers, body)
   counts[status] = (counts[status] or 0) + 1
@@ -153,39 +155,73 @@ func (b *bench) stack(ctx context.Context) error {
 		}
 		procs[name] = pid
 	}
+	// Without a waiting room first, then with it (the figure).
+	for _, room := range []bool{false, true} {
+		f, err := b.stackOnce(ctx, wrk, script, tokens, dev, procs, issuer, room)
+		if err != nil {
+			return err
+		}
+		name := modeStack
+		if !room {
+			name = modeStackNoRoom
+			b.stackNoRoom = &f
+		} else {
+			b.stackRun = &f
+		}
+		b.results = append(b.results, result{group: "stack", name: name, ops: f.accepted, elapsed: f.elapsed,
+			extra: map[string]string{"stack CPU": f.per(f.total()) + "/accepted"}})
+		b.checks = append(b.checks, fmt.Sprintf("%s: %d answers, all 202; %d CONFIRMED in MySQL (wrk does not count the answers in flight when it stops)", name, f.accepted, f.confirmed))
+	}
+	return nil
+}
+
+// modeStackNoRoom is the stack part's run on a SKU without a waiting room.
+const modeStackNoRoom = modeStack + ", no room"
+
+// stackOnce is one wrk run of the stack part on a fresh SKU, with a waiting
+// room (room) or not.
+func (b *bench) stackOnce(ctx context.Context, wrk, script, tokens string, dev *devProcess, procs map[string]int, issuer *devauth.Issuer, room bool) (stackFigure, error) {
+	var f stackFigure
 	sku := fmt.Sprintf("bench-stack-%d", time.Now().UnixNano())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, dev.url+"/admin/skus/"+sku+"/stock", strings.NewReader(fmt.Sprintf(
-		`{"stock":%d,"per_user_limit":1000,"pay_within_seconds":86400,"opens_at":%q,"closes_at":%q,"waiting_room":true}`, // every per-SKU check on (a day to pay: no timeouts for the later parts to sweep)
-		bigStock, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339), time.Now().Add(time.Hour).UTC().Format(time.RFC3339))))
+		`{"stock":%d,"per_user_limit":1000,"pay_within_seconds":86400,"opens_at":%q,"closes_at":%q,"waiting_room":%t}`, // every per-SKU check on (a day to pay: no timeouts for the later parts to sweep)
+		bigStock, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339), time.Now().Add(time.Hour).UTC().Format(time.RFC3339), room)))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return f, err
 	}
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("stack: set stock: %d", resp.StatusCode)
+		return f, fmt.Errorf("stack: set stock: %d", resp.StatusCode)
 	}
 	// Each buyer admitted, and a token of theirs, before the run: what a
 	// buyer does before buying (the room's join and polls) is not timed.
+	// Without a room, "-" stands for no admission token.
 	pool := int(stackDuration.Seconds() * stackAdmitRate)
-	b.log("stack: admitting %d buyers to the waiting room …", pool)
-	cfg := b.cfg
-	cfg.Protocol.AdmitFor = stackAdmitFor
-	room, err := b.service(ctx, cfg, app.Options{})
-	if err != nil {
-		return err
+	prefix := fmt.Sprintf("stack-u%t-", room)
+	admissions := make([]string, pool+1) // one more for the first request
+	if room {
+		b.log("stack: admitting %d buyers to the waiting room …", pool)
+		cfg := b.cfg
+		cfg.Protocol.AdmitFor = stackAdmitFor
+		svc, err := b.service(ctx, cfg, app.Options{})
+		if err != nil {
+			return f, err
+		}
+		t0 := time.Now()
+		if admissions, err = admitAll(ctx, svc, sku, prefix, pool+1); err != nil {
+			return f, fmt.Errorf("stack: %w", err)
+		}
+		b.log("stack: %d admitted in %v", len(admissions), time.Since(t0).Round(time.Second))
 	}
-	t0 := time.Now()
-	admissions, err := admitAll(ctx, room, sku, "stack-u", pool+1) // one more for the first request
-	if err != nil {
-		return fmt.Errorf("stack: %w", err)
-	}
-	b.log("stack: %d admitted in %v", len(admissions), time.Since(t0).Round(time.Second))
 	lines := make([]string, len(admissions))
 	for i, a := range admissions {
-		jwt, err := issuer.Mint(fmt.Sprintf("stack-u%d", i), time.Hour)
+		jwt, err := issuer.Mint(fmt.Sprintf("%s%d", prefix, i), time.Hour)
 		if err != nil {
-			return err
+			return f, err
+		}
+		if a == "" {
+			a = "-"
 		}
 		lines[i] = jwt + " " + a
 	}
@@ -196,22 +232,24 @@ func (b *bench) stack(ctx context.Context) error {
 	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, dev.url+"/reservations", strings.NewReader(fmt.Sprintf(`{"sku":%q,"qty":1}`, sku)))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+jwt)
-	req.Header.Set("Admission-Token", adm)
+	if adm != "-" {
+		req.Header.Set("Admission-Token", adm)
+	}
 	if resp, err = http.DefaultClient.Do(req); err != nil {
-		return err
+		return f, err
 	}
 	first, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
-		return fmt.Errorf("stack: a buyer's first request: %d %s", resp.StatusCode, first)
+		return f, fmt.Errorf("stack: a buyer's first request: %d %s", resp.StatusCode, first)
 	}
 	if err := os.WriteFile(tokens, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-		return err
+		return f, err
 	}
-	b.log("stack: wrk, %d connections, %v, against make dev's stack …", stackConnections, stackDuration)
+	b.log("stack: wrk, %d connections, %v, against make dev's stack (waiting room: %t) …", stackConnections, stackDuration, room)
 	cpu0, err := cpuOf(procs)
 	if err != nil {
-		return err
+		return f, err
 	}
 	cmd := exec.CommandContext(ctx, wrk, fmt.Sprintf("-t%d", stackThreads), fmt.Sprintf("-c%d", stackConnections), fmt.Sprintf("-d%ds", int(stackDuration.Seconds())),
 		"--timeout", "10s", "-s", script, dev.url)
@@ -220,9 +258,9 @@ func (b *bench) stack(ctx context.Context) error {
 	out, err := cmd.CombinedOutput()
 	elapsed := time.Since(start)
 	if err != nil {
-		return fmt.Errorf("stack: wrk: %v\n%s", err, out)
+		return f, fmt.Errorf("stack: wrk: %v\n%s", err, out)
 	}
-	f := stackFigure{statuses: map[int]int64{}, elapsed: elapsed, cpu: map[string]time.Duration{}}
+	f = stackFigure{statuses: map[int]int64{}, elapsed: elapsed, cpu: map[string]time.Duration{}}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		var s, c int64
@@ -230,7 +268,7 @@ func (b *bench) stack(ctx context.Context) error {
 		if n, _ := fmt.Sscanf(sc.Text(), "status %d %d", &s, &c); n == 2 {
 			f.statuses[int(s)] = c
 		} else if n, _ := fmt.Sscanf(sc.Text(), "errors %d %d %d %d %d", &e[0], &e[1], &e[2], &e[3], &e[4]); n == 5 && e[0]+e[1]+e[2]+e[4] > 0 {
-			return fmt.Errorf("stack: wrk saw socket errors (connect, read, write, status, timeout) %v\n%s", e, out)
+			return f, fmt.Errorf("stack: wrk saw socket errors (connect, read, write, status, timeout) %v\n%s", e, out)
 		}
 	}
 	var answered int64
@@ -238,11 +276,11 @@ func (b *bench) stack(ctx context.Context) error {
 		answered += c
 	}
 	if answered > int64(pool) {
-		return fmt.Errorf("stack: %d answers for %d admitted buyers: an admission went twice, raise stackAdmitRate", answered, pool)
+		return f, fmt.Errorf("stack: %d answers for %d admitted buyers: an admission went twice, raise stackAdmitRate", answered, pool)
 	}
 	f.accepted = f.statuses[http.StatusAccepted]
 	if f.accepted == 0 || len(f.statuses) != 1 {
-		return fmt.Errorf("stack: answers by status %v: want only 202\n%s", f.statuses, out)
+		return f, fmt.Errorf("stack: answers by status %v: want only 202\n%s", f.statuses, out)
 	}
 	// Persist's share: wait until every accepted order is CONFIRMED.
 	settle, cancel := context.WithTimeout(ctx, 5*time.Minute)
@@ -250,12 +288,13 @@ func (b *bench) stack(ctx context.Context) error {
 	for {
 		var n int64
 		if err := b.app.DB.QueryRowContext(settle, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&n); err != nil {
-			return fmt.Errorf("stack: %d of %d accepted confirmed: %w", n, f.accepted, err)
+			return f, fmt.Errorf("stack: %d of %d accepted confirmed: %w", n, f.accepted, err)
 		}
 		// wrk does not count the answers in flight when it stops (one a
-		// connection at most), which the stack took: confirmed, not counted.
-		if n > f.accepted+stackConnections {
-			return fmt.Errorf("stack: %d confirmed, %d accepted", n, f.accepted)
+		// connection at most), which the stack took: confirmed, not counted;
+		// nor the first request, made before it.
+		if n > f.accepted+stackConnections+1 {
+			return f, fmt.Errorf("stack: %d confirmed, %d accepted", n, f.accepted)
 		}
 		if n >= f.accepted {
 			f.confirmed = n
@@ -263,24 +302,20 @@ func (b *bench) stack(ctx context.Context) error {
 		}
 		select {
 		case <-settle.Done():
-			return fmt.Errorf("stack: %d of %d accepted confirmed in 5 min", n, f.accepted)
+			return f, fmt.Errorf("stack: %d of %d accepted confirmed in 5 min", n, f.accepted)
 		case <-time.After(100 * time.Millisecond): // polling MySQL while persist drains the queue
 		}
 	}
 	cpu1, err := cpuOf(procs)
 	if err != nil {
-		return err
+		return f, err
 	}
 	for name := range procs {
 		f.cpu[name] = cpu1[name] - cpu0[name]
 		f.order = append(f.order, name)
 	}
 	sort.Slice(f.order, func(i, j int) bool { return f.cpu[f.order[i]] > f.cpu[f.order[j]] })
-	b.stackRun = &f
-	b.results = append(b.results, result{group: "stack", name: modeStack, ops: f.accepted, elapsed: elapsed,
-		extra: map[string]string{"stack CPU": f.per(f.total()) + "/accepted"}})
-	b.checks = append(b.checks, fmt.Sprintf("stack: %d answers, all 202; %d CONFIRMED in MySQL (wrk does not count the answers in flight when it stops)", f.accepted, f.confirmed))
-	return nil
+	return f, nil
 }
 
 // stackLines are the stack part's summary lines.
@@ -293,9 +328,17 @@ func (b *bench) stackLines() []string {
 	for _, name := range f.order {
 		parts = append(parts, name+" "+f.per(f.cpu[name]))
 	}
-	return []string{fmt.Sprintf("CPU per accepted order through make dev = %s (goal ≤ %.1f ms): %s; %d accepted at %.0f/s, wrk c=%d %v, an admission token each (waiting room)",
+	line := fmt.Sprintf("CPU per accepted order through make dev = %s (goal ≤ %.1f ms): %s; %d accepted at %.0f/s, wrk c=%d %v, an admission token each (waiting room)",
 		f.per(f.total()), float64(stackGoal.Microseconds())/1000, strings.Join(parts, ", "), f.accepted,
-		float64(f.accepted)/f.elapsed.Seconds(), stackConnections, stackDuration)}
+		float64(f.accepted)/f.elapsed.Seconds(), stackConnections, stackDuration)
+	if n := b.stackNoRoom; n != nil {
+		var parts []string
+		for _, name := range n.order {
+			parts = append(parts, name+" "+n.per(n.cpu[name]))
+		}
+		line += fmt.Sprintf("; without a waiting room %s: %s; %d accepted at %.0f/s", n.per(n.total()), strings.Join(parts, ", "), n.accepted, float64(n.accepted)/n.elapsed.Seconds())
+	}
+	return []string{line}
 }
 
 // cpuOf reads each process's CPU time so far.
