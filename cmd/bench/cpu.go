@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -55,6 +56,7 @@ func (b *bench) handlerCPU(ctx context.Context) error {
 	}{{"sdk", modeHandlerSDK, false}, {"direct", modeHandlerDirect, false}, {"direct", modeHandlerRoom, true}} {
 		cfg := b.cfg
 		cfg.SQSSend = m.send
+		cfg.Protocol.AdmitFor = stackAdmitFor // admitting the pool takes a while (-d long: longer)
 		a, err := app.Build(ctx, cfg, app.Options{Function: "bench", Out: io.Discard})
 		if err != nil {
 			return err
@@ -81,6 +83,7 @@ func (b *bench) handlerCPU(ctx context.Context) error {
 		}
 		body := fmt.Sprintf(`{"sku":%q,"qty":1}`, sku)
 		b.log("handler CPU: %s …", m.name)
+		runtime.GC() // the setup's garbage is not the handler's
 		cpu0 := processCPU()
 		ops, el, lat, err := hammer(b.o.concurrency, b.o.duration, func(w, i int) error {
 			user := fmt.Sprintf("cpu-u%d-%d", w, i)

@@ -23,26 +23,27 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/holdfast/holdfast/internal/devauth"
 	"github.com/holdfast/holdfast/internal/services"
+	"github.com/holdfast/holdfast/shared/adapters/redisstore"
 	"github.com/holdfast/holdfast/shared/app"
 )
 
 // stackThreads are wrk's threads (-t).
-const (
-	stackThreads    = 2
-	stackThreadsLua = "2" // stackThreads, in the script
-)
+const stackThreads = 2
 
-// stackAdmitRate is how many buyers a second of stackDuration the stack
-// part admits to its SKU's waiting room before the run: more requests than
-// these cores answer, so no buyer's admission is used twice.
-const stackAdmitRate = 8000
+// stackBuyers is how many buyers each of the stack part's runs has (each
+// a token, and in the room's run an admission): more requests than these
+// cores answer in stackDuration, so no buyer buys twice in a run.
+const stackBuyers = 5000 * int(stackDuration/time.Second)
 
 // stackAdmitFor is how long the stack part's admissions last: long enough
 // for admitting the pool and the run (a buyer's own lasts HOLDFAST_ADMIT_FOR).
@@ -84,8 +85,9 @@ func (f stackFigure) per(d time.Duration) string {
 
 // stackWrk is wrk's script: each request a buyer of its own, with the
 // buyer's token and admission token (a line of the tokens file each,
-// threads taking every stackThreads-th line, none twice while the file
-// lasts); each answer counted by status, printed by done.
+// threads taking every THREADS-th line, none twice: a thread whose lines
+// run out stops); each answer counted by status, and wrk's own duration
+// (its threads' run, not its loading of the file), printed by done.
 const stackWrk = `
 local tokens = {}
 for line in io.lines(os.getenv("HOLDFAST_WRK_TOKENS")) do
@@ -101,7 +103,12 @@ function setup(thread)
   threads[#threads + 1] = thread
 end
 function request()
-  local t = tokens[(n * ` + stackThreadsLua + ` + (index or 0)) % #tokens + 1]
+  local i = n * THREADS + (index or 0) + 1
+  if i > #tokens then
+    wrk.thread:stop()
+    i = #tokens
+  end
+  local t = tokens[i]
   n = n + 1
   local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. t[1]}
   if t[2] ~= "-" then headers["Admission-Token"] = t[2] end
@@ -116,6 +123,7 @@ function done(summary, latency, requests)
     for s, c in pairs(t:get("counts")) do all[s] = (all[s] or 0) + c end
   end
   for s, c in pairs(all) do io.write(string.format("status %d %d\n", s, c)) end
+  io.write(string.format("duration %d\n", summary.duration))
   io.write(string.format("errors %d %d %d %d %d\n", summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.status, summary.errors.timeout))
 end
 `
@@ -137,7 +145,7 @@ func (b *bench) stack(ctx context.Context) error {
 		return err
 	}
 	tokens, script := filepath.Join(dir, "tokens"), filepath.Join(dir, "stack.lua")
-	if err := os.WriteFile(script, []byte(stackWrk), 0o600); err != nil {
+	if err := os.WriteFile(script, []byte(strings.ReplaceAll(stackWrk, "THREADS", strconv.Itoa(stackThreads))), 0o600); err != nil {
 		return err
 	}
 	// Admitting the pool takes a while: its admissions last stackAdmitFor,
@@ -155,9 +163,17 @@ func (b *bench) stack(ctx context.Context) error {
 		}
 		procs[name] = pid
 	}
+	// The buyers' tokens, minted once for both runs (on two SKUs): a
+	// buyer each request, and one more for the first request.
+	b.log("stack: minting %d buyers' tokens …", stackBuyers+1)
+	jwts, err := mintAll(issuer, "stack-u", stackBuyers+1)
+	if err != nil {
+		return err
+	}
+	rig := stackRig{wrk: wrk, script: script, tokens: tokens, dev: dev, procs: procs, jwts: jwts}
 	// Without a waiting room first, then with it (the figure).
 	for _, room := range []bool{false, true} {
-		f, err := b.stackOnce(ctx, wrk, script, tokens, dev, procs, issuer, room)
+		f, err := b.stackOnce(ctx, rig, room)
 		if err != nil {
 			return err
 		}
@@ -178,10 +194,40 @@ func (b *bench) stack(ctx context.Context) error {
 // modeStackNoRoom is the stack part's run on a SKU without a waiting room.
 const modeStackNoRoom = modeStack + ", no room"
 
+// stackRig is what the stack part's runs share: wrk, its script and the
+// tokens file it reads, make dev's process, the processes whose CPU is
+// read, and the buyers' tokens (buyer i is "stack-u<i>").
+type stackRig struct {
+	wrk, script, tokens string
+	dev                 *devProcess
+	procs               map[string]int
+	jwts                []string
+}
+
+// mintAll mints n buyers' tokens (prefix and 0…n-1), on every core.
+func mintAll(issuer *devauth.Issuer, prefix string, n int) ([]string, error) {
+	out := make([]string, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, runtime.NumCPU())
+	for w := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n && errs[w] == nil; i = int(next.Add(1) - 1) {
+				out[i], errs[w] = issuer.Mint(fmt.Sprintf("%s%d", prefix, i), time.Hour)
+			}
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
 // stackOnce is one wrk run of the stack part on a fresh SKU, with a waiting
 // room (room) or not.
-func (b *bench) stackOnce(ctx context.Context, wrk, script, tokens string, dev *devProcess, procs map[string]int, issuer *devauth.Issuer, room bool) (stackFigure, error) {
+func (b *bench) stackOnce(ctx context.Context, rig stackRig, room bool) (stackFigure, error) {
 	var f stackFigure
+	wrk, script, tokens, dev, procs := rig.wrk, rig.script, rig.tokens, rig.dev, rig.procs
 	sku := fmt.Sprintf("bench-stack-%d", time.Now().UnixNano())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, dev.url+"/admin/skus/"+sku+"/stock", strings.NewReader(fmt.Sprintf(
 		`{"stock":%d,"per_user_limit":1000,"pay_within_seconds":86400,"opens_at":%q,"closes_at":%q,"waiting_room":%t}`, // every per-SKU check on (a day to pay: no timeouts for the later parts to sweep)
@@ -197,11 +243,10 @@ func (b *bench) stackOnce(ctx context.Context, wrk, script, tokens string, dev *
 	// Each buyer admitted, and a token of theirs, before the run: what a
 	// buyer does before buying (the room's join and polls) is not timed.
 	// Without a room, "-" stands for no admission token.
-	pool := int(stackDuration.Seconds() * stackAdmitRate)
-	prefix := fmt.Sprintf("stack-u%t-", room)
+	pool := stackBuyers
 	admissions := make([]string, pool+1) // one more for the first request
 	if room {
-		b.log("stack: admitting %d buyers to the waiting room …", pool)
+		b.log("stack: admitting %d buyers to the waiting room …", pool+1)
 		cfg := b.cfg
 		cfg.Protocol.AdmitFor = stackAdmitFor
 		svc, err := b.service(ctx, cfg, app.Options{})
@@ -209,21 +254,17 @@ func (b *bench) stackOnce(ctx context.Context, wrk, script, tokens string, dev *
 			return f, err
 		}
 		t0 := time.Now()
-		if admissions, err = admitAll(ctx, svc, sku, prefix, pool+1); err != nil {
+		if admissions, err = admitAll(ctx, svc, sku, "stack-u", pool+1); err != nil {
 			return f, fmt.Errorf("stack: %w", err)
 		}
 		b.log("stack: %d admitted in %v", len(admissions), time.Since(t0).Round(time.Second))
 	}
 	lines := make([]string, len(admissions))
 	for i, a := range admissions {
-		jwt, err := issuer.Mint(fmt.Sprintf("%s%d", prefix, i), time.Hour)
-		if err != nil {
-			return f, err
-		}
 		if a == "" {
 			a = "-"
 		}
-		lines[i] = jwt + " " + a
+		lines[i] = rig.jwts[i] + " " + a
 	}
 	// One buyer's request first, outside the count: the run stops here, with
 	// the answer, if a buyer's request is refused.
@@ -246,6 +287,11 @@ func (b *bench) stackOnce(ctx context.Context, wrk, script, tokens string, dev *
 	if err := os.WriteFile(tokens, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		return f, err
 	}
+	// The first request CONFIRMED before the CPU is read: its persist is
+	// not in the figure.
+	if err := b.awaitConfirmed(ctx, sku, 1); err != nil {
+		return f, fmt.Errorf("stack: the first request: %w", err)
+	}
 	b.log("stack: wrk, %d connections, %v, against make dev's stack (waiting room: %t) …", stackConnections, stackDuration, room)
 	cpu0, err := cpuOf(procs)
 	if err != nil {
@@ -265,8 +311,11 @@ func (b *bench) stackOnce(ctx context.Context, wrk, script, tokens string, dev *
 	for sc.Scan() {
 		var s, c int64
 		var e [5]int64
+		var us int64
 		if n, _ := fmt.Sscanf(sc.Text(), "status %d %d", &s, &c); n == 2 {
 			f.statuses[int(s)] = c
+		} else if n, _ := fmt.Sscanf(sc.Text(), "duration %d", &us); n == 1 {
+			f.elapsed = time.Duration(us) * time.Microsecond
 		} else if n, _ := fmt.Sscanf(sc.Text(), "errors %d %d %d %d %d", &e[0], &e[1], &e[2], &e[3], &e[4]); n == 5 && e[0]+e[1]+e[2]+e[4] > 0 {
 			return f, fmt.Errorf("stack: wrk saw socket errors (connect, read, write, status, timeout) %v\n%s", e, out)
 		}
@@ -275,37 +324,27 @@ func (b *bench) stackOnce(ctx context.Context, wrk, script, tokens string, dev *
 	for _, c := range f.statuses {
 		answered += c
 	}
-	if answered > int64(pool) {
-		return f, fmt.Errorf("stack: %d answers for %d admitted buyers: an admission went twice, raise stackAdmitRate", answered, pool)
+	if answered >= int64(pool) {
+		return f, fmt.Errorf("stack: %d answers for %d buyers: wrk ran out of buyers, raise stackBuyers", answered, pool)
 	}
 	f.accepted = f.statuses[http.StatusAccepted]
 	if f.accepted == 0 || len(f.statuses) != 1 {
 		return f, fmt.Errorf("stack: answers by status %v: want only 202\n%s", f.statuses, out)
 	}
-	// Persist's share: wait until every accepted order is CONFIRMED.
-	settle, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	for {
-		var n int64
-		if err := b.app.DB.QueryRowContext(settle, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&n); err != nil {
-			return f, fmt.Errorf("stack: %d of %d accepted confirmed: %w", n, f.accepted, err)
-		}
-		// wrk does not count the answers in flight when it stops (one a
-		// connection at most), which the stack took: confirmed, not counted;
-		// nor the first request, made before it.
-		if n > f.accepted+stackConnections+1 {
-			return f, fmt.Errorf("stack: %d confirmed, %d accepted", n, f.accepted)
-		}
-		if n >= f.accepted {
-			f.confirmed = n
-			break
-		}
-		select {
-		case <-settle.Done():
-			return f, fmt.Errorf("stack: %d of %d accepted confirmed in 5 min", n, f.accepted)
-		case <-time.After(100 * time.Millisecond): // polling MySQL while persist drains the queue
-		}
+	// Persist's share: wait until every hold taken is CONFIRMED (the
+	// accepted, those in flight when wrk stopped, and the first request).
+	rs, err := redisstore.New(b.app.Redis, 0).Stock(ctx, sku)
+	if err != nil {
+		return f, err
 	}
+	taken := bigStock - rs.Available
+	if taken < f.accepted+1 || taken > f.accepted+1+stackConnections {
+		return f, fmt.Errorf("stack: %d holds taken for %d accepted", taken, f.accepted)
+	}
+	if err := b.awaitConfirmed(ctx, sku, taken); err != nil {
+		return f, fmt.Errorf("stack: %w", err)
+	}
+	f.confirmed = taken
 	cpu1, err := cpuOf(procs)
 	if err != nil {
 		return f, err
@@ -316,6 +355,30 @@ func (b *bench) stackOnce(ctx context.Context, wrk, script, tokens string, dev *
 	}
 	sort.Slice(f.order, func(i, j int) bool { return f.cpu[f.order[i]] > f.cpu[f.order[j]] })
 	return f, nil
+}
+
+// awaitConfirmed waits until n of sku's reservations are CONFIRMED in MySQL
+// (persist drains the queue meanwhile), five minutes at most.
+func (b *bench) awaitConfirmed(ctx context.Context, sku string, n int64) error {
+	settle, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for {
+		var got int64
+		if err := b.app.DB.QueryRowContext(settle, `SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED'`, sku).Scan(&got); err != nil {
+			return fmt.Errorf("%d of %d confirmed: %w", got, n, err)
+		}
+		if got > n {
+			return fmt.Errorf("%d confirmed, %d taken", got, n)
+		}
+		if got == n {
+			return nil
+		}
+		select {
+		case <-settle.Done():
+			return fmt.Errorf("%d of %d confirmed in 5 min", got, n)
+		case <-time.After(100 * time.Millisecond): // polling MySQL while persist drains the queue
+		}
+	}
 }
 
 // stackLines are the stack part's summary lines.
