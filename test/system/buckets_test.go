@@ -17,6 +17,7 @@ import (
 	"github.com/holdfast/holdfast/internal/services"
 	"github.com/holdfast/holdfast/internal/testkit/faultproxy"
 	"github.com/holdfast/holdfast/internal/testkit/invariant"
+	"github.com/holdfast/holdfast/internal/testkit/outbox"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/adapters/redisstore"
@@ -348,8 +349,11 @@ func TestBucketMoves(t *testing.T) {
 		}
 		db.Refuse(false)
 		stop := s.runPersist(2)
-		testservices.Eventually(t, 20*time.Second, "persist confirms the buyers and records the transfers", func() bool {
+		// Persist publishes a batch's confirmations after its commit: stop it
+		// only once they went out too.
+		testservices.Eventually(t, 20*time.Second, "persist confirms the buyers, publishes their confirmations and records the transfers", func() bool {
 			return s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND status = 'CONFIRMED' AND into_bucket IS NULL`, sku) == int64(len(accepted)) &&
+				s.count(`SELECT COUNT(*) FROM `+outbox.Table+` WHERE aggregate_id LIKE ? AND NOT published`, sku+".%") == 0 &&
 				s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND into_bucket IS NOT NULL AND released = 0`, sku) == 0 &&
 				s.count(`SELECT COUNT(*) FROM reservations WHERE sku = ? AND into_bucket IS NOT NULL`, sku) > 0
 		})
