@@ -648,7 +648,13 @@ func invoke(h APIHandler, route samtemplate.Route, v Verifier, log *slog.Logger)
 				},
 			},
 		}
-		resp, err := h(r.Context(), ev)
+		// Lambda's invocation is not the client's connection: a client that
+		// goes away mid-request does not cut the function short (a hold
+		// taken is still handed to persist), and the function's own
+		// Timeout bounds it.
+		ctx, cancel := invocationContext(r.Context(), route.Timeout)
+		resp, err := h(ctx, ev)
+		cancel()
 		if err != nil {
 			resp = events.APIGatewayV2HTTPResponse{StatusCode: http.StatusBadGateway, Body: `{"error":"internal","message":"handler error"}`}
 		}
@@ -659,6 +665,17 @@ func invoke(h APIHandler, route samtemplate.Route, v Verifier, log *slog.Logger)
 		_, _ = io.WriteString(w, resp.Body)
 		logged(resp.StatusCode)
 	})
+}
+
+// invocationContext is a function's context for a request: the request's
+// values, not its cancellation (API Gateway's invocation runs on when its
+// client disconnects), with the function's Timeout as its deadline.
+func invocationContext(req context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx := context.WithoutCancel(req)
+	if timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, timeout)
 }
 
 // API Gateway's quotas for an HTTP API ("Quotas for configuring and running

@@ -323,3 +323,73 @@ func TestGatewayServesTheWaitingRoom(t *testing.T) {
 		t.Errorf("two GETs within a second = %s, %s (Cache-Control %q), want the first answer twice", first, second, resp.Header.Get("Cache-Control"))
 	}
 }
+
+// A client that goes away mid-request does not cut the function short, as
+// API Gateway's invocation of a Lambda runs on: a reserve that took a hold
+// still hands it to persist. The function's Timeout (template.yaml) is its
+// deadline instead.
+func TestGatewayInvocationOutlivesItsClient(t *testing.T) {
+	tpl, err := samtemplate.Load("../../template.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := devauth.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqCtx := make(chan context.Context, 1)
+	fnCtx := make(chan context.Context, 1)
+	release := make(chan struct{})
+	fn := func(ctx context.Context, _ events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
+		fnCtx <- ctx
+		<-release
+		return events.APIGatewayV2HTTPResponse{StatusCode: http.StatusAccepted}, nil
+	}
+	gw := devstack.Gateway(fn, tpl.Routes(), iss.Verifier(), slog.New(slog.DiscardHandler))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reqCtx <- r.Context()
+		gw.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	defer close(release)
+	tok, err := iss.Mint("ann", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	clientCtx, hangUp := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(clientCtx, "POST", srv.URL+"/reservations", strings.NewReader(`{"sku":"demo-phone","qty":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	sent := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		sent <- err
+	}()
+	rctx, ctx := <-reqCtx, <-fnCtx
+	hangUp()
+	if err := <-sent; err == nil {
+		t.Fatal("the client's request succeeded after it hung up")
+	}
+	<-rctx.Done() // the server saw the client go
+	if err := ctx.Err(); err != nil {
+		t.Errorf("the function's context ended with its client: %v", err)
+	}
+	var reserve time.Duration
+	for _, r := range tpl.Routes() {
+		if r.Key() == "POST /reservations" {
+			reserve = r.Timeout
+		}
+	}
+	if reserve <= 0 {
+		t.Fatalf("POST /reservations carries no function Timeout: %v", reserve)
+	}
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > reserve || time.Until(d) < reserve-time.Minute {
+		t.Errorf("the function's deadline = %v (ok %t), want about its Timeout %v from the request", d, ok, reserve)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/holdfast/holdfast/internal/samtemplate"
 	"github.com/holdfast/holdfast/shared/handlers/httpapi"
@@ -23,10 +24,11 @@ func TestRoutesCarryTheirAuthorizers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var keys []string
+	reserve := time.Duration(tpl.Functions()["ReserveFunction"].Timeout) * time.Second
 	for _, r := range tpl.Routes() {
 		keys = append(keys, r.Key()) // API Gateway's routeKey, which the handler dispatches on
 		want := samtemplate.Route{Function: "ReserveFunction", Method: r.Method, Path: r.Path,
-			Authorizer: "BuyerJwt", AuthType: "JWT", IdentityHeader: "Authorization"}
+			Authorizer: "BuyerJwt", AuthType: "JWT", IdentityHeader: "Authorization", Timeout: reserve}
 		switch {
 		case strings.HasPrefix(r.Path, "/admin/"):
 			want.Authorizer, want.AuthType, want.IdentityHeader = "AWS_IAM", "AWS_IAM", ""

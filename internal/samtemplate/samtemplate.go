@@ -246,6 +246,9 @@ type Route struct {
 	// IdentityHeader is, for a JWT authorizer, the request header its token
 	// comes from (identitySource $request.header.X; Authorization by default).
 	IdentityHeader string
+	// Timeout is the invoked function's Timeout (Globals merged): how long
+	// its invocation runs at most, whatever the client does meanwhile.
+	Timeout time.Duration
 }
 
 // Key returns the route key as API Gateway writes it: "GET /reservations/{id}".
@@ -257,6 +260,7 @@ func (r Route) Key() string { return r.Method + " " + r.Path }
 // authorizer its security scheme declares.
 func (t *Template) Routes() []Route {
 	resources := mapOf(t.Doc["Resources"])
+	fns := t.Functions()
 	var out []Route
 	for _, r := range resources {
 		res := mapOf(r)
@@ -275,6 +279,7 @@ func (t *Template) Routes() []Route {
 				uri, _ := mapOf(mapOf(op["x-amazon-apigateway-integration"])["uri"])["Fn::Sub"].(string)
 				if m := integrationFunction.FindStringSubmatch(uri); m != nil {
 					route.Function = m[1]
+					route.Timeout = time.Duration(fns[m[1]].Timeout) * time.Second
 				}
 				security, ok := op["security"].([]any)
 				if !ok {
