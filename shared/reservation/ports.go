@@ -52,6 +52,8 @@ type Holds interface {
 	// last applied to the bucket), by Redis's clock: *NotOpenError before it
 	// opens, ErrSaleClosed from its close; a replay of an existing hold is
 	// answered all the same, and every refusal but a mismatch is charged.
+	// A new hold, ErrSoldOut, ErrLimitExceeded, ErrSaleClosed and
+	// ErrAdmissionExpired come with the outcome's Whole.
 	Reserve(ctx context.Context, r Reservation, ttl time.Duration) (Reservation, ReserveOutcome, error)
 
 	// Follow makes the hold of row.ID follow MySQL's decided row, once:
@@ -271,6 +273,13 @@ type ReserveOutcome struct {
 	// (a refund follows in the row's bucket, not here): only a final hold
 	// the bucket took itself is the row's bucket's word.
 	Tombstone bool
+	// Whole: the bucket holds every reservation of its SKU, each at least
+	// until its retention (it was warmed when MySQL had none, with one
+	// bucket, and K has not changed since): an id it has no hold of has no
+	// row in MySQL either. Set with a new hold and with the refusals a keyed
+	// buy would otherwise ask MySQL about (docs/design.md, "A bucket that
+	// holds every id").
+	Whole bool
 }
 
 // RedisStock is a SKU as Redis has it.
@@ -450,7 +459,8 @@ type Ledger interface {
 	Stock(ctx context.Context, sku string) (StockLevel, error)
 	// Snapshot reads, consistently, the SKU's level and the CONFIRMED rows
 	// among ids, and every CONFIRMED row of the SKU still unpaid within a
-	// pay window (units that may return), each row once (the warm-up's read).
+	// pay window (units that may return), each row once (the warm-up's read),
+	// and whether the SKU has no reservation row at all (NeverReserved).
 	Snapshot(ctx context.Context, sku string, ids []string) (StockLevel, []Reservation, error)
 	// StocksAfter returns up to limit SKUs' levels in SKU order, starting
 	// after the SKU named after ("": from the first).

@@ -254,6 +254,11 @@ type StockLevel struct {
 	// A SKU with a waiting room has one bucket (the room is what spreads
 	// its load). See WaitingRoom.
 	AdmitPermille int
+	// NeverReserved is Snapshot's alone: MySQL has no reservation row of
+	// the SKU at all (none decided, fenced or refunded), so a bucket warmed
+	// from this read holds every reservation of the SKU from then on
+	// (ReserveOutcome.Whole).
+	NeverReserved bool
 }
 
 // WaitingRoom reports whether the SKU sells through its waiting room.

@@ -107,7 +107,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	// A keyed buy runs the script first, so the buyer's attempt rate is
 	// charged before any MySQL read: a scalper's thousands of fresh keys cost
 	// Redis, not the arbiter; MySQL is asked only when Redis has no final
-	// answer (judgeKeyed). A keyed join, charged above, asks MySQL first: a
+	// answer (judgeKeyed), and not while the bucket holds every reservation
+	// of the SKU (out.Whole: an id it has no hold of has no row either), so
+	// neither a sale's new holds nor a sold-out crowd's refusals read MySQL. A keyed join, charged above, asks MySQL first: a
 	// hold the script took again for a decided id would be told 202 and hold
 	// a slot in this request's group until returning the stray frees it, and
 	// the group might form on it first.
@@ -133,7 +135,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if failed != nil {
 		return Reservation{}, false, failed
 	}
-	if keyed && !checked {
+	if keyed && !checked && !(out.Whole && r.GroupID == "" && l.k == 1) {
 		if row, ok, jerr := s.judgeKeyed(ctx, r, held, err); ok || jerr != nil {
 			return row, jerr == nil, jerr
 		}

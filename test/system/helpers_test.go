@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -187,7 +188,9 @@ func (p *promise) keysOfSKU(sku string) []string {
 }
 
 // forgetRetained simulates HOLDFAST_HOLD_RETENTION passing: every key of the
-// SKU that carries a TTL (finished holds, group keys) is gone.
+// SKU that carries a TTL (finished holds, group keys) is gone, and so is
+// the time in which its buckets held every reservation (meta.whole): that
+// outlasts every hold decided in it by the retention (endWhole).
 func (p *promise) forgetRetained(sku string) int {
 	p.t.Helper()
 	ctx := context.Background()
@@ -202,14 +205,32 @@ func (p *promise) forgetRetained(sku string) int {
 			n++
 		}
 	}
+	p.endWhole(sku)
 	return n
 }
 
-// forgetHold simulates retention passing for one hold.
+// forgetHold simulates retention passing for one hold (endWhole too).
 func (p *promise) forgetHold(sku, id string) {
 	p.t.Helper()
 	if n, err := p.rdb.Del(context.Background(), "hf:{"+sku+"}:r:"+id).Result(); err != nil || n != 1 {
 		p.t.Fatalf("forget hold %s: deleted %d, %v", id, n, err)
+	}
+	p.endWhole(sku)
+}
+
+// endWhole ends the time in which the SKU's buckets hold every reservation
+// of it (warm.lua's meta.whole), as the retention passing would: a finished
+// hold can be gone only once it has. The tests that forget holds without
+// moving the clock that long say so through it.
+func (p *promise) endWhole(sku string) {
+	p.t.Helper()
+	ctx := context.Background()
+	for _, k := range p.keysOfSKU(sku) {
+		if strings.HasSuffix(k, "}:meta") {
+			if err := p.rdb.HSet(ctx, k, "whole", 0).Err(); err != nil {
+				p.t.Fatalf("end whole %s: %v", k, err)
+			}
+		}
 	}
 }
 

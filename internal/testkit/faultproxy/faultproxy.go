@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,6 +23,7 @@ type Proxy struct {
 	dropReply bool          // forward requests, lose the replies and reset
 	conns     map[net.Conn]struct{}
 	wg        sync.WaitGroup
+	sent      atomic.Int64 // chunks read from clients and forwarded upstream
 }
 
 // Start listens on a free loopback port and forwards to upstream.
@@ -38,6 +40,24 @@ func Start(upstream string) (*Proxy, error) {
 
 // Addr is where clients connect.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Sent counts the chunks clients sent that went upstream: for MySQL's
+// protocol, about one a statement (a test counts what a path asks).
+func (p *Proxy) Sent() int64 { return p.sent.Load() }
+
+// counted counts each non-empty read of r in n.
+type counted struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c counted) Read(b []byte) (int, error) {
+	k, err := c.r.Read(b)
+	if k > 0 {
+		c.n.Add(1)
+	}
+	return k, err
+}
 
 // SetLatency delays every reply by d (0 for none).
 func (p *Proxy) SetLatency(d time.Duration) { p.mu.Lock(); p.latency = d; p.mu.Unlock() }
@@ -132,7 +152,7 @@ func (p *Proxy) accept() {
 			defer p.track(up, false)
 			defer up.Close()
 			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(up, counted{c, &p.sent}); done <- struct{}{} }()
 			go func() { p.replies(c, up); done <- struct{}{} }()
 			<-done
 		}()

@@ -396,12 +396,18 @@ func nullInt[T int | int64](p *T) sql.NullInt64 {
 // Stock implements reservation.Ledger: one consistent read of the level
 // and its bucket shares.
 func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, error) {
-	level, _, err := s.Snapshot(ctx, sku, nil)
+	level, _, err := s.snapshot(ctx, sku, nil, false)
 	return level, err
 }
 
 // Snapshot implements reservation.Ledger: one consistent read.
 func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reservation.StockLevel, []reservation.Reservation, error) {
+	return s.snapshot(ctx, sku, held, true)
+}
+
+// snapshot is Snapshot, and Stock without the rows (whole false: nor
+// NeverReserved).
+func (s *Store) snapshot(ctx context.Context, sku string, held []string, whole bool) (reservation.StockLevel, []reservation.Reservation, error) {
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return reservation.StockLevel{}, nil, translate("snapshot begin", err)
@@ -419,6 +425,15 @@ func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reserv
 		return level, nil, err
 	}
 	level = levels[0]
+	if !whole {
+		return level, nil, nil
+	}
+	// Any row of the SKU, through the index (sku, status).
+	var rows int
+	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM reservations WHERE sku = ?)`, sku).Scan(&rows); err != nil {
+		return level, nil, translate("snapshot any reservation", err)
+	}
+	level.NeverReserved = rows == 0
 	var confirmed []reservation.Reservation
 	err = inChunks(len(held), func(lo, hi int) error {
 		rows, err := queryAll(ctx, tx, "snapshot confirmed", scanReservation, `SELECT `+reservationColumns+` FROM reservations

@@ -19,7 +19,7 @@ import (
 func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time.Duration) (reservation.Reservation, reservation.ReserveOutcome, error) {
 	var none reservation.ReserveOutcome
 	args := []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, s.now(), s.rate, s.burst, flag(r.AlreadyCharged),
-		r.Ticket, r.TicketExpires.UnixMilli()}
+		r.Ticket, r.TicketExpires.UnixMilli(), s.retention.Milliseconds()}
 	res := reserveScript.Run(ctx, s.rdb, ReserveKeys(r), args...) // EVALSHA, EVAL on NOSCRIPT
 	if err := res.Err(); err != nil {
 		return reservation.Reservation{}, none, reservation.Unavailable("redis reserve", err)
@@ -28,15 +28,18 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 	if err != nil || len(out) == 0 {
 		return reservation.Reservation{}, none, fmt.Errorf("redis reserve: unexpected reply %v: %w", res.Val(), err)
 	}
+	// A refusal that may be the replay of a reservation Redis forgot says
+	// whether the bucket holds every one (whole).
+	refused := reservation.ReserveOutcome{Whole: len(out) == 2 && out[1] == "1"}
 	switch out[0] {
 	case "OK":
-		if len(out) != 4 {
+		if len(out) != 5 {
 			return reservation.Reservation{}, none, fmt.Errorf("redis reserve: unexpected reply %v", out)
 		}
 		deadline, _ := strconv.ParseInt(out[1], 10, 64)
 		created, _ := strconv.ParseInt(out[2], 10, 64)
 		r.ExpiresAt, r.CreatedAt, r.Status = time.UnixMilli(deadline).UTC(), time.UnixMilli(created).UTC(), reservation.StatusHeld
-		return r, reservation.ReserveOutcome{Full: out[3] == "1"}, nil
+		return r, reservation.ReserveOutcome{Full: out[3] == "1", Whole: out[4] == "1"}, nil
 	case "REPLAY":
 		// follow.lua writes a tombstone where the bucket had no hold with
 		// created 0; a hold reserve.lua took has its creation time.
@@ -58,17 +61,17 @@ func (s *Store) Reserve(ctx context.Context, r reservation.Reservation, ttl time
 		wait, _ := strconv.ParseInt(out[2], 10, 64)
 		return reservation.Reservation{}, none, &reservation.NotOpenError{OpensAt: fromMS(opens), RetryAfter: time.Duration(wait) * time.Millisecond}
 	case "SALE_CLOSED":
-		return reservation.Reservation{}, none, reservation.ErrSaleClosed
+		return reservation.Reservation{}, refused, reservation.ErrSaleClosed
 	case "NOT_ADMITTED":
 		return reservation.Reservation{}, none, reservation.ErrAdmissionRequired
 	case "ADMISSION_LAPSED":
-		return reservation.Reservation{}, none, reservation.ErrAdmissionExpired
+		return reservation.Reservation{}, refused, reservation.ErrAdmissionExpired
 	case "UNKNOWN_SKU":
 		return reservation.Reservation{}, none, reservation.ErrUnknownSKU
 	case "SOLD_OUT":
-		return reservation.Reservation{}, none, reservation.ErrSoldOut
+		return reservation.Reservation{}, refused, reservation.ErrSoldOut
 	case "LIMIT":
-		return reservation.Reservation{}, none, reservation.ErrLimitExceeded
+		return reservation.Reservation{}, refused, reservation.ErrLimitExceeded
 	case "UNKNOWN_GROUP":
 		return reservation.Reservation{}, none, reservation.ErrUnknownGroup
 	case "GROUP_CLOSED":

@@ -71,9 +71,9 @@ func ReserveKeys(r reservation.Reservation) []string {
 
 // ReserveArgs returns the ARGV of reserve.lua for a reservation, reading the
 // time from Redis as production does, with rate and burst as the per-user
-// attempt defaults.
+// attempt defaults and no retention (the reply's whole is "0").
 func ReserveArgs(r reservation.Reservation, ttl time.Duration, rate, burst int) []any {
-	return []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, "", rate, burst, "0", r.Ticket, r.TicketExpires.UnixMilli()}
+	return []any{r.SKU, r.ID, r.Qty, r.UserID, r.GroupID, ttl.Milliseconds(), r.Token, "", rate, burst, "0", r.Ticket, r.TicketExpires.UnixMilli(), 0}
 }
 
 var (
@@ -81,7 +81,7 @@ var (
 	followScript      = redis.NewScript(clockLua + followLua)
 	expiredScript     = redis.NewScript(clockLua + expiredLua)
 	stockScript       = redis.NewScript(stockLua)
-	warmScript        = redis.NewScript(warmLua)
+	warmScript        = redis.NewScript(clockLua + warmLua)
 	groupCreateScript = redis.NewScript(groupCreateLua)
 	groupCloseScript  = redis.NewScript(clockLua + groupCloseLua)
 	groupFormScript   = redis.NewScript(groupFormLua)

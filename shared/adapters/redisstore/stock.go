@@ -120,9 +120,15 @@ func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []s
 	}
 	ks := make([]string, 0, 3+len(held)+len(confirmed))
 	ks = append(ks, k.stock(), k.meta())
-	args := make([]any, 0, 11+2*len(held)+2*len(confirmed))
+	// Whole: MySQL had no reservation of the SKU and it has one bucket, so
+	// this bucket will hold every one of them, each until its retention.
+	var wholeFor int64
+	if level.NeverReserved && level.BucketCount() == 1 {
+		wholeFor = s.retention.Milliseconds()
+	}
+	args := make([]any, 0, 13+2*len(held)+2*len(confirmed))
 	args = append(args, level.Available, level.Version, level.PerUserLimit, level.AdminDelta, level.UserRate, level.UserBurst, level.BucketCount(),
-		windowMS(level.OpensAt), windowMS(level.ClosesAt), level.AdmitPermille, len(held))
+		windowMS(level.OpensAt), windowMS(level.ClosesAt), level.AdmitPermille, len(held), s.now(), wholeFor)
 	for _, id := range held {
 		ks = append(ks, k.hold(id))
 		if t, ok := token[id]; ok {

@@ -21,12 +21,13 @@
 --          the bucket), so it is not charged again
 -- ARGV[12] the waiting-room ticket the request's admission token names ("" = none)
 -- ARGV[13] when that admission ends (unix ms; the token's, which its signature fixes)
+-- ARGV[14] the holds' retention (ms): how long a finished hold stays (whole, below)
 --
 -- Returns a flat array whose first element is the code:
---   {"OK", deadline, created, full}         hold recorded HELD, stock deducted; full "1" when this join
+--   {"OK", deadline, created, full, whole}  hold recorded HELD, stock deducted; full "1" when this join
 --                                           took the group's last slot (the group stays OPEN until MySQL
 --                                           records it FORMED and group_form.lua marks it: a join that is
---                                           never accepted must not form it)
+--                                           never accepted must not form it); whole: see below
 --   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken;
 --                                           created 0: a tombstone follow.lua wrote, not a hold taken here
 --   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken
@@ -36,9 +37,15 @@
 --   {"NOT_ADMITTED"}                        the SKU has a waiting room (meta.room) and no ticket came
 --   {"ADMISSION_LAPSED"}                    the ticket is not admitted (any more): its admission
 --                                           ended, or it was used for another hold
+--   {"SALE_CLOSED", whole} {"ADMISSION_LAPSED", whole} {"SOLD_OUT", whole} {"LIMIT", whole}: as above
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"} (LIMIT too: more than one unit under a waiting-room
 --                                          admission of a SKU with no per-user limit)
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
+-- whole is "1" while this bucket holds every reservation of its SKU (warm.lua found none in MySQL, with
+-- one bucket; a change of K ends it: stock.lua), each at least until its retention (meta.whole +
+-- the lesser of meta.wholefor and ARGV[14]): an id it has no hold of has no row in MySQL either, so
+-- the caller need not ask MySQL about a keyed buy's new hold or refusal (docs/design.md, "A bucket
+-- that holds every id"); "0" otherwise.
 -- Idempotent: a retried call (the same token) finds the hold and answers REPLAY, free of charge;
 -- another request for the same id (a client's replay, of a HELD hold or a decided one) costs an
 -- attempt first: replays are script calls on the SKU's shard like any other.
@@ -75,7 +82,7 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
   return out
 end
 
-local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit', 'room', 'rate', 'burst')
+local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit', 'room', 'rate', 'burst', 'whole', 'wholefor')
 if ARGV[11] ~= '1' then
   local wait = spend(m[5], m[6], KEYS[8], now, ARGV[9], ARGV[10], '')
   if wait then return {'RATE_LIMITED', tostring(wait)} end
@@ -83,9 +90,12 @@ end
 
 local stock = redis.call('GET', KEYS[1])
 if not stock then return {'UNKNOWN_SKU'} end
+local since = tonumber(m[7] or '0')
+local whole = '0'
+if since > 0 and now < since + math.min(tonumber(m[8] or '0'), tonumber(ARGV[14] or '') or 0) then whole = '1' end
 local opens, closes = tonumber(m[1] or '0'), tonumber(m[2] or '0')
 if opens > 0 and now < opens then return {'NOT_OPEN', tostring(opens), tostring(opens - now)} end
-if closes > 0 and now >= closes then return {'SALE_CLOSED'} end
+if closes > 0 and now >= closes then return {'SALE_CLOSED', whole} end
 -- A waiting-room SKU sells to admitted tickets only, one hold each: the ticket leaves the admitted
 -- set with its hold (below), so a second request under it (another id: the id is the ticket's, so
 -- only a forged one) is refused here.
@@ -93,7 +103,7 @@ local ticket = ARGV[12] or ''
 local room = tonumber(m[4] or '0') > 0
 if room then
   if ticket == '' then return {'NOT_ADMITTED'} end
-  if now >= tonumber(ARGV[13]) then return {'ADMISSION_LAPSED'} end
+  if now >= tonumber(ARGV[13]) then return {'ADMISSION_LAPSED', whole} end
 end
 
 -- The per-user limit before the stock: a request the limit refuses is LIMIT even at a dry bucket,
@@ -133,15 +143,15 @@ local function take()
 end
 if room then
   if refusal or gid ~= '' then
-    if not redis.call('ZSCORE', KEYS[9], ticket) then return {'ADMISSION_LAPSED'} end
+    if not redis.call('ZSCORE', KEYS[9], ticket) then return {'ADMISSION_LAPSED', whole} end
   elseif take() then
     taken = true
   else
     if counted then uncount() end
-    return {'ADMISSION_LAPSED'}
+    return {'ADMISSION_LAPSED', whole}
   end
 end
-if refusal then return {refusal} end
+if refusal then return {refusal, whole} end
 
 local full = '0'
 if gid ~= '' then
@@ -172,4 +182,4 @@ if room then
   redis.call('HSET', KEYS[10], ticket, 'R')
   if life and life > 0 then redis.call('PEXPIRE', KEYS[10], life) end
 end
-return {'OK', tostring(deadline), tostring(now), full}
+return {'OK', tostring(deadline), tostring(now), full, whole}

@@ -4,7 +4,8 @@
 -- ARGV[1] MySQL version  ARGV[2] per-user limit
 -- ARGV[3] MySQL admin delta (the sum of every admin change ever made)
 -- ARGV[4] per-user attempts per second  ARGV[5] burst (0: the service's defaults)
--- ARGV[6] the SKU's bucket count K (meta.k: reserve picks buckets by it)
+-- ARGV[6] the SKU's bucket count K (meta.k: reserve picks buckets by it; a change of K ends the
+--         bucket's meta.whole: a reservation may now be held in another bucket)
 -- ARGV[7] ARGV[8] the sale window: opens, closes (unix ms; 0 = no such bound)
 -- ARGV[9] the waiting room: buyers admitted per unit left, in thousandths (0 = no waiting room)
 --
@@ -19,9 +20,11 @@
 local version, limit, delta = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 if redis.call('EXISTS', KEYS[1]) == 0 then return 4 end
 if version <= tonumber(redis.call('HGET', KEYS[2], 'ver') or '-1') then return 0 end
-local added = tonumber(redis.call('HGET', KEYS[2], 'added') or '0')
+local m = redis.call('HMGET', KEYS[2], 'added', 'k')
+local added = tonumber(m[1] or '0')
 redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'rate', ARGV[4], 'burst', ARGV[5], 'k', ARGV[6],
   'opens', ARGV[7], 'closes', ARGV[8], 'room', ARGV[9])
+if tonumber(m[2] or '1') ~= tonumber(ARGV[6]) then redis.call('HSET', KEYS[2], 'whole', 0) end
 local d = delta - added
 if d == 0 then return 0 end
 redis.call('INCRBY', KEYS[1], d)
