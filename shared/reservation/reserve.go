@@ -62,7 +62,9 @@ func newToken() string {
 // the row in a bucket that had no hold of it: judgeTombstone): once MySQL
 // has the row, the same request answers its decided state and takes
 // nothing (a hold Redis took again is returned), and a different one is
-// ErrIdempotencyMismatch, however long Redis has forgotten the hold. The
+// ErrIdempotencyMismatch, however long Redis has forgotten the hold. A
+// keyed buy whose bucket holds every reservation of the SKU
+// (ReserveOutcome.Whole) asks MySQL nothing: Redis's answer is whole. The
 // buyer's attempt rate is charged before MySQL is asked, one token an
 // attempt from one budget per buyer and SKU, joins and buys alike. If the
 // hand-off of a request without a key fails, the reservation is cancelled
