@@ -2008,6 +2008,7 @@ func (l *memLedger) ChangeStock(_ context.Context, c StockChange) (StockLevel, e
 			}
 		}
 	}
+	level.Created = !exists
 	return level, nil
 }
 

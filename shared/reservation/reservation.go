@@ -255,10 +255,13 @@ type StockLevel struct {
 	// its load). See WaitingRoom.
 	AdmitPermille int
 	// NeverReserved is Snapshot's alone: MySQL has no reservation row of
-	// the SKU at all (none decided, fenced or refunded), so a bucket warmed
-	// from this read holds every reservation of the SKU from then on
-	// (ReserveOutcome.Whole).
+	// the SKU at all (none decided, fenced or refunded).
 	NeverReserved bool
+	// Created is ChangeStock's alone: this change inserted the SKU's row.
+	// No hold of the SKU can exist anywhere yet (none on its way to
+	// persist either), so its warm-up, if MySQL has no reservation of it,
+	// makes a bucket that holds every one (ReserveOutcome.Whole).
+	Created bool
 }
 
 // WaitingRoom reports whether the SKU sells through its waiting room.

@@ -441,6 +441,17 @@ const maxWarmHolds = 5000
 // confirm it has already seen (it would miss that confirm's deduction):
 // read again.
 func (s *Service) warm(ctx context.Context, sku string, b int) (warmed bool, err error) {
+	return s.warmBucket(ctx, sku, b, false)
+}
+
+// warmBucket is warm; created says it is the warm-up of the change that
+// created the SKU. Only that one may make a bucket that holds every
+// reservation of the SKU (when MySQL has none of it: a row left by a SKU
+// of the same name removed by hand has them): any other may follow a loss
+// of Redis while holds were on their way to persist, whose rows MySQL does
+// not have yet, and whose decisions may never reach Redis (an adversarial
+// review reproduced both).
+func (s *Service) warmBucket(ctx context.Context, sku string, b int, created bool) (warmed bool, err error) {
 	name := BucketName(sku, b)
 	for range 3 {
 		ids, err := s.figures.HeldIDs(ctx, name, maxWarmHolds)
@@ -451,6 +462,7 @@ func (s *Service) warm(ctx context.Context, sku string, b int) (warmed bool, err
 		if err != nil {
 			return false, err
 		}
+		level.NeverReserved = level.NeverReserved && created
 		share := level.Bucket(b)
 		res, err := s.figures.Warm(ctx, share, ids, confirmed)
 		if err != nil {

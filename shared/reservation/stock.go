@@ -56,7 +56,7 @@ func (s *Service) ChangeStock(ctx context.Context, c StockChange) (StockLevel, e
 	for b := range level.BucketCount() {
 		res, err := s.figures.Sync(ctx, level.Bucket(b))
 		if err == nil && res == SyncMissing && b == 0 {
-			_, err = s.warm(ctx, c.SKU, b) // the others warm when first asked
+			_, err = s.warmBucket(ctx, c.SKU, b, level.Created) // the others warm when first asked
 		}
 		if err != nil {
 			// MySQL changed and Redis did not yet: the sweeper applies it.

@@ -106,6 +106,7 @@ func (s *Store) createStock(ctx context.Context, c reservation.StockChange) (lev
 	if err := tx.Commit(); err != nil {
 		return reservation.StockLevel{}, false, translate("create stock commit", err)
 	}
+	levels[0].Created = true
 	return levels[0], true, nil
 }
 

@@ -78,6 +78,10 @@ func (s *Store) now() string {
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
+// retentionMS is how long a finished hold stays, as its TTL has it: whole
+// seconds (EXPIRE), in ms.
+func (s *Store) retentionMS() int64 { return int64(s.retention.Seconds()) * 1000 }
+
 // Now implements reservation.GroupSlots.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	if s.clock != nil {
