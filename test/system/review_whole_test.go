@@ -1,0 +1,80 @@
+package system_test
+
+// Adversarial review of "a bucket that holds every id" (meta.whole):
+// sequences in which the bucket says whole while MySQL has a row of an id
+// the bucket has no hold or tombstone of.
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// Redis loses the SKU while a keyed hold's message is in flight; the next
+// buy warms the bucket from a MySQL read that has no row yet (the message is
+// not persisted), so it is recorded whole. Persist then commits the id; in
+// the gap before Redis is told (AfterCommit: no fault, just the order), the
+// buyer retries with the same key. MySQL has decided the id, so the same
+// request must answer the decided row and a different qty 422
+// idempotency_mismatch ("however long ago Redis forgot the hold"). The
+// bucket says whole, so MySQL is not asked.
+func TestReviewWholeWarmedBeforeAnInFlightCommit(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		qty  int
+		want func(code int, b map[string]any, id string) bool
+		says string
+	}{
+		{"a different qty", 2, func(code int, b map[string]any, _ string) bool {
+			return code == http.StatusUnprocessableEntity && b["error"] == "idempotency_mismatch"
+		}, "422 idempotency_mismatch"},
+		{"the same request", 1, func(code int, b map[string]any, id string) bool {
+			return code == http.StatusOK && b["reservation_id"] == id && b["status"] == string(reservation.StatusConfirmed)
+		}, "200 CONFIRMED (MySQL's decided row)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var (
+				mu     sync.Mutex
+				target string
+				retry  func()
+			)
+			var p *promise
+			p = newPromise(t, withHooks(reservation.Hooks{AfterCommit: func(r reservation.Reservation) error {
+				mu.Lock()
+				f := retry
+				if r.ID == target {
+					retry = nil
+				} else {
+					f = nil
+				}
+				mu.Unlock()
+				if f != nil {
+					f()
+				}
+				return nil
+			}}))
+			sku := testservices.Name("rvwhole")
+			p.createSKU(sku, 5, 0)
+			id := p.reserved(sku, "ann", 1, "k1")
+			p.loseSKU(sku)
+			p.reserved(sku, "bob", 1, "") // warms the bucket: MySQL has no row yet
+
+			var code int
+			var body map[string]any
+			mu.Lock()
+			target = id
+			retry = func() { code, body = p.reserve(sku, "ann", tc.qty, "k1") }
+			mu.Unlock()
+			p.persistMsgs(id)
+			if st, _, _ := p.row(id); st != "CONFIRMED" {
+				t.Fatalf("row %s = %s, want CONFIRMED", id, st)
+			}
+			if !tc.want(code, body, id) {
+				t.Errorf("ann's retry (qty %d, key k1) after MySQL committed %s = %d %v; want %s", tc.qty, id, code, body, tc.says)
+			}
+		})
+	}
+}
