@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/reservation"
@@ -76,5 +77,49 @@ func TestReviewWholeWarmedBeforeAnInFlightCommit(t *testing.T) {
 				t.Errorf("ann's retry (qty %d, key k1) after MySQL committed %s = %d %v; want %s", tc.qty, id, code, body, tc.says)
 			}
 		})
+	}
+}
+
+// The same order with a fault instead of a race: Redis is unreachable while
+// persist tells it of the commit. A CONFIRMED row's follow that fails is
+// only logged ("the sweeper retries"), yet no sweep writes a tombstone of a
+// CONFIRMED row whose hold Redis lost, so the bucket goes on saying whole
+// for the retention. Here the SKU is sold out in Redis meanwhile (another
+// buyer took the unit the warm-up loaded): the buyer whose reservation
+// MySQL CONFIRMED retries with her key and is told 409 sold_out.
+func TestReviewWholeFollowFailedSoldOutRetry(t *testing.T) {
+	p := newPromiseBehindProxy(t)
+	sku := testservices.Name("rvwhole")
+	p.createSKU(sku, 1, 0)
+	id := p.reserved(sku, "ann", 1, "k1")
+	p.loseSKU(sku)
+	p.reserved(sku, "bob", 1, "") // warms the bucket whole (MySQL: available 1, no row) and takes its unit
+
+	p.proxy.Refuse(true)
+	p.persistMsgs(id) // MySQL confirms ann's reservation; Redis is not told
+	p.proxy.Refuse(false)
+	if st, _, _ := p.row(id); st != "CONFIRMED" {
+		t.Fatalf("row %s = %s, want CONFIRMED", id, st)
+	}
+	p.clock.Advance(5 * time.Second)
+	p.sweep()
+	p.sweep()
+
+	code, b := p.reserve(sku, "ann", 1, "k1")
+	if code != http.StatusOK || b["reservation_id"] != id || b["status"] != string(reservation.StatusConfirmed) {
+		t.Errorf("ann's keyed retry of her CONFIRMED reservation = %d %v; want 200 CONFIRMED %s (MySQL's row)", code, b, id)
+	}
+	if code, b := p.reserve(sku, "ann", 3, "k1"); code != http.StatusUnprocessableEntity || b["error"] != "idempotency_mismatch" {
+		t.Errorf("ann's retry with key k1 and qty 3 = %d %v; want 422 idempotency_mismatch", code, b)
+	}
+
+	// An hour of sweeps later (bob's hold expired and was returned) nothing
+	// has told the bucket of ann's row: her retry is a new hold.
+	for range 6 {
+		p.clock.Advance(10 * time.Minute)
+		p.sweep()
+	}
+	if code, b := p.reserve(sku, "ann", 1, "k1"); code != http.StatusOK || b["status"] != string(reservation.StatusConfirmed) {
+		t.Errorf("ann's keyed retry an hour of sweeps later = %d %v; want 200 CONFIRMED %s", code, b, id)
 	}
 }
