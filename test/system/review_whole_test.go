@@ -5,6 +5,7 @@ package system_test
 // the bucket has no hold or tombstone of.
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"testing"
@@ -121,5 +122,32 @@ func TestReviewWholeFollowFailedSoldOutRetry(t *testing.T) {
 	}
 	if code, b := p.reserve(sku, "ann", 1, "k1"); code != http.StatusOK || b["status"] != string(reservation.StatusConfirmed) {
 		t.Errorf("ann's keyed retry an hour of sweeps later = %d %v; want 200 CONFIRMED %s", code, b, id)
+	}
+}
+
+// meta.wholefor is the retention in milliseconds, but a finished hold's
+// TTL is the retention truncated to whole seconds (EXPIRE, int64 of
+// Seconds()): with HOLDFAST_HOLD_RETENTION=2500ms a confirmed hold is gone
+// after 2 s while the bucket says whole until 2.5 s, so a keyed retry with
+// another qty in between is a new hold (202), not 422 idempotency_mismatch.
+// (A retention of whole seconds, the default 24h, has no such gap.)
+func TestReviewWholeOutlivesATruncatedRetention(t *testing.T) {
+	p := newPromise(t, withVars(map[string]string{"HOLDFAST_HOLD_RETENTION": "2500ms"}))
+	sku := testservices.Name("rvwhole")
+	p.createSKU(sku, 5, 0)
+	start := time.Now()
+	id := p.reserved(sku, "ann", 1, "k1")
+	p.persistMsgs(id)
+	p.wantStatus(id, reservation.StatusConfirmed, "")
+	testservices.Eventually(t, 5*time.Second, "the confirmed hold's TTL passes", func() bool {
+		return p.rdb.Exists(context.Background(), "hf:{"+sku+"}:r:"+id).Val() == 0
+	})
+	elapsed := time.Since(start)
+	if elapsed >= 2400*time.Millisecond {
+		t.Skipf("too slow to land inside the gap: %v", elapsed)
+	}
+	p.clock.Advance(elapsed) // the scripts' clock keeps up with Redis's TTLs
+	if code, b := p.reserve(sku, "ann", 2, "k1"); code != http.StatusUnprocessableEntity || b["error"] != "idempotency_mismatch" {
+		t.Errorf("ann's retry with key k1 and qty 2, %v after her hold was taken (retention 2.5 s) = %d %v; want 422 idempotency_mismatch", elapsed, code, b)
 	}
 }
