@@ -6,6 +6,7 @@ package system_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"testing"
@@ -149,5 +150,30 @@ func TestReviewWholeOutlivesATruncatedRetention(t *testing.T) {
 	p.clock.Advance(elapsed) // the scripts' clock keeps up with Redis's TTLs
 	if code, b := p.reserve(sku, "ann", 2, "k1"); code != http.StatusUnprocessableEntity || b["error"] != "idempotency_mismatch" {
 		t.Errorf("ann's retry with key k1 and qty 2, %v after her hold was taken (retention 2.5 s) = %d %v; want 422 idempotency_mismatch", elapsed, code, b)
+	}
+}
+
+// Held: an instance whose layout cache still says K = 1 after the admin
+// raised K (within touchEvery) reaches bucket 0, whose whole the raise ended
+// (stock.lua), so its keyed retry of a reservation Redis lost is judged in
+// MySQL: 422 for another qty.
+func TestReviewWholeStaleLayoutAfterARaiseOfK(t *testing.T) {
+	p := newPromise(t)
+	sku := testservices.Name("rvwhole")
+	p.createSKU(sku, 9, 0)
+	other := p.twin(p.clock, p.rec) // another instance, its layout cache its own
+	id := p.reserved(sku, "ann", 1, "k1")
+	if _, _, err := other.Reserve(context.Background(), reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: "bob", IdempotencyKey: "b1"}); err != nil {
+		t.Fatalf("bob through the other instance: %v", err)
+	}
+	p.persistMsgs(id)
+	p.raiseK(sku, 3)
+	// Redis loses ann's hold (a failover's lost write), not the meta hash.
+	if err := p.rdb.Del(context.Background(), "hf:{"+sku+"}:r:"+id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := other.Reserve(context.Background(), reservation.ReserveRequest{SKU: sku, Qty: 2, UserID: "ann", IdempotencyKey: "k1"})
+	if !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+		t.Errorf("ann's retry with qty 2 through an instance that cached K = 1 = %v; want ErrIdempotencyMismatch", err)
 	}
 }
