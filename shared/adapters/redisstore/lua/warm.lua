@@ -11,9 +11,10 @@
 -- ARGV[10] the waiting room: buyers admitted per unit left, in thousandths (0 = no waiting room)
 -- ARGV[11] h, how many HELD holds are listed
 -- ARGV[12] now (unix ms; "" = Redis's clock)
--- ARGV[13] whole for (ms): MySQL's read had no reservation of the SKU at all and K is 1, so from now
---          on this bucket holds every reservation of the SKU; the holds' retention, after which a
---          finished one may be gone (0: not whole)
+-- ARGV[13] whole for (ms): this is the warm-up of the change that created the SKU (no hold of it can
+--          exist yet), MySQL's read had no reservation of it and K is 1, so from now on this bucket
+--          holds every reservation of the SKU; the holds' retention (whole seconds, as their TTL),
+--          after which a finished one may be gone (0: not whole)
 -- ARGV[12+2i] ARGV[13+2i]  for KEYS[2+i], i = 1..h: "1" and the token if MySQL's read had its row
 --                         CONFIRMED, "0" and "" if MySQL had no decision for it
 -- ARGV[12+2h+2j] ARGV[13+2h+2j]  for KEYS[3+h+j], j = 1..: the id and qty of a row MySQL's read had
