@@ -49,7 +49,7 @@ func (s *scripted) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var status int
-	fmt.Sscan(a[0], &status)
+	_, _ = fmt.Sscan(a[0], &status)
 	if a[1] != "" {
 		w.Header().Set("X-Amzn-ErrorType", a[1])
 	}

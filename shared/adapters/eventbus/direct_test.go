@@ -201,7 +201,7 @@ func TestDirectPublishRetries(t *testing.T) {
 				if n <= len(tc.answers) {
 					var status int
 					code, body, _ := strings.Cut(tc.answers[n-1], " ")
-					fmt.Sscan(code, &status)
+					_, _ = fmt.Sscan(code, &status)
 					return status, body
 				}
 				return ok(n, r)
