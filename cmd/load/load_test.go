@@ -72,7 +72,7 @@ func TestFlashSaleThroughTheDevStack(t *testing.T) {
 
 	// Another sale's event, on the queue before the run: not the run's.
 	other := reservation.ConfirmedEvent(reservation.Reservation{ID: "demo-phone.x", SKU: "demo-phone", UserID: "ann", Qty: 1}, time.Now())
-	if errs := eventbus.NewQueue(client, q.EventsURL).Publish(ctx, []reservation.Event{other}); errs[0] != nil {
+	if errs := env.EventsQueue(t, q.EventsURL).Publish(ctx, []reservation.Event{other}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
 

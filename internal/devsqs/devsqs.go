@@ -12,28 +12,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/awsjson"
 )
 
 // Client sends an event source's receives and deletes.
 type Client struct {
-	endpoint string
-	http     *http.Client
-	signer   *queue.Signer
-	now      func() time.Time
+	json *awsjson.Client
 }
 
 // New returns a Client with the endpoint, region and credentials the SDK
 // client resolved (an endpoint override such as AWS_ENDPOINT_URL_SQS
-// included).
+// included). A refused request's error is an *awsjson.Error; no request
+// is tried twice (the event source polls again).
 func New(ctx context.Context, c *sqs.Client) (*Client, error) {
 	o := c.Options()
 	ep, err := o.EndpointResolverV2.ResolveEndpoint(ctx, sqs.EndpointParameters{Region: aws.String(o.Region), Endpoint: o.BaseEndpoint})
@@ -45,20 +41,12 @@ func New(ctx context.Context, c *sqs.Client) (*Client, error) {
 	}
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = 64 // every poller keeps its connection
-	return &Client{endpoint: strings.TrimSuffix(ep.URI.String(), "/"),
-		http: &http.Client{Transport: t, Timeout: time.Minute}, signer: queue.NewSigner(o.Region, o.Credentials), now: time.Now}, nil
-}
-
-// Error is SQS's refusal of a request.
-type Error struct {
-	Op      string
-	Status  int
-	Code    string // the error type without its namespace, e.g. QueueDoesNotExist
-	Message string
-}
-
-func (e *Error) Error() string {
-	return fmt.Sprintf("sqs %s: %d %s: %s", e.Op, e.Status, e.Code, e.Message)
+	jc, err := awsjson.NewClient(awsjson.SQS, awsjson.Config{Endpoint: ep.URI.String(), Region: o.Region, Credentials: o.Credentials,
+		HTTPClient: &http.Client{Transport: t, Timeout: time.Minute}, Attempts: 1})
+	if err != nil {
+		return nil, fmt.Errorf("devsqs: %w", err)
+	}
+	return &Client{json: jc}, nil
 }
 
 // call sends one request of SQS's JSON protocol and decodes its answer into out.
@@ -67,27 +55,7 @@ func (c *Client) call(ctx context.Context, op string, in, out any) error {
 	if err != nil {
 		return fmt.Errorf("sqs %s: %w", op, err)
 	}
-	req, err := c.signer.Request(ctx, c.endpoint, op, payload, c.now())
-	if err != nil {
-		return fmt.Errorf("sqs %s: %w", op, err)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("sqs %s: %w", op, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return fmt.Errorf("sqs %s: read answer: %w", op, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		code, msg := queue.Refusal(resp.StatusCode, data)
-		return &Error{Op: op, Status: resp.StatusCode, Code: code, Message: msg}
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("sqs %s: unexpected answer %.200q: %w", op, data, err)
-	}
-	return nil
+	return c.json.Call(ctx, op, payload, func(data []byte) error { return json.Unmarshal(data, out) })
 }
 
 type receiveInput struct {

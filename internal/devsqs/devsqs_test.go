@@ -10,6 +10,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/holdfast/holdfast/internal/devsqs"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
+	"github.com/holdfast/holdfast/shared/awsjson"
 )
 
 // On the real SQS-API server, a message the SDK sent comes back through
@@ -79,7 +80,7 @@ func TestReceiveAndDeleteAsTheSDK(t *testing.T) {
 	}
 }
 
-// A refused request is an *Error with SQS's status and error code, and the
+// A refused request is an *awsjson.Error with SQS's status and error code, and the
 // error says which operation it was.
 func TestRefusalIsAnError(t *testing.T) {
 	env := testservices.Require(t)
@@ -91,8 +92,8 @@ func TestRefusalIsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = lean.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(q.URL + "-missing"), MaxNumberOfMessages: 1})
-	var e *devsqs.Error
+	var e *awsjson.Error
 	if !errors.As(err, &e) || e.Op != "ReceiveMessage" || e.Status/100 != 4 || e.Code == "" {
-		t.Fatalf("receive from a missing queue: %v (%#v), want a 4xx *devsqs.Error with a code", err, e)
+		t.Fatalf("receive from a missing queue: %v (%#v), want a 4xx *awsjson.Error with a code", err, e)
 	}
 }

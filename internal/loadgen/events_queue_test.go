@@ -10,7 +10,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
-	"github.com/holdfast/holdfast/shared/adapters/eventbus"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
@@ -41,7 +40,7 @@ func TestEventsReadFromTheQueue(t *testing.T) {
 	client := env.SQS(t)
 	setup := func(t *testing.T) (string, func(...reservation.Event)) {
 		q := env.CreateQueues(t, client, 5)
-		pub := eventbus.NewQueue(client, q.EventsURL)
+		pub := env.EventsQueue(t, q.EventsURL)
 		publish := func(evs ...reservation.Event) {
 			for _, e := range evs { // one at a time: in the order given
 				if errs := pub.Publish(ctx, []reservation.Event{e}); errs[0] != nil {

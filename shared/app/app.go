@@ -30,6 +30,7 @@ import (
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/adapters/queue"
 	"github.com/holdfast/holdfast/shared/adapters/redisstore"
+	"github.com/holdfast/holdfast/shared/awsjson"
 	"github.com/holdfast/holdfast/shared/config"
 	"github.com/holdfast/holdfast/shared/handlers/consumer"
 	"github.com/holdfast/holdfast/shared/handlers/httpapi"
@@ -142,18 +143,13 @@ func Build(ctx context.Context, cfg config.Config, opt Options) (*App, error) {
 			return nil, err
 		}
 	}
+	notifier, err := eventPublisher(ctx, cfg, awsCfg, a.SQS)
+	if err != nil {
+		_ = a.Close()
+		return nil, err
+	}
 	if opt.Enqueuer != nil {
 		enq = opt.Enqueuer(enq)
-	}
-	var notifier reservation.Notifier
-	switch {
-	case cfg.EventBusName != "":
-		notifier = eventbus.NewEventBridge(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName)
-	case cfg.EventsQueueURL != "":
-		notifier = eventbus.NewQueue(a.SQS, cfg.EventsQueueURL)
-	default:
-		_ = a.Close()
-		return nil, cfg.NeedsEvents()
 	}
 	if opt.Notifier != nil {
 		notifier = opt.Notifier(notifier)
@@ -289,26 +285,73 @@ func redisClient(ctx context.Context, cfg config.Config, secrets *secretsmanager
 	return redis.NewClient(opts.Simple()), nil
 }
 
-// directPublisher is reserve's sender: the endpoint, region and
-// credentials are those the SDK client resolved (an endpoint override such
-// as AWS_ENDPOINT_URL_SQS included), the endpoint resolved once here, not
-// per call.
+// directPublisher is reserve's sender (sqsDirect).
 func directPublisher(ctx context.Context, client *sqs.Client, queueURL string) (*queue.DirectPublisher, error) {
-	o := client.Options()
-	fips, dual := o.EndpointOptions.UseFIPSEndpoint == aws.FIPSEndpointStateEnabled, o.EndpointOptions.UseDualStackEndpoint == aws.DualStackEndpointStateEnabled
-	ep, err := o.EndpointResolverV2.ResolveEndpoint(ctx, sqs.EndpointParameters{Region: aws.String(o.Region), Endpoint: o.BaseEndpoint,
-		UseFIPS: aws.Bool(fips), UseDualStack: aws.Bool(dual)})
+	c, err := sqsDirect(ctx, client)
 	if err != nil {
-		return nil, fmt.Errorf("sqs endpoint: %w", err)
+		return nil, err
 	}
-	return queue.NewDirectPublisher(queue.DirectConfig{QueueURL: queueURL, Endpoint: ep.URI.String(),
-		Region: o.Region, Credentials: o.Credentials, HTTPClient: sendClient()})
+	return queue.NewDirectPublisher(queue.DirectConfig{QueueURL: queueURL, Config: c})
 }
 
-// sendClient is the HTTP client of reserve's sends: the SDK's transport
+// eventPublisher is the event bus persist, compensate and the sweeper
+// publish to: EventBridge in AWS, the SQS stand-in locally, each sent
+// directly (eventbridgeDirect, sqsDirect).
+func eventPublisher(ctx context.Context, cfg config.Config, awsCfg aws.Config, sqsClient *sqs.Client) (reservation.Notifier, error) {
+	switch {
+	case cfg.EventBusName != "":
+		c, err := eventbridgeDirect(ctx, eventbridge.NewFromConfig(awsCfg))
+		if err != nil {
+			return nil, err
+		}
+		return eventbus.NewEventBridge(c, cfg.EventBusName)
+	case cfg.EventsQueueURL != "":
+		c, err := sqsDirect(ctx, sqsClient)
+		if err != nil {
+			return nil, err
+		}
+		return eventbus.NewQueue(c, cfg.EventsQueueURL)
+	default:
+		return nil, cfg.NeedsEvents()
+	}
+}
+
+// sqsDirect and eventbridgeDirect configure the direct sends (awsjson):
+// the endpoint, region and credentials are those the SDK client resolved
+// (an endpoint override such as AWS_ENDPOINT_URL_SQS included, FIPS and
+// dual-stack as configured), the endpoint resolved once here, not per call.
+func sqsDirect(ctx context.Context, client *sqs.Client) (awsjson.Config, error) {
+	o := client.Options()
+	fips, dual := endpointVariants(o.EndpointOptions.UseFIPSEndpoint, o.EndpointOptions.UseDualStackEndpoint)
+	ep, err := o.EndpointResolverV2.ResolveEndpoint(ctx, sqs.EndpointParameters{Region: aws.String(o.Region), Endpoint: o.BaseEndpoint,
+		UseFIPS: fips, UseDualStack: dual})
+	return directConfig("sqs", ep.URI, err, o.Region, o.Credentials)
+}
+
+func eventbridgeDirect(ctx context.Context, client *eventbridge.Client) (awsjson.Config, error) {
+	o := client.Options()
+	fips, dual := endpointVariants(o.EndpointOptions.UseFIPSEndpoint, o.EndpointOptions.UseDualStackEndpoint)
+	ep, err := o.EndpointResolverV2.ResolveEndpoint(ctx, eventbridge.EndpointParameters{Region: aws.String(o.Region), Endpoint: o.BaseEndpoint,
+		UseFIPS: fips, UseDualStack: dual})
+	return directConfig("eventbridge", ep.URI, err, o.Region, o.Credentials)
+}
+
+func endpointVariants(fips aws.FIPSEndpointState, dual aws.DualStackEndpointState) (useFIPS, useDualStack *bool) {
+	return aws.Bool(fips == aws.FIPSEndpointStateEnabled), aws.Bool(dual == aws.DualStackEndpointStateEnabled)
+}
+
+func directConfig(service string, endpoint url.URL, resolveErr error, region string, creds aws.CredentialsProvider) (awsjson.Config, error) {
+	if resolveErr != nil {
+		return awsjson.Config{}, fmt.Errorf("%s endpoint: %w", service, resolveErr)
+	}
+	return awsjson.Config{Endpoint: endpoint.String(), Region: region, Credentials: creds, HTTPClient: sendClient()}, nil
+}
+
+// sendClient is the HTTP client of the direct sends: the SDK's transport
 // settings, with enough idle connections kept alive for a process serving
-// many requests at once (make dev; a Lambda serves one at a time), so no
-// send pays for a new connection.
+// many requests at once (make dev; a Lambda serves one at a time, but
+// publishes up to eight calls at once), so no send pays for a new
+// connection.
 func sendClient() *awshttp.BuildableClient {
 	return awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) { t.MaxIdleConnsPerHost = 256 })
 }

@@ -19,6 +19,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,8 +33,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/holdfast/holdfast/internal/services"
 	"github.com/holdfast/holdfast/internal/testkit/awstest"
+	"github.com/holdfast/holdfast/shared/adapters/eventbus"
 	"github.com/holdfast/holdfast/shared/adapters/mysqlstore"
 	"github.com/holdfast/holdfast/shared/adapters/queue"
+	"github.com/holdfast/holdfast/shared/awsjson"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -127,6 +130,28 @@ func (e Env) SQS(t testing.TB) *sqs.Client {
 		t.Fatalf("aws config: %v", err)
 	}
 	return sqs.NewFromConfig(cfg)
+}
+
+// SQSDirect configures a direct sender (awsjson) to the test SQS server,
+// with the test credentials and region, as the functions' wiring does.
+func (e Env) SQSDirect(t testing.TB) awsjson.Config {
+	t.Helper()
+	cfg, err := awstest.Config(context.Background())
+	if err != nil {
+		t.Fatalf("aws config: %v", err)
+	}
+	return awsjson.Config{Endpoint: e.SQSEndpoint, Region: cfg.Region, Credentials: cfg.Credentials, HTTPClient: http.DefaultClient}
+}
+
+// EventsQueue is the event bus's local stand-in publishing to the queue at
+// url, as make dev wires it.
+func (e Env) EventsQueue(t testing.TB, url string) *eventbus.Queue {
+	t.Helper()
+	p, err := eventbus.NewQueue(e.SQSDirect(t), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // Queues are a reservation queue with its dead-letter queue, and an events queue.

@@ -1,14 +1,10 @@
 package queue_test
 
 import (
-	"context"
-	"net/http"
-	"os"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/holdfast/holdfast/internal/testkit/awstest"
 	"github.com/holdfast/holdfast/internal/testkit/reservationtest"
 	"github.com/holdfast/holdfast/internal/testkit/testservices"
 	"github.com/holdfast/holdfast/shared/adapters/queue"
@@ -28,12 +24,7 @@ func TestEnqueuerContract(t *testing.T) {
 	})
 	t.Run("direct", func(t *testing.T) {
 		reservationtest.Enqueuer(t, contractFactory(env, func(t *testing.T, client *sqs.Client, url string) reservation.Enqueuer {
-			cfg, err := awstest.Config(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := queue.NewDirectPublisher(queue.DirectConfig{QueueURL: url, Endpoint: os.Getenv("HOLDFAST_AWS_ENDPOINT"),
-				Region: cfg.Region, Credentials: cfg.Credentials, HTTPClient: http.DefaultClient})
+			p, err := queue.NewDirectPublisher(queue.DirectConfig{QueueURL: url, Config: env.SQSDirect(t)})
 			if err != nil {
 				t.Fatal(err)
 			}

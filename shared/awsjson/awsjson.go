@@ -1,0 +1,239 @@
+// Package awsjson sends operations of the AWS JSON protocols (SQS's JSON
+// 1.0, EventBridge's JSON 1.1) as one signed HTTP request each: the request
+// the SDK's client sends (the same target, content type, body and Signature
+// Version 4, by the SDK's own signer), without the SDK's per-call
+// middleware stack, which cost more CPU than the request itself
+// (docs/benchmarks.md). A Client retries what the SDK's standard retryer
+// retries (transport errors, server errors, throttling), a bounded number
+// of times within the context's deadline, and learns the service's clock
+// from a refusal of the signature's time, as the SDK does.
+package awsjson
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/holdfast/holdfast/shared/reservation"
+)
+
+// API names one service's JSON protocol.
+type API struct {
+	Name         string // in errors: "sqs", "eventbridge"
+	SigningName  string // Signature Version 4's service name
+	TargetPrefix string // X-Amz-Target is TargetPrefix.<operation>
+	ContentType  string // the protocol's version
+}
+
+// The APIs holdfast sends to directly.
+var (
+	SQS         = API{Name: "sqs", SigningName: "sqs", TargetPrefix: "AmazonSQS", ContentType: "application/x-amz-json-1.0"}
+	EventBridge = API{Name: "eventbridge", SigningName: "events", TargetPrefix: "AWSEvents", ContentType: "application/x-amz-json-1.1"}
+)
+
+// HTTPDoer sends an HTTP request (the SDK's BuildableClient, *http.Client).
+type HTTPDoer interface {
+	Do(*http.Request) (*http.Response, error)
+}
+
+// Signer signs requests of one API's JSON protocol as the SDK does.
+type Signer struct {
+	api         API
+	region      string
+	credentials aws.CredentialsProvider // cached (LoadDefaultConfig's is)
+	v4          *v4.Signer
+}
+
+// NewSigner returns a Signer of api's requests in region with creds.
+func NewSigner(api API, region string, creds aws.CredentialsProvider) *Signer {
+	return &Signer{api: api, region: region, credentials: creds, v4: v4.NewSigner()}
+}
+
+// Request returns op's request to endpoint carrying payload, signed at
+// the time at.
+func (s *Signer) Request(ctx context.Context, endpoint, op string, payload []byte, at time.Time) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/", bytes.NewReader(payload))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", s.api.ContentType)
+	req.Header.Set("X-Amz-Target", s.api.TargetPrefix+"."+op)
+	creds, err := s.credentials.Retrieve(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	hash := sha256.Sum256(payload)
+	if err := s.v4.SignHTTP(ctx, creds, req, hex.EncodeToString(hash[:]), s.api.SigningName, s.region, at); err != nil {
+		return nil, fmt.Errorf("sign: %w", err)
+	}
+	return req, nil
+}
+
+// Error is the service's refusal of a request.
+type Error struct {
+	API     string // API.Name
+	Op      string
+	Status  int
+	Code    string // the error type without its namespace, e.g. QueueDoesNotExist
+	Message string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s %s: %d %s: %s", e.API, e.Op, e.Status, e.Code, e.Message)
+}
+
+// Retryable reports whether another attempt may succeed: server errors and
+// throttling, as the SDK's standard retryer decides (its lists of codes).
+func (e *Error) Retryable() bool {
+	_, throttled := retry.DefaultThrottleErrorCodes[e.Code]
+	_, transient := retry.DefaultRetryableErrorCodes[e.Code]
+	return e.Status >= 500 || e.Status == http.StatusTooManyRequests || throttled || transient ||
+		strings.Contains(e.Code, "Throttl") // SQS's KmsThrottled and kin
+}
+
+// skewCodes are the refusals of a signature whose time is too far from the
+// service's (the SDK's retryer treats the same as clock skew).
+var skewCodes = map[string]bool{
+	"InvalidSignatureException": true, "SignatureDoesNotMatch": true, "RequestExpired": true,
+	"RequestTimeTooSkewed": true, "RequestInTheFuture": true, "AuthFailure": true,
+}
+
+// Refusal reads a refused answer as the SDK does: the error type from
+// X-Amzn-ErrorType, else the body's __type or code, without its namespace
+// or suffix (the status's text if none is named), and the body's message.
+func Refusal(api API, op string, status int, header http.Header, body []byte) *Error {
+	var e struct {
+		Type    string `json:"__type"`
+		Code    string `json:"code"`
+		Message string `json:"message"` // encoding/json also takes "Message"
+	}
+	_ = json.Unmarshal(body, &e)
+	code := header.Get("X-Amzn-ErrorType")
+	for _, c := range []string{e.Type, e.Code} {
+		if code == "" {
+			code = c
+		}
+	}
+	code, _, _ = strings.Cut(code, ":")
+	code = code[strings.LastIndexByte(code, '#')+1:]
+	if code == "" {
+		code = http.StatusText(status)
+	}
+	return &Error{API: api.Name, Op: op, Status: status, Code: code, Message: e.Message}
+}
+
+// Config configures a Client.
+type Config struct {
+	Endpoint    string // the service's endpoint, as the SDK client resolved it
+	Region      string
+	Credentials aws.CredentialsProvider // cached (LoadDefaultConfig's is)
+	HTTPClient  HTTPDoer
+	// Attempts bounds the tries of one call (default 3, as the SDK's
+	// standard retryer); Sleep waits between them (tests stub it).
+	Attempts int
+	Sleep    func(context.Context, time.Duration)
+	Now      func() time.Time
+}
+
+// Client sends one API's operations.
+type Client struct {
+	api    API
+	c      Config
+	signer *Signer
+	// skew is the service's clock minus this process's (ns), learnt from
+	// the Date of an answer refusing the signature's time: a function whose
+	// clock is off still sends.
+	skew atomic.Int64
+}
+
+// NewClient returns a Client of api, or an error if c cannot work.
+func NewClient(api API, c Config) (*Client, error) {
+	c.Endpoint = strings.TrimSuffix(c.Endpoint, "/")
+	if c.Endpoint == "" || c.Region == "" || c.Credentials == nil || c.HTTPClient == nil {
+		return nil, fmt.Errorf("%s client: endpoint, region, credentials and an HTTP client are required", api.Name)
+	}
+	if c.Attempts < 1 {
+		c.Attempts = retry.DefaultMaxAttempts
+	}
+	if c.Sleep == nil {
+		c.Sleep = sleep
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &Client{api: api, c: c, signer: NewSigner(api, c.Region, c.Credentials)}, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// Endpoint is where the calls go.
+func (c *Client) Endpoint() string { return c.c.Endpoint }
+
+// Call sends op with payload and hands the body of a 2xx answer to answer.
+// It tries again, after reservation.Backoff and within ctx, after a
+// transport error, a retryable refusal (*Error), a refusal of the
+// signature's time (signing again at the service's time) or an answer
+// that answer rejects: so an operation may arrive more than once, which
+// holdfast's at-least-once consumers take. The error is the last
+// attempt's: an *Error for a refusal.
+func (c *Client) Call(ctx context.Context, op string, payload []byte, answer func([]byte) error) error {
+	for attempt := 1; ; attempt++ {
+		retry, err := c.try(ctx, op, payload, answer)
+		if err == nil {
+			return nil
+		}
+		if !retry || attempt >= c.c.Attempts || ctx.Err() != nil {
+			return err
+		}
+		c.c.Sleep(ctx, reservation.Backoff(attempt))
+	}
+}
+
+// try makes one attempt; retry says whether another may succeed.
+func (c *Client) try(ctx context.Context, op string, payload []byte, answer func([]byte) error) (retry bool, err error) {
+	req, err := c.signer.Request(ctx, c.c.Endpoint, op, payload, c.c.Now().Add(time.Duration(c.skew.Load())))
+	if err != nil {
+		return false, fmt.Errorf("%s %s: %w", c.api.Name, op, err)
+	}
+	resp, err := c.c.HTTPClient.Do(req)
+	if err != nil {
+		return true, fmt.Errorf("%s %s: %w", c.api.Name, op, err) // it may or may not have arrived
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return true, fmt.Errorf("%s %s: read answer: %w", c.api.Name, op, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		e := Refusal(c.api, op, resp.StatusCode, resp.Header, data)
+		if skewCodes[e.Code] {
+			if server, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+				c.skew.Store(int64(server.Sub(c.c.Now())))
+				return true, e // signed again with the service's time
+			}
+		}
+		return e.Retryable(), e
+	}
+	if err := answer(data); err != nil {
+		return true, fmt.Errorf("%s %s: unexpected answer %.200q: %w", c.api.Name, op, data, err)
+	}
+	return false, nil
+}
