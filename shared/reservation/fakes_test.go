@@ -276,7 +276,7 @@ func msTime(ms int64) time.Time {
 	return time.UnixMilli(ms).UTC()
 }
 
-// attempts mirrors reserve.lua's attempt budget hash (tokens, at, last).
+// attempts mirrors budget.lua's attempt budget string (tokens:at:last).
 type attempts struct {
 	tokens float64
 	at     int64
@@ -293,7 +293,7 @@ func newMemHolds(c Clock) *memHolds {
 	}
 }
 
-// charge mirrors reserve.lua's charge(): one token per attempt; the wait
+// charge mirrors budget.lua's spend(): one token per attempt; the wait
 // until the next one when there is none (0: charged).
 func (m *memHolds) charge(sku, user string, now int64) int64 {
 	rate, burst := float64(m.metaOf(sku)["rate"]), float64(m.metaOf(sku)["burst"])
@@ -488,13 +488,13 @@ func (m *memHolds) reserve(r Reservation, ttl time.Duration) (Reservation, Reser
 	qty := int64(r.Qty)
 	name := BucketName(r.SKU, r.Bucket)
 	if h, ok := m.holds[holdKey(name, r.ID)]; ok {
-		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
-			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
-		}
-		if h.token != r.Token && !r.AlreadyCharged {
+		if h.token != r.Token && !r.AlreadyCharged { // a mismatch is charged too
 			if wait := m.charge(name, r.UserID, m.nowMS()); wait > 0 {
 				return Reservation{}, ReserveOutcome{}, &RateLimitedError{RetryAfter: time.Duration(wait) * time.Millisecond}
 			}
+		}
+		if h.qty != qty || h.user != r.UserID || h.group != r.GroupID {
+			return Reservation{}, ReserveOutcome{}, ErrIdempotencyMismatch
 		}
 		return h.reservation(r.ID), ReserveOutcome{Replayed: true, Tombstone: h.created == 0}, nil
 	}

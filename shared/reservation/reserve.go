@@ -66,7 +66,9 @@ func newToken() string {
 // keyed buy whose bucket holds every reservation of the SKU
 // (ReserveOutcome.Whole) asks MySQL nothing: Redis's answer is whole. The
 // buyer's attempt rate is charged before MySQL is asked, one token an
-// attempt from one budget per buyer and SKU, joins and buys alike. If the
+// attempt from one budget per buyer and SKU, joins and buys alike; the
+// script charges a request that mismatches the id's hold before it answers
+// ErrIdempotencyMismatch (over the rate: *RateLimitedError). If the
 // hand-off of a request without a key fails, the reservation is cancelled
 // through the fenced decision before Reserve returns ErrUnavailable, so the
 // caller holds nothing (if even that cannot be decided, MySQL down, the hold

@@ -112,6 +112,73 @@ func testReserve(t *testing.T, newHolds HoldsFactory) {
 		}
 	})
 
+	// A review found that a request mismatching an id's hold was answered
+	// before any attempt was charged: a hostile client could run the hot
+	// SKU's script for free, forever.
+	t.Run("a request mismatching the id's hold is charged like any attempt: a storm of them is rate limited", func(t *testing.T) {
+		c := &clock{now: t0}
+		s := newHolds(t, c, 2, 3)
+		sku := testservices.Name("sku")
+		if _, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 100, Version: 1}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		id := reservation.ReservationID(reservation.ReserveRequest{SKU: sku, UserID: "bot", IdempotencyKey: "k"}, nil)
+		h := reserve(t, s, hold(sku, id, "bot", 1)) // one token of 3
+		other := func(i int) reservation.Reservation {
+			r := hold(sku, id, "bot", 2)
+			r.Token = fmt.Sprintf("t-storm-%d", i) // a new request each: not a retry of the hold's call
+			return r
+		}
+		for i := range 2 {
+			if _, _, err := s.Reserve(ctx, other(i), ttl); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+				t.Fatalf("mismatch %d within the burst = %v, want ErrIdempotencyMismatch", i, err)
+			}
+		}
+		mismatches, limited := 0, 0
+		for i := 2; i < 50; i++ {
+			_, _, err := s.Reserve(ctx, other(i), ttl)
+			var rl *reservation.RateLimitedError
+			switch {
+			case errors.As(err, &rl) && errors.Is(err, reservation.ErrRateLimited):
+				limited++
+				if rl.RetryAfter != 500*time.Millisecond {
+					t.Errorf("mismatch %d: rate limited for %v, want 500ms", i, rl.RetryAfter)
+				}
+			case errors.Is(err, reservation.ErrIdempotencyMismatch):
+				mismatches++
+			default:
+				t.Fatalf("mismatch %d = %v", i, err)
+			}
+		}
+		if mismatches != 0 || limited != 48 {
+			t.Errorf("a storm of 48 mismatches past the burst: %d answered, %d rate limited; want 0 and 48", mismatches, limited)
+		}
+		// The retry of an attempt already charged (ARGV[11]) stays free, and
+		// is still told the mismatch.
+		again := other(99)
+		again.AlreadyCharged = true
+		if _, _, err := s.Reserve(ctx, again, ttl); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+			t.Errorf("an already-charged mismatch with the budget spent = %v, want ErrIdempotencyMismatch", err)
+		}
+		// The budget is the buyer's: others are not refused, and the hold is untouched.
+		if _, _, err := s.Reserve(ctx, hold(sku, "a", "ann", 1), ttl); err != nil {
+			t.Errorf("another buyer during the storm = %v, want a hold", err)
+		}
+		if got, err := s.Hold(ctx, id, 0); err != nil || got.Qty != 1 || got.Token != h.Token || got.Status != reservation.StatusHeld {
+			t.Errorf("the hold after the storm = %+v %v, want it as held", got, err)
+		}
+		if a, held := stockOf(t, s, sku); a != 98 || held != 2 {
+			t.Errorf("stock = %d/%d, want 98/2 (the storm took nothing)", a, held)
+		}
+		c.now = t0.Add(500 * time.Millisecond) // one token back
+		if _, _, err := s.Reserve(ctx, other(100), ttl); !errors.Is(err, reservation.ErrIdempotencyMismatch) {
+			t.Errorf("a mismatch after the refill = %v, want ErrIdempotencyMismatch", err)
+		}
+		if _, _, err := s.Reserve(ctx, other(101), ttl); !errors.Is(err, reservation.ErrRateLimited) {
+			t.Errorf("the next mismatch = %v, want rate limited (the refilled token was spent)", err)
+		}
+	})
+
 	t.Run("the sale window is judged by the script's clock; a replay answers its hold; refusals are charged", func(t *testing.T) {
 		c := &clock{now: t0}
 		s := newHolds(t, c, 1, 2)

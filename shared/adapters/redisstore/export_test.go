@@ -26,3 +26,8 @@ func (s *Store) UserUnits(ctx context.Context, sku, user string) (int64, error) 
 	}
 	return n, err
 }
+
+// AttemptsKey names a buyer's attempt budget in a bucket of a SKU.
+func AttemptsKey(sku string, bucket int, user string) string {
+	return keysOf(reservation.BucketName(sku, bucket)).attempts(user)
+}

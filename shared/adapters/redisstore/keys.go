@@ -31,10 +31,14 @@ func (k keys) members(gid string) string { return k.tag + ":gm:" + gid }
 // unpaid within a pay window (id -> qty): units that may return.
 func (k keys) unpaid() string { return k.tag + ":unpaid" }
 
-// attempts names a user's attempt budget hash (budget.lua). Its suffix
-// stays ":rl:" from when it was named a rate limit: renaming the key would
-// reset every buyer's budget on deploy.
-func (k keys) attempts(user string) string { return k.tag + ":rl:" + user }
+// attempts names a user's attempt budget (budget.lua): one string,
+// "tokens:at:last". It was a hash under ":rl:" (from when it was named a
+// rate limit); a string read there by the old scripts' HMGET would be
+// WRONGTYPE while old and new code run side by side during a deploy, so the
+// string has a name of its own (ab: attempt budget). Budgets reset once, at
+// that deploy: every buyer starts with a full burst (and may spend one in
+// each name while both codes run); the old hashes expire when full again.
+func (k keys) attempts(user string) string { return k.tag + ":ab:" + user }
 func (k keys) opened(user string) string   { return k.tag + ":og:" + user }
 
 // The waiting room's keys (queue.lua), in bucket 0 of its SKU.

@@ -8,8 +8,8 @@
 --
 -- KEYS[1] meta    hash of the home bucket: rate, burst (per-user attempts per second and burst; 0 or
 --                 absent = ARGV defaults)
--- KEYS[2] attempts hash: the buyer's attempt budget: tokens, at (unix ms), last (the token of the
---                 last attempt charged)
+-- KEYS[2] attempts string: the buyer's attempt budget, "tokens:at:last" (budget.lua; last: the
+--                 token of the last attempt charged here)
 -- KEYS[3] opened  sorted set: group id -> until when it counts as the buyer's open group (unix ms)
 -- ARGV[1] now (unix ms; "" = Redis's clock)  ARGV[2] default rate  ARGV[3] default burst (0: no rate)
 -- ARGV[4] token (names this attempt: a repeat of this very call is free)
@@ -25,11 +25,12 @@
 -- once is claimed once.
 local now, token, gid = clock_ms(ARGV[1]), ARGV[4], ARGV[5]
 if gid ~= '' and redis.call('ZSCORE', KEYS[3], gid) then return {'OK'} end
-local charged = token ~= '' and redis.call('HGET', KEYS[2], 'last') == token
+local cur = redis.call('GET', KEYS[2])
+local charged = token ~= '' and select(3, budget_of(cur)) == token
 
 if not charged then
   local m = redis.call('HMGET', KEYS[1], 'rate', 'burst')
-  local wait = spend(m[1], m[2], KEYS[2], now, ARGV[2], ARGV[3], token)
+  local wait = spend(m[1], m[2], KEYS[2], cur, now, ARGV[2], ARGV[3], token)
   if wait then return {'RATE_LIMITED', tostring(wait)} end
 end
 

@@ -23,7 +23,7 @@
 -- KEYS[5] admitted  sorted set: ticket -> when it was admitted (unix ms): admitted, not reserved yet
 --                   and not lapsed (reserve.lua takes a ticket out when it holds for it)
 -- KEYS[6] done      hash: ticket -> "R" (reserved) or "L" (lapsed: admitted, not reserved in time)
--- KEYS[7] attempts  hash: the buyer's attempt budget on the SKU (reserve.lua's, in bucket 0, the
+-- KEYS[7] attempts  string: the buyer's attempt budget on the SKU (reserve.lua's, in bucket 0, the
 --                   home of every buyer of a one-bucket SKU), charged when ARGV[8] is set
 -- ARGV[1] "join" or "look"  ARGV[2] ticket ("" with look: the SKU's state only)
 -- ARGV[3] join: the ticket's random fraction, [0, 1)  ARGV[4] join: how long before opens the queue
@@ -56,7 +56,7 @@ local back = math.max(held, 0) + math.max(unpaid, 0) -- units that may still ret
 local opens, closes = tonumber(m[3] or '0'), tonumber(m[4] or '0')
 if room <= 0 then return {'NO_ROOM'} end
 if ARGV[8] ~= '' then -- before anything else: a refused call changes nothing
-  local wait = spend(m[6], m[7], KEYS[7], now, ARGV[9], ARGV[10], '')
+  local wait = spend(m[6], m[7], KEYS[7], redis.call('GET', KEYS[7]), now, ARGV[9], ARGV[10], '')
   if wait then return {'RATE_LIMITED', tostring(now), tostring(opens), tostring(closes), tostring(wait)} end
 end
 local available = tonumber(stock)

@@ -10,7 +10,7 @@
 -- KEYS[5] hold     hash: the hold of this reservation id
 -- KEYS[6] group    hash: capacity, remaining, status, deadline, formed_at (placeholder when no group)
 -- KEYS[7] members  hash: user -> reservation id (placeholder when no group)
--- KEYS[8] attempts hash: this user's attempt budget on the SKU: tokens, at (unix ms)
+-- KEYS[8] attempts string: this user's attempt budget on the SKU, "tokens:at:last" (budget.lua)
 -- KEYS[9] admitted sorted set: the waiting room's admitted tickets -> when admitted (queue.lua)
 -- KEYS[10] done    hash: the waiting room's tickets done with -> "R" (reserved) or "L" (lapsed)
 -- ARGV[1] sku  ARGV[2] reservation id  ARGV[3] qty  ARGV[4] user  ARGV[5] group id ("" = none)
@@ -30,7 +30,8 @@
 --                                           never accepted must not form it); whole: see below
 --   {"REPLAY", field1, value1, ...}         a hold with this id exists (its fields); nothing taken;
 --                                           created 0: a tombstone follow.lua wrote, not a hold taken here
---   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken
+--   {"MISMATCH"}                            the id exists with another qty/user/group; nothing taken,
+--                                           the attempt charged (RATE_LIMITED instead when over the rate)
 --   {"RATE_LIMITED", retry_after_ms}       this user is over the SKU's attempt rate; nothing taken
 --   {"NOT_OPEN", opens, wait_ms}            the sale window opens at opens (unix ms), wait_ms from now
 --   {"SALE_CLOSED"}                         the sale window has closed
@@ -41,41 +42,52 @@
 --   {"UNKNOWN_SKU"} {"SOLD_OUT"} {"LIMIT"} (LIMIT too: more than one unit under a waiting-room
 --                                          admission of a SKU with no per-user limit)
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
--- whole is "1" while this bucket holds every reservation of its SKU (warm.lua found none in MySQL, with
--- one bucket; a change of K ends it: stock.lua), each at least until its retention (meta.whole +
+-- whole is "1" while this bucket holds every reservation of its SKU (warm.lua, from the SKU's creation,
+-- with one bucket; a change of K ends it: stock.lua), each at least until its retention (meta.whole +
 -- the lesser of meta.wholefor and ARGV[14]): an id it has no hold of has no row in MySQL either, so
 -- the caller need not ask MySQL about a keyed buy's new hold or refusal (docs/design.md, "A bucket
 -- that holds every id"); "0" otherwise.
 -- Idempotent: a retried call (the same token) finds the hold and answers REPLAY, free of charge;
--- another request for the same id (a client's replay, of a HELD hold or a decided one) costs an
--- attempt first: replays are script calls on the SKU's shard like any other.
+-- another request for the same id (a client's replay, of a HELD hold or a decided one, or a request
+-- that mismatches it) costs an attempt first: they are script calls on the SKU's shard like any
+-- other, so a storm of them is RATE_LIMITED like any other (ARGV[11] "1" is free here too).
 -- The order of the checks: a replay answers its hold whatever the window; every other attempt is
 -- charged first (a refusal costs its token like a hold does), then the window, judged by this
 -- script's clock, so nobody hears sold_out or is held outside it; then the per-user limit, then
 -- the stock (a request both over the limit and over the stock is LIMIT: see below).
 -- The cost: every redis.call is a large part of the script's Redis time, so the OK path sends as
--- few as its guarantees allow (docs/design.md, "The reserve script's cost"): one read of meta
--- for the window, the limit, the room and the attempt budget's rate; the per-user count is
--- raised and judged in one HINCRBY (given back when refused); the ticket is taken out and judged
--- in one ZREM once nothing else can refuse; the done hash keeps the TTL it has (the admitted
--- set's, which queue.lua gives both).
+-- few as its guarantees allow (docs/design.md, "The reserve script's cost"), 13 commands with
+-- every feature on (TIME, the hold's HMGET, meta's HMGET, MGET, SET of the budget, the limit's
+-- HINCRBY, PTTL of done, ZREM, DECRBY, HINCRBY of held, HSET of the hold, ZADD, HSET of done;
+-- two more, PTTL of admitted and PEXPIRE of done, when the call writes a room's done hash first):
+-- one HMGET of the hold both finds it and reads what a replay is judged by; one read of meta
+-- for the window, the limit, the room and the attempt budget's rate; one MGET reads the stock and
+-- the attempt budget (both strings of this slot), and one SET ... PX writes the budget with its
+-- TTL; the per-user count is raised and judged in one HINCRBY (given back when refused); the
+-- ticket is taken out and judged in one ZREM once nothing else can refuse; the done hash keeps
+-- the TTL it has (the admitted set's, which queue.lua gives both). Its PTTL stays: reserve.lua
+-- may be the first to write the done hash (queue.lua's EXPIRE finds no key to give a TTL to
+-- before), and a done hash written without a TTL would live for good.
 local sku, id, qty, user, gid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
 -- An attempt budget per user and SKU (budget.lua): every attempt costs one token — a new one, sold
--- out or refused, and a client's replay (of a HELD hold, which re-sends the message, or a decided
--- one) — so a script hammering from one account can neither crowd out other buyers nor flood the
--- queue. A retry of this very call (the same token: go-redis after a timeout) is free.
+-- out or refused, a client's replay (of a HELD hold, which re-sends the message, or a decided one)
+-- and a request that mismatches the id's hold — so a script hammering from one account can neither
+-- crowd out other buyers nor flood the queue, nor run this script for free. A retry of this very
+-- call (the same token: go-redis after a timeout) is free.
 local now = clock_ms(ARGV[8])
 
-if redis.call('EXISTS', KEYS[5]) == 1 then
-  local h = redis.call('HMGET', KEYS[5], 'qty', 'user', 'group', 'token')
-  if tonumber(h[1]) ~= qty or h[2] ~= user or (h[3] or '') ~= gid then
-    return {'MISMATCH'}
-  end
+-- Every hold hash has its qty (reserve.lua and follow.lua write it with the hold; the scripts that
+-- add a field to a hold read its state first), so a qty read as false is no hold.
+local h = redis.call('HMGET', KEYS[5], 'qty', 'user', 'group', 'token')
+if h[1] then
   if h[4] ~= ARGV[7] and ARGV[11] ~= '1' then
     local m = redis.call('HMGET', KEYS[2], 'rate', 'burst')
-    local wait = spend(m[1], m[2], KEYS[8], now, ARGV[9], ARGV[10], '')
+    local wait = spend(m[1], m[2], KEYS[8], redis.call('GET', KEYS[8]), now, ARGV[9], ARGV[10], '')
     if wait then return {'RATE_LIMITED', tostring(wait)} end
+  end
+  if tonumber(h[1]) ~= qty or h[2] ~= user or (h[3] or '') ~= gid then
+    return {'MISMATCH'}
   end
   local out = redis.call('HGETALL', KEYS[5])
   table.insert(out, 1, 'REPLAY')
@@ -83,12 +95,15 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
 end
 
 local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit', 'room', 'rate', 'burst', 'whole', 'wholefor')
+-- The stock and the attempt budget are both strings of this slot: one MGET reads them. Nothing
+-- writes between it and their use (a script runs alone).
+local sb = redis.call('MGET', KEYS[1], KEYS[8])
 if ARGV[11] ~= '1' then
-  local wait = spend(m[5], m[6], KEYS[8], now, ARGV[9], ARGV[10], '')
+  local wait = spend(m[5], m[6], KEYS[8], sb[2], now, ARGV[9], ARGV[10], '')
   if wait then return {'RATE_LIMITED', tostring(wait)} end
 end
 
-local stock = redis.call('GET', KEYS[1])
+local stock = sb[1]
 if not stock then return {'UNKNOWN_SKU'} end
 local since = tonumber(m[7] or '0')
 local whole = '0'
