@@ -42,9 +42,8 @@ func (r *recorder) take() []events.APIGatewayV2HTTPRequest {
 	return evs
 }
 
-// gateway serves the template's routes over real HTTP with a dev issuer's
-// verifier in front of a recorder.
-func gateway(t *testing.T) (*httptest.Server, *devauth.Issuer, *recorder) {
+// templateAndIssuer loads template.yaml and opens a dev issuer of the test's own.
+func templateAndIssuer(t *testing.T) (*samtemplate.Template, *devauth.Issuer) {
 	t.Helper()
 	tpl, err := samtemplate.Load("../../template.yaml")
 	if err != nil {
@@ -54,6 +53,14 @@ func gateway(t *testing.T) (*httptest.Server, *devauth.Issuer, *recorder) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tpl, iss
+}
+
+// gateway serves the template's routes over real HTTP with a dev issuer's
+// verifier in front of a recorder.
+func gateway(t *testing.T) (*httptest.Server, *devauth.Issuer, *recorder) {
+	t.Helper()
+	tpl, iss := templateAndIssuer(t)
 	rec := &recorder{}
 	srv := httptest.NewServer(devstack.Gateway(rec.handle, tpl.Routes(), iss.Verifier(), slog.New(slog.DiscardHandler)))
 	t.Cleanup(srv.Close)
@@ -249,14 +256,7 @@ func TestGatewayAnswers404ForUnknownRoutes(t *testing.T) {
 
 // Without a verifier, a JWT route can never be reached.
 func TestGatewayWithoutVerifierRejects(t *testing.T) {
-	tpl, err := samtemplate.Load("../../template.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	iss, err := devauth.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	tpl, iss := templateAndIssuer(t)
 	tok, err := iss.Mint("ann", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -329,14 +329,7 @@ func TestGatewayServesTheWaitingRoom(t *testing.T) {
 // still hands it to persist. The function's Timeout (template.yaml) is its
 // deadline instead.
 func TestGatewayInvocationOutlivesItsClient(t *testing.T) {
-	tpl, err := samtemplate.Load("../../template.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	iss, err := devauth.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	tpl, iss := templateAndIssuer(t)
 	reqCtx := make(chan context.Context, 1)
 	fnCtx := make(chan context.Context, 1)
 	release := make(chan struct{})

@@ -13,11 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// movingClock is the scripts' clock, moved by the test.
-type movingClock struct{ now time.Time }
-
-func (c *movingClock) Now() time.Time { return c.now }
-
 // A bucket warmed when MySQL had no reservation of its SKU, with one bucket,
 // holds every reservation of the SKU from then on, each until its
 // retention: reserve says so (whole) with a new hold and with the refusals
@@ -44,7 +39,7 @@ func testWhole(t *testing.T, client func(*testing.T) redis.UniversalClient) {
 	ctx := context.Background()
 	const retention = time.Hour
 	rdb := client(t)
-	clock := &movingClock{now: time.Now().UTC().Truncate(time.Millisecond)}
+	clock := &testClock{now: time.Now().UTC().Truncate(time.Millisecond)}
 	s := redisstore.New(rdb, retention, redisstore.WithClock(clock))
 	buy := func(sku, user string) (reservation.ReserveOutcome, error) {
 		t.Helper()
