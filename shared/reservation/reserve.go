@@ -139,7 +139,8 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if failed != nil {
 		return Reservation{}, false, failed
 	}
-	if keyed && !checked && !(out.Whole && r.GroupID == "" && l.k == 1) {
+	whole := out.Whole && r.GroupID == "" && l.k == 1
+	if keyed && !checked && !whole {
 		if row, ok, jerr := s.judgeKeyed(ctx, r, held, err); ok || jerr != nil {
 			return row, jerr == nil, jerr
 		}

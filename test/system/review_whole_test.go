@@ -44,8 +44,7 @@ func TestReviewWholeWarmedBeforeAnInFlightCommit(t *testing.T) {
 				target string
 				retry  func()
 			)
-			var p *promise
-			p = newPromise(t, withHooks(reservation.Hooks{AfterCommit: func(r reservation.Reservation) error {
+			p := newPromise(t, withHooks(reservation.Hooks{AfterCommit: func(r reservation.Reservation) error {
 				mu.Lock()
 				f := retry
 				if r.ID == target {
