@@ -181,7 +181,7 @@ func (r scriptRun) call(ctx context.Context, w, i int) error {
 		return err
 	}
 	if r.reserve {
-		if out, _ := cmd.StringSlice(); len(out) != 4 || out[0] != "OK" {
+		if out, _ := cmd.StringSlice(); len(out) != 5 || out[0] != "OK" {
 			return fmt.Errorf("reserve script: %v", out)
 		}
 	} else if n, _ := cmd.Int(); n != 1 {

@@ -15,8 +15,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -96,10 +98,16 @@ func (e *Error) Error() string {
 // Retryable reports whether another attempt may succeed: server errors and
 // throttling, as the SDK's standard retryer decides (its lists of codes).
 func (e *Error) Retryable() bool {
-	_, throttled := retry.DefaultThrottleErrorCodes[e.Code]
 	_, transient := retry.DefaultRetryableErrorCodes[e.Code]
-	return e.Status >= 500 || e.Status == http.StatusTooManyRequests || throttled || transient ||
-		strings.Contains(e.Code, "Throttl") // SQS's KmsThrottled and kin
+	return e.Status >= 500 || transient || e.Throttled()
+}
+
+// Throttled reports a refusal for the caller's rate (the SDK's throttle
+// codes, 429, SQS's KmsThrottled and kin): its retry waits longer
+// (backoff).
+func (e *Error) Throttled() bool {
+	_, throttled := retry.DefaultThrottleErrorCodes[e.Code]
+	return e.Status == http.StatusTooManyRequests || throttled || strings.Contains(e.Code, "Throttl")
 }
 
 // skewCodes are the refusals of a signature whose time is too far from the
@@ -188,7 +196,7 @@ func sleep(ctx context.Context, d time.Duration) {
 func (c *Client) Endpoint() string { return c.c.Endpoint }
 
 // Call sends op with payload and hands the body of a 2xx answer to answer.
-// It tries again, after reservation.Backoff and within ctx, after a
+// It tries again, after backoff and within ctx, after a
 // transport error, a retryable refusal (*Error), a refusal of the
 // signature's time (signing again at the service's time) or an answer
 // that answer rejects: so an operation may arrive more than once, which
@@ -203,8 +211,27 @@ func (c *Client) Call(ctx context.Context, op string, payload []byte, answer fun
 		if !retry || attempt >= c.c.Attempts || ctx.Err() != nil {
 			return err
 		}
-		c.c.Sleep(ctx, reservation.Backoff(attempt))
+		c.c.Sleep(ctx, backoff(attempt, err))
 	}
+}
+
+// throttleBase is the first wait after a throttle: the quota is the
+// caller's, so trying again within milliseconds (as after a lost
+// connection) only adds to it. The SDK's standard retryer waits a random
+// time of up to seconds; this waits half of base·2^(attempt-1) and up to as
+// much again (100–200 ms, then 200–400 ms): it outlasts a short throttle
+// for certain, and holds a persist batch or a buyer for at most 600 ms.
+const throttleBase = 200 * time.Millisecond
+
+// backoff is the wait before attempt+1 after err: reservation.Backoff's
+// milliseconds, longer after a throttle (throttleBase).
+func backoff(attempt int, err error) time.Duration {
+	var e *Error
+	if !errors.As(err, &e) || !e.Throttled() {
+		return reservation.Backoff(attempt)
+	}
+	ceiling := throttleBase << (attempt - 1)
+	return ceiling/2 + time.Duration(mrand.Int64N(int64(ceiling/2))+1)
 }
 
 // try makes one attempt; retry says whether another may succeed.

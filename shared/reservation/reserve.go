@@ -130,7 +130,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reservation,
 	if keyed && l.k > 1 {
 		if mismatch, err := s.crossBucketMismatch(ctx, r, l); err != nil || mismatch {
 			if err == nil {
-				err = ErrIdempotencyMismatch
+				err = s.chargeMismatch(ctx, r, l.k)
 			}
 			return Reservation{}, false, err
 		}
@@ -195,6 +195,27 @@ func (s *Service) chargeAway(ctx context.Context, r *Reservation, keyed bool, k 
 	}
 	r.AlreadyCharged = true
 	return nil
+}
+
+// chargeMismatch answers a keyed request that crossBucketMismatch found
+// held for another request: an attempt like any other, charged to the
+// buyer's budget before it is answered ErrIdempotencyMismatch (the script,
+// which would charge it, never runs; a storm of them was free), or
+// *RateLimitedError past the budget. A join was charged already
+// (chargeAway).
+func (s *Service) chargeMismatch(ctx context.Context, r Reservation, k int) error {
+	if r.AlreadyCharged {
+		return ErrIdempotencyMismatch
+	}
+	err := s.holds.Charge(ctx, Attempt{SKU: r.SKU, Bucket: HomeBucket(r.UserID, "", k), UserID: r.UserID, Token: r.Token})
+	switch {
+	case errors.Is(err, ErrRateLimited):
+		s.metrics.Count("rate_limited", 1)
+		return err
+	case err != nil:
+		return err
+	}
+	return ErrIdempotencyMismatch
 }
 
 // hold runs the reserve script for r: once, again after warming a bucket

@@ -147,6 +147,10 @@ func TestDirectPublishFailsPerEvent(t *testing.T) {
 			func(int, awstest.Request) (int, string) {
 				return 200, `{"FailedEntryCount":1,"Entries":[{"ErrorCode":"InternalFailure"}]}`
 			}, 2, []int{0, 1}},
+		{"PutEvents entry 2 failed though FailedEntryCount says 0", func(c awsjson.Config) (reservation.Notifier, error) { return eventbus.NewEventBridge(c, "b") },
+			func(int, awstest.Request) (int, string) {
+				return 200, `{"FailedEntryCount":0,"Entries":[{"EventId":"e0"},{"EventId":"e1"},{"ErrorCode":"InternalFailure"}]}`
+			}, 3, []int{2}},
 		{"SendMessageBatch entry 0 failed", func(c awsjson.Config) (reservation.Notifier, error) { return eventbus.NewQueue(c, "http://q/1/e") },
 			func(int, awstest.Request) (int, string) {
 				return 200, `{"Successful":[],"Failed":[{"Id":"0","Code":"InternalError","SenderFault":false}]}`

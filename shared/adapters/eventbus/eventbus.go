@@ -138,11 +138,11 @@ func (p *EventBridge) Publish(ctx context.Context, evs []reservation.Event) []er
 		}); err != nil {
 			return fill(errs, reservation.Unavailable("eventbridge put", err))
 		}
-		if out.FailedEntryCount == 0 {
-			return errs
-		}
-		for i := range errs { // Entries answers the request's entries in order
+		for i := range errs { // Entries answers the request's entries in order; an ErrorCode fails its event whatever the count says
 			if i >= len(out.Entries) {
+				if out.FailedEntryCount == 0 {
+					break
+				}
 				errs[i] = reservation.Unavailable("eventbridge put", fmt.Errorf("entry %d not answered", i))
 			} else if c := out.Entries[i].ErrorCode; c != "" {
 				errs[i] = reservation.Unavailable("eventbridge put", fmt.Errorf("entry failed: %s", c))
