@@ -203,8 +203,8 @@ func (s *Store) FollowAll(ctx context.Context, rows []reservation.Reservation, v
 			k := keysOfHold(rows[chunk[0]])
 			ks := make([]string, 0, 3+len(chunk))
 			ks = append(ks, k.meta(), k.exp(), k.unpaid())
-			args := make([]any, 0, 2+3*len(chunk))
-			args = append(args, version, int64(s.retention.Seconds()))
+			args := make([]any, 0, 3+3*len(chunk))
+			args = append(args, version, int64(s.retention.Seconds()), s.now())
 			for _, i := range chunk {
 				ks = append(ks, k.hold(rows[i].ID))
 				args = append(args, rows[i].ID, rows[i].Token, payByMS(rows[i]))

@@ -87,7 +87,7 @@ var (
 	groupFormScript   = redis.NewScript(groupFormLua)
 	groupAcceptScript = redis.NewScript(groupAcceptLua)
 	healScript        = redis.NewScript(clockLua + healLua)
-	confirmScript     = redis.NewScript(confirmLua)
+	confirmScript     = redis.NewScript(clockLua + confirmLua)
 	touchScript       = redis.NewScript(clockLua + touchLua)
 	unmarkScript      = redis.NewScript(clockLua + unmarkLua)
 	takeoutScript     = redis.NewScript(clockLua + takeoutLua)

@@ -17,9 +17,10 @@ import (
 // holds every reservation of the SKU from then on, each until its
 // retention: reserve says so (whole) with a new hold and with the refusals
 // a keyed buy would otherwise ask MySQL about. It stops saying so once the
-// retention may have taken a finished hold (the lesser of the warm-up's and
-// the caller's), after a change of K, and it never says so of a bucket
-// warmed when MySQL had a reservation, or of K > 1.
+// retention may have taken a finished hold (from the bucket's first
+// decision, confirm.lua's or follow.lua's; the lesser of the warm-up's and
+// the caller's retention), after a change of K, and it never says so of a
+// bucket warmed when MySQL had a reservation, or of K > 1.
 func TestReserveSaysWhenTheBucketHoldsEveryReservation(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		testWhole(t, func(t *testing.T) redis.UniversalClient {
@@ -41,11 +42,15 @@ func testWhole(t *testing.T, client func(*testing.T) redis.UniversalClient) {
 	rdb := client(t)
 	clock := &testClock{now: time.Now().UTC().Truncate(time.Millisecond)}
 	s := redisstore.New(rdb, retention, redisstore.WithClock(clock))
-	buy := func(sku, user string) (reservation.ReserveOutcome, error) {
+	hold := func(sku, user string) (reservation.Reservation, reservation.ReserveOutcome, error) {
 		t.Helper()
 		r := reservation.Reservation{ID: reservation.ReservationID(reservation.ReserveRequest{SKU: sku}, nil), SKU: sku, Qty: 1,
 			UserID: user, Token: "t" + user, Status: reservation.StatusHeld}
-		_, out, err := s.Reserve(ctx, r, time.Minute)
+		return s.Reserve(ctx, r, time.Minute)
+	}
+	buy := func(sku, user string) (reservation.ReserveOutcome, error) {
+		t.Helper()
+		_, out, err := hold(sku, user)
 		return out, err
 	}
 	warm := func(level reservation.StockLevel) {
@@ -54,32 +59,51 @@ func testWhole(t *testing.T, client func(*testing.T) redis.UniversalClient) {
 			t.Fatalf("warm %s = %v, %v", level.SKU, res, err)
 		}
 	}
+	decide := func(h reservation.Reservation, status reservation.Status) {
+		t.Helper()
+		h.Status = status
+		if status == reservation.StatusCancelled {
+			h.Reason = reservation.ReasonBuyer
+		}
+		if _, errs := s.FollowAll(ctx, []reservation.Reservation{h}, 2); errs[0] != nil {
+			t.Fatalf("follow %s %s: %v", h.ID, status, errs[0])
+		}
+	}
 
 	sku := testservices.Name("whole")
 	warm(reservation.StockLevel{SKU: sku, Available: 1, Version: 1, NeverReserved: true})
-	if out, err := buy(sku, "ann"); err != nil || !out.Whole {
+	ann, out, err := hold(sku, "ann")
+	if err != nil || !out.Whole {
 		t.Fatalf("a new hold in a bucket warmed with no reservation = %+v, %v; want whole", out, err)
 	}
+	clock.now = clock.now.Add(48 * time.Hour) // no hold finished yet: none can be gone
 	if out, err := buy(sku, "bob"); !errors.Is(err, reservation.ErrSoldOut) || !out.Whole {
-		t.Fatalf("sold out in that bucket = %+v, %v; want whole", out, err)
+		t.Fatalf("sold out in that bucket two days on, nothing decided = %+v, %v; want whole", out, err)
 	}
+	decide(ann, reservation.StatusConfirmed) // confirm.lua: the retention counts from here
 	clock.now = clock.now.Add(retention - time.Millisecond)
 	if out, err := buy(sku, "cat"); !errors.Is(err, reservation.ErrSoldOut) || !out.Whole {
-		t.Fatalf("sold out just within the retention = %+v, %v; want whole", out, err)
+		t.Fatalf("sold out just within the retention of the first decision = %+v, %v; want whole", out, err)
 	}
 	clock.now = clock.now.Add(time.Millisecond)
 	if out, err := buy(sku, "dan"); !errors.Is(err, reservation.ErrSoldOut) || out.Whole {
-		t.Fatalf("sold out once the retention passed = %+v, %v; want not whole", out, err)
+		t.Fatalf("sold out once the retention of the first decision passed = %+v, %v; want not whole", out, err)
 	}
 
-	// The caller's retention, if shorter than the warm-up's, bounds it.
+	// A cancellation (follow.lua) starts it too; the caller's retention, if
+	// shorter than the warm-up's, bounds it.
 	short := testservices.Name("whole")
 	warm(reservation.StockLevel{SKU: short, Available: 5, Version: 1, NeverReserved: true})
+	eve, _, err := hold(short, "eve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide(eve, reservation.StatusCancelled)
 	s2 := redisstore.New(rdb, time.Minute, redisstore.WithClock(clock))
 	clock.now = clock.now.Add(time.Minute)
-	r := reservation.Reservation{ID: short + ".x", SKU: short, Qty: 1, UserID: "eve", Token: "te", Status: reservation.StatusHeld}
+	r := reservation.Reservation{ID: short + ".x", SKU: short, Qty: 1, UserID: "eve", Token: "te2", Status: reservation.StatusHeld}
 	if _, out, err := s2.Reserve(ctx, r, time.Minute); err != nil || out.Whole {
-		t.Fatalf("a hold a minute after the warm-up, by a caller keeping holds a minute = %+v, %v; want not whole", out, err)
+		t.Fatalf("a hold a minute after a cancellation, by a caller keeping holds a minute = %+v, %v; want not whole", out, err)
 	}
 	if out, err := buy(short, "fay"); err != nil || !out.Whole {
 		t.Fatalf("the same by a caller keeping them an hour = %+v, %v; want whole", out, err)

@@ -65,6 +65,13 @@ local sku, id, token = ARGV[1], ARGV[2], ARGV[3]
 local qty, user, gid = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local status, refunded, released = ARGV[7], ARGV[8] == '1', ARGV[9] == '1'
 local reason, retention, version = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
+-- retain: a finished hold (or tombstone) stays the retention from now; meta.decided is when this
+-- bucket first gave one its TTL (so none of them can be gone before decided + retention:
+-- reserve.lua's whole).
+local function retain()
+  redis.call('EXPIRE', KEYS[5], retention)
+  if redis.call('HEXISTS', KEYS[2], 'decided') == 0 then redis.call('HSET', KEYS[2], 'decided', clock_ms(ARGV[14])) end
+end
 local refund_version = tonumber(ARGV[13])
 
 local never_counted = ARGV[15] == '1' -- set below for an expired hold never sent
@@ -161,7 +168,7 @@ if status == 'CONFIRMED' then
     end
   end
   if ARGV[18] == '1' then redis.call('HSET', KEYS[5], 'paid', '1') end -- warm.lua skips it in unpaid
-  if state ~= 'CONFIRMED' then redis.call('EXPIRE', KEYS[5], retention) end
+  if state ~= 'CONFIRMED' then retain() end
   return returned
 end
 
@@ -177,5 +184,5 @@ elseif refunded and not released and (state == 'CONFIRMED' or not state) then
   if not counted then returned = 1 end
 end
 redis.call('HSET', KEYS[5], 'state', 'CANCELLED', 'reason', reason, 'refunded', refunded and '1' or '0', 'rel', token)
-redis.call('EXPIRE', KEYS[5], retention)
+retain()
 return returned

@@ -43,8 +43,10 @@
 --                                          admission of a SKU with no per-user limit)
 --   {"UNKNOWN_GROUP"} {"GROUP_CLOSED"} {"ALREADY_JOINED"} {"GROUP_FULL"}
 -- whole is "1" while this bucket holds every reservation of its SKU (warm.lua, from the SKU's creation,
--- with one bucket; a change of K ends it: stock.lua), each at least until its retention (meta.whole +
--- the lesser of meta.wholefor and ARGV[14]): an id it has no hold of has no row in MySQL either, so
+-- with one bucket; a change of K ends it: stock.lua), each at least until its retention: until
+-- meta.decided (when the bucket first gave a finished hold its TTL: confirm.lua, follow.lua) + the
+-- lesser of meta.wholefor and ARGV[14], or for good while none is finished yet: an id it has no
+-- hold of has no row in MySQL either, so
 -- the caller need not ask MySQL about a keyed buy's new hold or refusal (docs/design.md, "A bucket
 -- that holds every id"); "0" otherwise.
 -- Idempotent: a retried call (the same token) finds the hold and answers REPLAY, free of charge;
@@ -94,7 +96,7 @@ if h[1] then
   return out
 end
 
-local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit', 'room', 'rate', 'burst', 'whole', 'wholefor')
+local m = redis.call('HMGET', KEYS[2], 'opens', 'closes', 'limit', 'room', 'rate', 'burst', 'whole', 'wholefor', 'decided')
 -- The stock and the attempt budget are both strings of this slot: one MGET reads them. Nothing
 -- writes between it and their use (a script runs alone).
 local sb = redis.call('MGET', KEYS[1], KEYS[8])
@@ -105,9 +107,11 @@ end
 
 local stock = sb[1]
 if not stock then return {'UNKNOWN_SKU'} end
-local since = tonumber(m[7] or '0')
+local since, decided = tonumber(m[7] or '0'), tonumber(m[9] or '')
 local whole = '0'
-if since > 0 and now < since + math.min(tonumber(m[8] or '0'), tonumber(ARGV[14] or '') or 0) then whole = '1' end
+if since > 0 and (not decided or now < decided + math.min(tonumber(m[8] or '0'), tonumber(ARGV[14] or '') or 0)) then
+  whole = '1'
+end
 local opens, closes = tonumber(m[1] or '0'), tonumber(m[2] or '0')
 if opens > 0 and now < opens then return {'NOT_OPEN', tostring(opens), tostring(opens - now)} end
 if closes > 0 and now >= closes then return {'SALE_CLOSED', whole} end

@@ -32,8 +32,8 @@
 --      and meta.wn + 1: units credited ahead of a transfer's record are not in MySQL's level, so the
 --      record's credit adds them again (credit.lua); unpaid = MySQL's unpaid rows, but those whose
 --      hold Redis has paid or CANCELLED (settled after the read), meta.unpaid their units; meta.whole =
---      now and meta.wholefor = ARGV[13] when whole (reserve.lua: docs/design.md, "A bucket that
---      holds every id"), else meta.whole = 0
+--      now and meta.wholefor = ARGV[13] when whole, and no meta.decided (reserve.lua: docs/design.md,
+--      "A bucket that holds every id"), else meta.whole = 0
 -- While the stock key is missing no reserve can take a hold (reserve.lua answers UNKNOWN_SKU), so
 -- the listed holds are all the HELD ones.
 local available, version, limit, delta = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
@@ -61,6 +61,7 @@ if wholefor > 0 then whole = clock_ms(ARGV[12]) end
 redis.call('SET', KEYS[1], available - held)
 redis.call('HSET', KEYS[2], 'ver', version, 'added', delta, 'limit', limit, 'wver', version, 'rate', ARGV[5], 'burst', ARGV[6], 'k', ARGV[7],
   'opens', ARGV[8], 'closes', ARGV[9], 'room', ARGV[10], 'ahead', 0, 'whole', whole, 'wholefor', wholefor)
+if whole > 0 then redis.call('HDEL', KEYS[2], 'decided') end -- no finished hold of the SKU yet
 redis.call('HINCRBY', KEYS[2], 'wn', 1)
 local unpaid, units = KEYS[3 + nh], 0
 redis.call('DEL', unpaid)
