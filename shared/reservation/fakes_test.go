@@ -875,6 +875,14 @@ func (m *memHolds) UnpaidIDs(_ context.Context, bucket string, limit int) ([]str
 }
 
 // Warm mirrors warm.lua.
+// EndWhole mirrors redisstore's: the fake never says whole (its Snapshot
+// never says NeverReserved), so there is nothing to end.
+func (m *memHolds) EndWhole(_ context.Context, _ string) error {
+	err := m.enter("EndWhole")
+	defer m.mu.Unlock()
+	return err
+}
+
 func (m *memHolds) Warm(_ context.Context, level StockLevel, ids []string, confirmed []Reservation) (SyncResult, error) {
 	err := m.enter("Warm")
 	defer m.mu.Unlock()
@@ -1359,6 +1367,7 @@ type memLedger struct {
 	// writer (a persist) that reaches the row first.
 	beforeFence func(Reservation)
 	audits      map[string]AuditResult // stock_audits
+	warmUps     map[string]int64       // product_stock.warm_ups
 }
 
 func newMemLedger() *memLedger {
@@ -2117,6 +2126,22 @@ func (l *memLedger) Stock(_ context.Context, sku string) (StockLevel, error) {
 }
 
 // Snapshot mirrors mysqlstore's Snapshot (product_stock and CONFIRMED rows among ids, one read-only tx).
+func (l *memLedger) CountWarmUp(_ context.Context, sku string) (int64, error) {
+	err := l.enter("CountWarmUp")
+	defer l.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := l.stock[sku]; !ok {
+		return 0, ErrUnknownSKU
+	}
+	if l.warmUps == nil {
+		l.warmUps = map[string]int64{}
+	}
+	l.warmUps[sku]++
+	return l.warmUps[sku], nil
+}
+
 func (l *memLedger) Snapshot(_ context.Context, sku string, ids []string) (StockLevel, []Reservation, error) {
 	err := l.enter("Snapshot")
 	defer l.mu.Unlock()

@@ -171,6 +171,11 @@ type StockFigures interface {
 	// for those Redis heard were paid or cancelled since the read.
 	Warm(ctx context.Context, level StockLevel, held []string, confirmed []Reservation) (SyncResult, error)
 
+	// EndWhole ends the time in which the bucket holds every reservation
+	// of its SKU (ReserveOutcome.Whole): a warm-up that gave it finds it
+	// was not the SKU's first.
+	EndWhole(ctx context.Context, bucket string) error
+
 	// Heal moves the SKU's stock by drift if the same drift was measured at
 	// least after ago and Redis still shows seen (no reserve or release
 	// since the measurement); otherwise it records or forgets the sighting.
@@ -457,6 +462,9 @@ type Ledger interface {
 	ChangeStock(ctx context.Context, c StockChange) (StockLevel, error)
 	// Stock returns the SKU's level, or ErrUnknownSKU.
 	Stock(ctx context.Context, sku string) (StockLevel, error)
+	// CountWarmUp records a warm-up of one of the SKU's Redis buckets and
+	// returns how many the SKU has had, this one included; ErrUnknownSKU.
+	CountWarmUp(ctx context.Context, sku string) (int64, error)
 	// Snapshot reads, consistently, the SKU's level and the CONFIRMED rows
 	// among ids, and every CONFIRMED row of the SKU still unpaid within a
 	// pay window (units that may return), each row once (the warm-up's read),

@@ -477,6 +477,13 @@ func (s *Service) warm(ctx context.Context, sku string, b int) (warmed bool, err
 // review reproduced both).
 func (s *Service) warmBucket(ctx context.Context, sku string, b int, created bool) (warmed bool, err error) {
 	name := BucketName(sku, b)
+	if !created {
+		// Counted before it may load the bucket: a creation's warm-up that
+		// loaded it first sees this one and ends its whole (checkFirst).
+		if _, err := s.ledger.CountWarmUp(ctx, sku); err != nil {
+			return false, err
+		}
+	}
 	for range 3 {
 		ids, err := s.figures.HeldIDs(ctx, name, maxWarmHolds)
 		if err != nil {
@@ -495,12 +502,34 @@ func (s *Service) warmBucket(ctx context.Context, sku string, b int, created boo
 		if res == SyncWarmed {
 			s.metrics.Count("warmed", 1)
 			s.log.InfoContext(ctx, "warmed sku from mysql", "sku", sku, "bucket", b, "available", share.Available, "holds", len(ids))
+			if share.NeverReserved {
+				return true, s.checkFirst(ctx, sku, name)
+			}
 		}
 		if res != SyncStale {
 			return res == SyncWarmed, nil
 		}
 	}
 	return false, Unavailable("warm "+sku, errors.New("mysql level keeps moving"))
+}
+
+// checkFirst keeps the whole a creation's warm-up gave bucket name only if
+// it was the SKU's first warm-up, counted after it loaded the bucket: a
+// buyer may have warmed the SKU between the creation's commit and its
+// warm-up, taken a hold, and Redis may have lost both since, the hold's
+// message still on its way to persist (an adversarial review reproduced
+// it). Every other warm-up counts itself before it loads a bucket, so
+// such a one is seen here. If the count or the end fails, the error says so.
+func (s *Service) checkFirst(ctx context.Context, sku, name string) error {
+	n, err := s.ledger.CountWarmUp(ctx, sku)
+	if err == nil && n == 1 {
+		return nil
+	}
+	if eerr := s.figures.EndWhole(ctx, name); eerr != nil {
+		s.log.ErrorContext(ctx, "warm: a bucket left whole after a warm-up that may not be the sku's first", "sku", sku, "count_error", err, "error", eerr)
+		return eerr
+	}
+	return err
 }
 
 // Get returns a reservation of user's: MySQL's row once MySQL has decided

@@ -401,6 +401,26 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, 
 	return level, err
 }
 
+// CountWarmUp implements reservation.Ledger: one statement, whose
+// LAST_INSERT_ID carries the new count back.
+func (s *Store) CountWarmUp(ctx context.Context, sku string) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE product_stock SET warm_ups = LAST_INSERT_ID(warm_ups + 1) WHERE sku = ?`, sku)
+	if err != nil {
+		return 0, translate("count warm-up", err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		if err == nil {
+			err = reservation.ErrUnknownSKU
+		}
+		return 0, err
+	}
+	n, err := res.LastInsertId()
+	if err != nil {
+		return 0, translate("count warm-up", err)
+	}
+	return n, nil
+}
+
 // Snapshot implements reservation.Ledger: one consistent read.
 func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reservation.StockLevel, []reservation.Reservation, error) {
 	return s.snapshot(ctx, sku, held, true)

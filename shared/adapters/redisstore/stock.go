@@ -111,6 +111,15 @@ func (s *Store) UnpaidIDs(ctx context.Context, bucket string, limit int) ([]stri
 	}
 }
 
+// EndWhole implements reservation.StockFigures: meta.whole 0, warm.lua's
+// "not whole".
+func (s *Store) EndWhole(ctx context.Context, bucket string) error {
+	if err := s.rdb.HSet(ctx, keysOf(bucket).meta(), "whole", 0).Err(); err != nil {
+		return reservation.Unavailable("redis end whole", err)
+	}
+	return nil
+}
+
 // Warm implements reservation.StockFigures.
 func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []string, confirmed []reservation.Reservation) (reservation.SyncResult, error) {
 	k := keysOf(level.SKU)

@@ -17,6 +17,10 @@
 -- A confirmed hold with a pay window enters unpaid (once: HSETNX).
 -- Idempotent: a confirmed hold is no longer HELD, so a repeat skips it (follow.lua then changes nothing).
 local version, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- The first decision's time is read before any TTL is set, so no hold of this call expires before
+-- decided + retention (reserve.lua's whole).
+local first = nil
+if redis.call('HEXISTS', KEYS[1], 'decided') == 0 then first = clock_ms(ARGV[3]) end
 local skipped, units, unpaid = {}, 0, 0
 for k = 1, #KEYS - 3 do
   local id, token = ARGV[1 + 3 * k], ARGV[2 + 3 * k]
@@ -35,7 +39,7 @@ for k = 1, #KEYS - 3 do
 end
 if units > 0 then
   redis.call('HINCRBY', KEYS[1], 'held', -units)
-  if redis.call('HEXISTS', KEYS[1], 'decided') == 0 then redis.call('HSET', KEYS[1], 'decided', clock_ms(ARGV[3])) end
+  if first then redis.call('HSET', KEYS[1], 'decided', first) end
   if version > tonumber(redis.call('HGET', KEYS[1], 'cver') or '0') then
     redis.call('HSET', KEYS[1], 'cver', version)
   end

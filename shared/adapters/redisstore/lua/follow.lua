@@ -69,8 +69,10 @@ local reason, retention, version = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[1
 -- bucket first gave one its TTL (so none of them can be gone before decided + retention:
 -- reserve.lua's whole).
 local function retain()
+  if redis.call('HEXISTS', KEYS[2], 'decided') == 0 then
+    redis.call('HSET', KEYS[2], 'decided', clock_ms(ARGV[14])) -- read before the TTL is set
+  end
   redis.call('EXPIRE', KEYS[5], retention)
-  if redis.call('HEXISTS', KEYS[2], 'decided') == 0 then redis.call('HSET', KEYS[2], 'decided', clock_ms(ARGV[14])) end
 end
 local refund_version = tonumber(ARGV[13])
 
