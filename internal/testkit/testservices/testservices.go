@@ -468,13 +468,15 @@ func NewCerts(t testing.TB, ips []net.IP, names []string) Certs {
 	return c
 }
 
-// Receive waits (up to 10 s) until n messages arrived on the queue at url,
-// deletes them and returns their bodies.
+// Receive waits (up to 30 s: the test SQS server is shared by every
+// package make test runs at once, and its receives slow down under the race
+// detector's pass) until n messages arrived on the queue at url, deletes
+// them and returns their bodies.
 func Receive(t testing.TB, client *sqs.Client, url string, n int) [][]byte {
 	t.Helper()
 	ctx := context.Background()
 	var out [][]byte
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for len(out) < n {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d messages arrived on %s", len(out), n, url)
