@@ -875,8 +875,8 @@ func (m *memHolds) UnpaidIDs(_ context.Context, bucket string, limit int) ([]str
 }
 
 // Warm mirrors warm.lua.
-// EndWhole mirrors redisstore's: the fake never says whole (its Snapshot
-// never says NeverReserved), so there is nothing to end.
+// EndWhole mirrors redisstore's: the fake never says whole (its Warm
+// ignores Created), so there is nothing to end.
 func (m *memHolds) EndWhole(_ context.Context, _ string) error {
 	err := m.enter("EndWhole")
 	defer m.mu.Unlock()
@@ -2126,20 +2126,24 @@ func (l *memLedger) Stock(_ context.Context, sku string) (StockLevel, error) {
 }
 
 // Snapshot mirrors mysqlstore's Snapshot (product_stock and CONFIRMED rows among ids, one read-only tx).
-func (l *memLedger) CountWarmUp(_ context.Context, sku string) (int64, error) {
+func (l *memLedger) CountWarmUp(_ context.Context, sku string) (int64, bool, error) {
 	err := l.enter("CountWarmUp")
 	defer l.mu.Unlock()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if _, ok := l.stock[sku]; !ok {
-		return 0, ErrUnknownSKU
+		return 0, false, ErrUnknownSKU
 	}
 	if l.warmUps == nil {
 		l.warmUps = map[string]int64{}
 	}
 	l.warmUps[sku]++
-	return l.warmUps[sku], nil
+	reserved := false
+	for _, row := range l.rows {
+		reserved = reserved || row.r.SKU == sku
+	}
+	return l.warmUps[sku], reserved, nil
 }
 
 func (l *memLedger) Snapshot(_ context.Context, sku string, ids []string) (StockLevel, []Reservation, error) {

@@ -463,12 +463,12 @@ type Ledger interface {
 	// Stock returns the SKU's level, or ErrUnknownSKU.
 	Stock(ctx context.Context, sku string) (StockLevel, error)
 	// CountWarmUp records a warm-up of one of the SKU's Redis buckets and
-	// returns how many the SKU has had, this one included; ErrUnknownSKU.
-	CountWarmUp(ctx context.Context, sku string) (int64, error)
+	// returns how many the SKU has had, this one included, and whether
+	// MySQL has any reservation row of the SKU; ErrUnknownSKU.
+	CountWarmUp(ctx context.Context, sku string) (n int64, reserved bool, err error)
 	// Snapshot reads, consistently, the SKU's level and the CONFIRMED rows
 	// among ids, and every CONFIRMED row of the SKU still unpaid within a
-	// pay window (units that may return), each row once (the warm-up's read),
-	// and whether the SKU has no reservation row at all (NeverReserved).
+	// pay window (units that may return), each row once (the warm-up's read).
 	Snapshot(ctx context.Context, sku string, ids []string) (StockLevel, []Reservation, error)
 	// StocksAfter returns up to limit SKUs' levels in SKU order, starting
 	// after the SKU named after ("": from the first).

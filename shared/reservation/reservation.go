@@ -254,13 +254,12 @@ type StockLevel struct {
 	// A SKU with a waiting room has one bucket (the room is what spreads
 	// its load). See WaitingRoom.
 	AdmitPermille int
-	// NeverReserved is Snapshot's alone: MySQL has no reservation row of
-	// the SKU at all (none decided, fenced or refunded).
-	NeverReserved bool
-	// Created is ChangeStock's alone: this change inserted the SKU's row.
-	// No hold of the SKU can exist anywhere yet (none on its way to
-	// persist either), so its warm-up, if MySQL has no reservation of it,
-	// makes a bucket that holds every one (ReserveOutcome.Whole).
+	// Created: this change inserted the SKU's row (ChangeStock's level),
+	// or this is the level its warm-up loads (warmBucket's, for Warm). No
+	// hold of the SKU can exist anywhere before its first warm-up, so that
+	// warm-up, with one bucket, makes a bucket that holds every reservation
+	// of it (ReserveOutcome.Whole) unless checkFirst finds it was not the
+	// first, or finds a reservation row of the SKU.
 	Created bool
 }
 

@@ -470,9 +470,8 @@ func (s *Service) warm(ctx context.Context, sku string, b int) (warmed bool, err
 
 // warmBucket is warm; created says it is the warm-up of the change that
 // created the SKU. Only that one may make a bucket that holds every
-// reservation of the SKU (when MySQL has none of it: a row left by a SKU
-// of the same name removed by hand has them): any other may follow a loss
-// of Redis while holds were on their way to persist, whose rows MySQL does
+// reservation of the SKU (checkFirst): any other may follow a loss of
+// Redis while holds were on their way to persist, whose rows MySQL does
 // not have yet, and whose decisions may never reach Redis (an adversarial
 // review reproduced both).
 func (s *Service) warmBucket(ctx context.Context, sku string, b int, created bool) (warmed bool, err error) {
@@ -480,7 +479,7 @@ func (s *Service) warmBucket(ctx context.Context, sku string, b int, created boo
 	if !created {
 		// Counted before it may load the bucket: a creation's warm-up that
 		// loaded it first sees this one and ends its whole (checkFirst).
-		if _, err := s.ledger.CountWarmUp(ctx, sku); err != nil {
+		if _, _, err := s.ledger.CountWarmUp(ctx, sku); err != nil {
 			return false, err
 		}
 	}
@@ -493,7 +492,7 @@ func (s *Service) warmBucket(ctx context.Context, sku string, b int, created boo
 		if err != nil {
 			return false, err
 		}
-		level.NeverReserved = level.NeverReserved && created
+		level.Created = created
 		share := level.Bucket(b)
 		res, err := s.figures.Warm(ctx, share, ids, confirmed)
 		if err != nil {
@@ -502,7 +501,7 @@ func (s *Service) warmBucket(ctx context.Context, sku string, b int, created boo
 		if res == SyncWarmed {
 			s.metrics.Count("warmed", 1)
 			s.log.InfoContext(ctx, "warmed sku from mysql", "sku", sku, "bucket", b, "available", share.Available, "holds", len(ids))
-			if share.NeverReserved {
+			if created {
 				return true, s.checkFirst(ctx, sku, name)
 			}
 		}
@@ -514,15 +513,17 @@ func (s *Service) warmBucket(ctx context.Context, sku string, b int, created boo
 }
 
 // checkFirst keeps the whole a creation's warm-up gave bucket name only if
-// it was the SKU's first warm-up, counted after it loaded the bucket: a
-// buyer may have warmed the SKU between the creation's commit and its
-// warm-up, taken a hold, and Redis may have lost both since, the hold's
-// message still on its way to persist (an adversarial review reproduced
-// it). Every other warm-up counts itself before it loads a bucket, so
-// such a one is seen here. If the count or the end fails, the error says so.
+// it was the SKU's first warm-up, counted after it loaded the bucket, and
+// MySQL has no reservation row of the SKU (a SKU of the same name removed
+// by hand leaves its rows). A buyer may have warmed the SKU between the
+// creation's commit and its warm-up, taken a hold, and Redis may have lost
+// both since, the hold's message still on its way to persist (an
+// adversarial review reproduced it). Every other warm-up counts itself
+// before it loads a bucket, so such a one is seen here. If the count or
+// the end fails, the error says so.
 func (s *Service) checkFirst(ctx context.Context, sku, name string) error {
-	n, err := s.ledger.CountWarmUp(ctx, sku)
-	if err == nil && n == 1 {
+	n, reserved, err := s.ledger.CountWarmUp(ctx, sku)
+	if err == nil && n == 1 && !reserved {
 		return nil
 	}
 	if eerr := s.figures.EndWhole(ctx, name); eerr != nil {

@@ -401,24 +401,29 @@ func (s *Store) Stock(ctx context.Context, sku string) (reservation.StockLevel, 
 	return level, err
 }
 
-// CountWarmUp implements reservation.Ledger: one statement, whose
-// LAST_INSERT_ID carries the new count back.
-func (s *Store) CountWarmUp(ctx context.Context, sku string) (int64, error) {
+// CountWarmUp implements reservation.Ledger: an update whose
+// LAST_INSERT_ID carries the new count back, then any reservation row of
+// the SKU, through the index (sku, status).
+func (s *Store) CountWarmUp(ctx context.Context, sku string) (int64, bool, error) {
 	res, err := s.db.ExecContext(ctx, `UPDATE product_stock SET warm_ups = LAST_INSERT_ID(warm_ups + 1) WHERE sku = ?`, sku)
 	if err != nil {
-		return 0, translate("count warm-up", err)
+		return 0, false, translate("count warm-up", err)
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
 		if err == nil {
 			err = reservation.ErrUnknownSKU
 		}
-		return 0, err
+		return 0, false, err
 	}
 	n, err := res.LastInsertId()
 	if err != nil {
-		return 0, translate("count warm-up", err)
+		return 0, false, translate("count warm-up", err)
 	}
-	return n, nil
+	var reserved bool
+	if err := s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM reservations WHERE sku = ?)`, sku).Scan(&reserved); err != nil {
+		return 0, false, translate("count warm-up: any reservation", err)
+	}
+	return n, reserved, nil
 }
 
 // Snapshot implements reservation.Ledger: one consistent read.
@@ -426,9 +431,8 @@ func (s *Store) Snapshot(ctx context.Context, sku string, held []string) (reserv
 	return s.snapshot(ctx, sku, held, true)
 }
 
-// snapshot is Snapshot, and Stock without the rows (whole false: nor
-// NeverReserved).
-func (s *Store) snapshot(ctx context.Context, sku string, held []string, whole bool) (reservation.StockLevel, []reservation.Reservation, error) {
+// snapshot is Snapshot, and Stock without the rows (withRows false).
+func (s *Store) snapshot(ctx context.Context, sku string, held []string, withRows bool) (reservation.StockLevel, []reservation.Reservation, error) {
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return reservation.StockLevel{}, nil, translate("snapshot begin", err)
@@ -446,15 +450,9 @@ func (s *Store) snapshot(ctx context.Context, sku string, held []string, whole b
 		return level, nil, err
 	}
 	level = levels[0]
-	if !whole {
+	if !withRows {
 		return level, nil, nil
 	}
-	// Any row of the SKU, through the index (sku, status).
-	var rows int
-	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM reservations WHERE sku = ?)`, sku).Scan(&rows); err != nil {
-		return level, nil, translate("snapshot any reservation", err)
-	}
-	level.NeverReserved = rows == 0
 	var confirmed []reservation.Reservation
 	err = inChunks(len(held), func(lo, hi int) error {
 		rows, err := queryAll(ctx, tx, "snapshot confirmed", scanReservation, `SELECT `+reservationColumns+` FROM reservations

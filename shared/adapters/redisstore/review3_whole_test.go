@@ -31,7 +31,7 @@ func TestReview3ConfirmMarksDecidedAfterItsHoldsTTLs(t *testing.T) {
 	worst := int64(0)
 	for trial := range 20 {
 		sku := testservices.Name("rv3dec")
-		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 1000, Version: 1, NeverReserved: true}, nil, nil); err != nil || res != reservation.SyncWarmed {
+		if res, err := s.Warm(ctx, reservation.StockLevel{SKU: sku, Available: 1000, Version: 1, Created: true}, nil, nil); err != nil || res != reservation.SyncWarmed {
 			t.Fatalf("warm: %v %v", res, err)
 		}
 		rows := make([]reservation.Reservation, 0, 200)

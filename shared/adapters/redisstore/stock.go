@@ -129,11 +129,12 @@ func (s *Store) Warm(ctx context.Context, level reservation.StockLevel, held []s
 	}
 	ks := make([]string, 0, 3+len(held)+len(confirmed))
 	ks = append(ks, k.stock(), k.meta())
-	// Whole: the warm-up of the SKU's creation, MySQL had no reservation of
-	// it, and it has one bucket, so this bucket will hold every one of
-	// them, each at least for the retention its TTL gets (whole seconds).
+	// Whole: the warm-up of the SKU's creation with one bucket: this bucket
+	// will hold every reservation of it (the caller ends it unless it was
+	// the SKU's first warm-up), each at least for the retention its TTL
+	// gets (whole seconds).
 	var wholeFor int64
-	if level.NeverReserved && level.BucketCount() == 1 {
+	if level.Created && level.BucketCount() == 1 {
 		wholeFor = s.retentionMS()
 	}
 	args := make([]any, 0, 13+2*len(held)+2*len(confirmed))

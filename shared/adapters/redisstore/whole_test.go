@@ -13,14 +13,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A bucket warmed when MySQL had no reservation of its SKU, with one bucket,
+// A bucket loaded by the warm-up of its SKU's creation, with one bucket,
 // holds every reservation of the SKU from then on, each until its
 // retention: reserve says so (whole) with a new hold and with the refusals
 // a keyed buy would otherwise ask MySQL about. It stops saying so once the
 // retention may have taken a finished hold (from the bucket's first
 // decision, confirm.lua's or follow.lua's; the lesser of the warm-up's and
 // the caller's retention), after a change of K, and it never says so of a
-// bucket warmed when MySQL had a reservation, or of K > 1.
+// bucket any other warm-up loaded, or of K > 1 (the service ends it too when
+// the creation's warm-up was not the SKU's first: checkFirst).
 func TestReserveSaysWhenTheBucketHoldsEveryReservation(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		testWhole(t, func(t *testing.T) redis.UniversalClient {
@@ -71,10 +72,10 @@ func testWhole(t *testing.T, client func(*testing.T) redis.UniversalClient) {
 	}
 
 	sku := testservices.Name("whole")
-	warm(reservation.StockLevel{SKU: sku, Available: 1, Version: 1, NeverReserved: true})
+	warm(reservation.StockLevel{SKU: sku, Available: 1, Version: 1, Created: true})
 	ann, out, err := hold(sku, "ann")
 	if err != nil || !out.Whole {
-		t.Fatalf("a new hold in a bucket warmed with no reservation = %+v, %v; want whole", out, err)
+		t.Fatalf("a new hold in a bucket its creation's warm-up loaded = %+v, %v; want whole", out, err)
 	}
 	clock.now = clock.now.Add(48 * time.Hour) // no hold finished yet: none can be gone
 	if out, err := buy(sku, "bob"); !errors.Is(err, reservation.ErrSoldOut) || !out.Whole {
@@ -93,7 +94,7 @@ func testWhole(t *testing.T, client func(*testing.T) redis.UniversalClient) {
 	// A cancellation (follow.lua) starts it too; the caller's retention, if
 	// shorter than the warm-up's, bounds it.
 	short := testservices.Name("whole")
-	warm(reservation.StockLevel{SKU: short, Available: 5, Version: 1, NeverReserved: true})
+	warm(reservation.StockLevel{SKU: short, Available: 5, Version: 1, Created: true})
 	eve, _, err := hold(short, "eve")
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +112,7 @@ func testWhole(t *testing.T, client func(*testing.T) redis.UniversalClient) {
 
 	// A change of K ends it; a level of the same K keeps it.
 	k := testservices.Name("whole")
-	warm(reservation.StockLevel{SKU: k, Available: 5, Version: 1, NeverReserved: true})
+	warm(reservation.StockLevel{SKU: k, Available: 5, Version: 1, Created: true})
 	if _, err := s.Sync(ctx, reservation.StockLevel{SKU: k, Available: 5, Version: 2, PerUserLimit: 3}); err != nil {
 		t.Fatal(err)
 	}
@@ -131,14 +132,14 @@ func testWhole(t *testing.T, client func(*testing.T) redis.UniversalClient) {
 		t.Fatalf("after K came back to 1 = %+v, %v; want not whole (holds may be in the other buckets)", out, err)
 	}
 
-	// Never of a bucket warmed when MySQL had a reservation, nor with K > 1.
+	// Never of a bucket another warm-up loaded, nor with K > 1.
 	had := testservices.Name("whole")
 	warm(reservation.StockLevel{SKU: had, Available: 5, Version: 7})
 	if out, err := buy(had, "jo"); err != nil || out.Whole {
-		t.Fatalf("a bucket warmed when MySQL had reservations = %+v, %v; want not whole", out, err)
+		t.Fatalf("a bucket another warm-up loaded (Redis lost it, say) = %+v, %v; want not whole", out, err)
 	}
 	split := testservices.Name("whole")
-	warm(reservation.StockLevel{SKU: split, Available: 5, Version: 1, Buckets: 3, BucketAvailable: []int64{1, 1}, NeverReserved: true})
+	warm(reservation.StockLevel{SKU: split, Available: 5, Version: 1, Buckets: 3, BucketAvailable: []int64{1, 1}, Created: true})
 	if out, err := buy(split, "kim"); err != nil || out.Whole {
 		t.Fatalf("bucket 0 of K = 3 = %+v, %v; want not whole", out, err)
 	}
