@@ -82,6 +82,48 @@ func ledgerPayment(t *testing.T, newLedger LedgerFactory) {
 		}
 	})
 
+	t.Run("each batch's rows are due by the window it read, whatever the window of the batch before", func(t *testing.T) {
+		ctx := context.Background()
+		s := newLedger(t)
+		withWindow(t, s, "w", 20)
+		for i, step := range []struct {
+			window time.Duration // set before the batch (-1: left as it is)
+			want   time.Duration // the rows' pay_by after now (0: none)
+		}{
+			{-1, within},                       // the first batch of the SKU
+			{-1, within},                       // the same window again
+			{0, 0},                             // turned off
+			{0, 0},                             // still off
+			{time.Minute, time.Minute},         // turned on
+			{2 * time.Minute, 2 * time.Minute}, // changed
+			{-1, 2 * time.Minute},              // as it was
+		} {
+			if step.window >= 0 {
+				c := reservation.StockChange{SKU: "w", Add: ptr(int64(0)), PayWithin: ptr(step.window), Key: fmt.Sprintf("w%d", i)}
+				if l, err := s.ChangeStock(ctx, c); err != nil || l.PayWithin != step.window {
+					t.Fatalf("step %d: ChangeStock = %+v %v", i, l, err)
+				}
+			}
+			ids := []string{fmt.Sprintf("w%d-a", i), fmt.Sprintf("w%d-b", i)}
+			batch, err := s.ApplyBatch(ctx, "w", []reservation.Reservation{res(ids[0], "w", 1), res(ids[1], "w", 1)}, now)
+			if err != nil || batch[0].Result != reservation.Applied || batch[1].Result != reservation.Applied {
+				t.Fatalf("step %d: batch = %+v %v", i, batch, err)
+			}
+			want := time.Time{}
+			if step.want > 0 {
+				want = now.Add(step.want)
+			}
+			for j, id := range ids {
+				if r := row(t, s, id); !r.PayBy.Equal(want) {
+					t.Errorf("step %d: %s due %v, want %v", i, id, r.PayBy, want)
+				}
+				if !batch[j].Row.PayBy.Equal(want) {
+					t.Errorf("step %d: the batch says %s is due %v, want %v", i, id, batch[j].Row.PayBy, want)
+				}
+			}
+		}
+	})
+
 	t.Run("a payment is final: refunds refuse it, it is listed due no more, and it writes ReservationPaid once", func(t *testing.T) {
 		ctx := context.Background()
 		s := newLedger(t)

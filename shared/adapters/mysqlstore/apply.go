@@ -288,15 +288,22 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 		return out, nil
 	}
 	batchID := batchOf(rs[fresh[0]].ID, now) // the outbox row of the batch's confirmations (writeBatch)
+	// The rows go in due by the pay window the SKU's last batch here read:
+	// a row's pay_by is then written once, not inserted and updated (and
+	// moved in reservations_payment_due). The read under the lock below
+	// decides; openPayWindows corrects the rows when the guess was wrong.
+	// A refused row is deleted, so its pay_by never counts.
+	guess, _ := s.payWithin.Load(sku)
+	guessed := payDeadline(now, intOr0(guess))
 	err = inChunks(len(fresh), func(lo, hi int) error {
-		args := make([]any, 0, (hi-lo)*10)
+		args := make([]any, 0, (hi-lo)*11)
 		for _, i := range fresh[lo:hi] {
 			r := rs[i]
-			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, r.Bucket, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now), batchID)
+			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, r.Bucket, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now), batchID, nullTime(guessed))
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO reservations
-			(reservation_id, sku, qty, user_id, bucket, hold_token, status, expires_at, created_at, updated_at, event_batch) VALUES `+
-			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?, ?),`, hi-lo), ","), args...)
+			(reservation_id, sku, qty, user_id, bucket, hold_token, status, expires_at, created_at, updated_at, event_batch, pay_by) VALUES `+
+			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?, ?, ?),`, hi-lo), ","), args...)
 		return err
 	})
 	if isDuplicate(err) && !read {
@@ -322,6 +329,7 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if err != nil {
 		return nil, translate("batch read stock", err)
 	}
+	s.payWithin.Store(sku, payWithin)
 	var units map[string]int64 // confirmed units per user, when the SKU has a limit
 	if limit > 0 {
 		users := make([]any, 0, len(fresh))
@@ -379,8 +387,10 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	if err != nil {
 		return nil, translate("batch drop refused", err)
 	}
-	if err := openPayWindows(ctx, tx, payBy, applied); err != nil {
-		return nil, err
+	if !payBy.Equal(guessed) {
+		if err := openPayWindows(ctx, tx, payBy, applied); err != nil {
+			return nil, err
+		}
 	}
 	if sum > 0 {
 		res, err := tx.ExecContext(ctx, `UPDATE product_stock SET available = available - ?, version = version + 1
@@ -418,15 +428,18 @@ func payDeadline(now time.Time, within int) time.Time {
 	return utc(now).Add(time.Duration(within) * time.Second)
 }
 
+// intOr0 is v's int, or 0 when v is none.
+func intOr0(v any) int {
+	n, _ := v.(int)
+	return n
+}
+
 // openPayWindows sets the payment deadline of the rows ids (a batch's
-// confirmations) to payBy; nothing when the SKU has no pay window (zero).
+// confirmations) to payBy, or to none when the SKU has no pay window (zero).
 func openPayWindows(ctx context.Context, tx *sql.Tx, payBy time.Time, ids []any) error {
-	if payBy.IsZero() {
-		return nil
-	}
 	err := inChunks(len(ids), func(lo, hi int) error {
 		_, err := tx.ExecContext(ctx, `UPDATE reservations SET pay_by = ? WHERE reservation_id IN (?`+strings.Repeat(",?", hi-lo-1)+`)`,
-			append([]any{payBy}, ids[lo:hi]...)...)
+			append([]any{nullTime(payBy)}, ids[lo:hi]...)...)
 		return err
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -21,6 +22,10 @@ var _ reservation.Ledger = (*Store)(nil)
 // Store is the ledger on a *sql.DB.
 type Store struct {
 	db *sql.DB
+	// payWithin is each SKU's pay window as the last ApplyBatch here read
+	// it (seconds, an int): a batch inserts its rows already due by it, and
+	// sets them again only when its own read under the lock differs.
+	payWithin sync.Map
 }
 
 // New returns a Store on db.
