@@ -295,17 +295,7 @@ func (s *Store) applyBatch(ctx context.Context, sku string, rs []reservation.Res
 	// A refused row is deleted, so its pay_by never counts.
 	guess, _ := s.payWithin.Load(sku)
 	guessed := payDeadline(now, intOr0(guess))
-	err = inChunks(len(fresh), func(lo, hi int) error {
-		args := make([]any, 0, (hi-lo)*11)
-		for _, i := range fresh[lo:hi] {
-			r := rs[i]
-			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, r.Bucket, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now), batchID, nullTime(guessed))
-		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO reservations
-			(reservation_id, sku, qty, user_id, bucket, hold_token, status, expires_at, created_at, updated_at, event_batch, pay_by) VALUES `+
-			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?, ?, ?),`, hi-lo), ","), args...)
-		return err
-	})
+	err = insertBatch(ctx, tx, rs, fresh, now, batchID, guessed)
 	if isDuplicate(err) && !read {
 		return nil, errRowsExist
 	}
@@ -426,6 +416,22 @@ func payDeadline(now time.Time, within int) time.Time {
 		return time.Time{}
 	}
 	return utc(now).Add(time.Duration(within) * time.Second)
+}
+
+// insertBatch inserts the rows rs[fresh] of a batch, CONFIRMED, each
+// naming the batch's outbox row and due by payBy (none when zero).
+func insertBatch(ctx context.Context, tx *sql.Tx, rs []reservation.Reservation, fresh []int, now time.Time, batchID string, payBy time.Time) error {
+	return inChunks(len(fresh), func(lo, hi int) error {
+		args := make([]any, 0, (hi-lo)*11)
+		for _, i := range fresh[lo:hi] {
+			r := rs[i]
+			args = append(args, r.ID, r.SKU, r.Qty, r.UserID, r.Bucket, nullString(r.Token), nullTime(r.ExpiresAt), utc(r.CreatedAt), utc(now), batchID, nullTime(payBy))
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO reservations
+			(reservation_id, sku, qty, user_id, bucket, hold_token, status, expires_at, created_at, updated_at, event_batch, pay_by) VALUES `+
+			strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, 'CONFIRMED', ?, ?, ?, ?, ?),`, hi-lo), ","), args...)
+		return err
+	})
 }
 
 // intOr0 is v's int, or 0 when v is none.
