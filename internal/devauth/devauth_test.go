@@ -1,6 +1,10 @@
 package devauth_test
 
 import (
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -49,6 +53,33 @@ func signWith(t *testing.T, dir, kid string, claims any) string {
 		t.Fatal(err)
 	}
 	return tok
+}
+
+// signRaw is a compact RS256 JWS of header (JSON, as given) and claims,
+// signed with dir's key by crypto/rsa directly: for headers go-jose's
+// signer would not write.
+func signRaw(t *testing.T, dir, header string, claims any) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "private.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(b)
+	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := json.Marshal(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	input := base64.RawURLEncoding.EncodeToString([]byte(header)) + "." + base64.RawURLEncoding.EncodeToString(body)
+	digest := sha256.Sum256([]byte(input))
+	sig, err := rsa.SignPKCS1v15(rand.Reader, key.(*rsa.PrivateKey), crypto.SHA256, digest[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return input + "." + base64.RawURLEncoding.EncodeToString(sig)
 }
 
 func segment(t *testing.T, tok string, i int) map[string]any {
@@ -251,6 +282,13 @@ func TestVerifyRejects(t *testing.T) {
 		{"unknown kid (another key)", otherTok, nil},
 		{"unknown kid (right key, other kid)", signWith(t, dir, "other-kid", claims(nil)), nil},
 		{"no kid", signWith(t, dir, "", claims(nil)), nil},
+		{"a critical header parameter", signRaw(t, dir, `{"alg":"RS256","kid":"`+iss.KeyID()+`","crit":["exp"],"exp":1}`, claims(nil)), nil},
+		{"an unencoded payload (b64 false)", signRaw(t, dir, `{"alg":"RS256","kid":"`+iss.KeyID()+`","b64":false,"crit":["b64"]}`, claims(nil)), nil},
+		{"a header that is not an object", signRaw(t, dir, `["RS256"]`, claims(nil)), nil},
+		{"claims that are not an object", signRaw(t, dir, `{"alg":"RS256","kid":"`+iss.KeyID()+`"}`, []string{"ann"}), nil},
+		{"a fourth part", good + ".e30", nil},
+		{"the JSON serialization", `{"payload":"` + parts[1] + `","protected":"` + parts[0] + `","signature":"` + parts[2] + `"}`, nil},
+		{"padded base64", parts[0] + "=." + parts[1] + "." + parts[2], nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -265,6 +303,10 @@ func TestVerifyRejects(t *testing.T) {
 	}
 	if _, err := v.Verify(good); err != nil {
 		t.Errorf("Verify(good) = %v after the cases", err)
+	}
+	// signRaw's own token verifies: the cases above fail for what they name.
+	if _, err := v.Verify(signRaw(t, dir, `{"alg":"RS256","kid":"`+iss.KeyID()+`","typ":"JWT"}`, claims(nil))); err != nil {
+		t.Errorf("Verify(a hand-signed token) = %v", err)
 	}
 }
 
