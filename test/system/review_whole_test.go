@@ -25,60 +25,85 @@ import (
 // idempotency_mismatch ("however long ago Redis forgot the hold"). The
 // bucket says whole, so MySQL is not asked.
 func TestReviewWholeWarmedBeforeAnInFlightCommit(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		qty  int
-		want func(code int, b map[string]any, id string) bool
-		says string
-	}{
-		{"a different qty", 2, func(code int, b map[string]any, _ string) bool {
-			return code == http.StatusUnprocessableEntity && b["error"] == "idempotency_mismatch"
-		}, "422 idempotency_mismatch"},
-		{"the same request", 1, func(code int, b map[string]any, id string) bool {
-			return code == http.StatusOK && b["reservation_id"] == id && b["status"] == string(reservation.StatusConfirmed)
-		}, "200 CONFIRMED (MySQL's decided row)"},
-	} {
+	for _, tc := range keyedRetries {
 		t.Run(tc.name, func(t *testing.T) {
-			var (
-				mu     sync.Mutex
-				target string
-				retry  func()
-			)
-			p := newPromise(t, withHooks(reservation.Hooks{AfterCommit: func(r reservation.Reservation) error {
-				mu.Lock()
-				f := retry
-				if r.ID == target {
-					retry = nil
-				} else {
-					f = nil
-				}
-				mu.Unlock()
-				if f != nil {
-					f()
-				}
-				return nil
-			}}))
+			var at atCommit
+			p := newPromise(t, withHooks(at.hooks()))
 			sku := testservices.Name("rvwhole")
 			p.createSKU(sku, 5, 0)
 			id := p.reserved(sku, "ann", 1, "k1")
 			p.loseSKU(sku)
 			p.reserved(sku, "bob", 1, "") // warms the bucket: MySQL has no row yet
-
-			var code int
-			var body map[string]any
-			mu.Lock()
-			target = id
-			retry = func() { code, body = p.reserve(sku, "ann", tc.qty, "k1") }
-			mu.Unlock()
-			p.persistMsgs(id)
-			if st, _, _ := p.row(id); st != "CONFIRMED" {
-				t.Fatalf("row %s = %s, want CONFIRMED", id, st)
-			}
-			if !tc.want(code, body, id) {
-				t.Errorf("ann's retry (qty %d, key k1) after MySQL committed %s = %d %v; want %s", tc.qty, id, code, body, tc.says)
-			}
+			tc.check(t, p, &at, sku, id)
 		})
 	}
+}
+
+// keyedRetries are ann's two keyed retries (key k1, qty 1 first) once
+// MySQL has decided her id and before Redis is told: another qty is
+// 422 idempotency_mismatch, the same request 200 with the CONFIRMED row.
+var keyedRetries = []keyedRetry{
+	{"a different qty", 2, func(code int, b map[string]any, _ string) bool {
+		return code == http.StatusUnprocessableEntity && b["error"] == "idempotency_mismatch"
+	}, "422 idempotency_mismatch"},
+	{"the same request", 1, func(code int, b map[string]any, id string) bool {
+		return code == http.StatusOK && b["reservation_id"] == id && b["status"] == string(reservation.StatusConfirmed)
+	}, "200 CONFIRMED (MySQL's decided row)"},
+}
+
+type keyedRetry struct {
+	name string
+	qty  int
+	want func(code int, b map[string]any, id string) bool
+	says string
+}
+
+// check persists ann's reservation id of sku, retrying at its commit (at),
+// and checks the retry's answer.
+func (tc keyedRetry) check(t *testing.T, p *promise, at *atCommit, sku, id string) {
+	t.Helper()
+	var code int
+	var body map[string]any
+	at.arm(id, func() { code, body = p.reserve(sku, "ann", tc.qty, "k1") })
+	p.persistMsgs(id)
+	if st, _, _ := p.row(id); st != "CONFIRMED" {
+		t.Fatalf("row %s = %s, want CONFIRMED", id, st)
+	}
+	if !tc.want(code, body, id) {
+		t.Errorf("ann's retry (qty %d, key k1) after MySQL committed %s = %d %v; want %s", tc.qty, id, code, body, tc.says)
+	}
+}
+
+// atCommit runs a request once, right after persist commits a given id and
+// before Redis is told (Hooks.AfterCommit).
+type atCommit struct {
+	mu     sync.Mutex
+	target string
+	retry  func()
+}
+
+func (a *atCommit) hooks() reservation.Hooks {
+	return reservation.Hooks{AfterCommit: func(r reservation.Reservation) error {
+		a.mu.Lock()
+		f := a.retry
+		if r.ID == a.target {
+			a.retry = nil
+		} else {
+			f = nil
+		}
+		a.mu.Unlock()
+		if f != nil {
+			f()
+		}
+		return nil
+	}}
+}
+
+// arm runs f when id commits.
+func (a *atCommit) arm(id string, f func()) {
+	a.mu.Lock()
+	a.target, a.retry = id, f
+	a.mu.Unlock()
 }
 
 // The same order with a fault instead of a race: Redis is unreachable while
