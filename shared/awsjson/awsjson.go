@@ -97,12 +97,25 @@ func (s *Signer) Request(ctx context.Context, endpoint, op string, payload []byt
 
 // canSign says whether sign signs req as the SDK's signer would: a
 // request to the path "/", without a query or a default port (which the
-// SDK leaves out of the host it signs), whose session token has no space.
-// Anything else goes to the SDK's signer.
+// SDK leaves out of the host it signs), whose session token is base64 (as
+// STS's are: nothing the SDK would trim or fold). Anything else goes to
+// the SDK's signer.
 func (s *Signer) canSign(req *http.Request, creds aws.Credentials) bool {
 	return req.URL.Path == "/" && req.URL.RawQuery == "" && req.URL.Port() != "80" && req.URL.Port() != "443" &&
-		!strings.ContainsAny(creds.SessionToken, " \t\n")
+		!strings.ContainsFunc(creds.SessionToken, notTokenChar)
 }
+
+// notTokenChar is a character of a session token sign leaves to the SDK.
+func notTokenChar(r rune) bool { return r >= 128 || !tokenChars[r] }
+
+// tokenChars marks the characters of a session token sign takes: base64's
+// and base64url's.
+var tokenChars = func() (set [128]bool) {
+	for _, c := range "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=_-" {
+		set[c] = true
+	}
+	return set
+}()
 
 // sign adds Signature Version 4 to req, a POST of a body whose SHA-256 is
 // hash, with the headers the SDK's signer signs for it: content-length,
