@@ -97,7 +97,7 @@ func (b *bench) hotLines() []string {
 	if !ok {
 		return nil
 	}
-	line := fmt.Sprintf("%s = %.0f orders/s (goal ≥ 50k/s); %s, false cancellations %s",
+	line := fmt.Sprintf("%s = %.0f orders/s (goal ≥ 50k/s); %s, false cancellations %s; batches handed to PersistBatch in memory (no SQS receive, delete or event decode), a SKU without a pay window or a per-user limit",
 		modeHot, r.rate(), r.extra["batching"], r.extra["false cancellations"])
 	if c := r.extra["CPU"]; c != "" {
 		line += "; " + c + "; one core of MariaDB at its CPU per order: " + r.extra["MariaDB ceiling"]

@@ -30,12 +30,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -227,22 +225,10 @@ type Verifier struct {
 	Leeway   time.Duration    // clock skew tolerated on exp, nbf and iat
 	Now      func() time.Time // the clock; time.Now when nil
 
+	// keys: each request's token is checked in full, as API Gateway's
+	// authorizer does; nothing is kept of an earlier check.
 	keys jose.JSONWebKeySet
-
-	// seen holds tokens whose signature and claims already verified: a
-	// repeated token (a buyer's every request) costs a map look-up and the
-	// time checks instead of an RSA verification.
-	mu   sync.Mutex
-	seen map[string]verified
 }
-
-type verified struct {
-	std    jwt.Claims
-	claims map[string]string
-}
-
-// seenMax bounds the cache of verified tokens; it is emptied when full.
-const seenMax = 100_000
 
 // NewVerifier returns a Verifier of the keys of a JWKS document.
 func NewVerifier(jwks []byte, issuer, audience string) (*Verifier, error) {
@@ -279,15 +265,6 @@ func (v *Verifier) Verify(token string) (map[string]string, error) {
 	if v.Now != nil {
 		now = v.Now
 	}
-	v.mu.Lock()
-	hit, ok := v.seen[token]
-	v.mu.Unlock()
-	if ok {
-		if err := hit.std.ValidateWithLeeway(jwt.Expected{Issuer: v.Issuer, Time: now()}, v.Leeway); err != nil {
-			return nil, bad("%w", err)
-		}
-		return maps.Clone(hit.claims), nil
-	}
 	raw, err := v.verifySignature(token)
 	if err != nil {
 		return nil, bad("%w", err)
@@ -317,13 +294,7 @@ func (v *Verifier) Verify(token string) (map[string]string, error) {
 	if err != nil {
 		return nil, bad("%w", err)
 	}
-	v.mu.Lock()
-	if v.seen == nil || len(v.seen) >= seenMax {
-		v.seen = map[string]verified{}
-	}
-	v.seen[token] = verified{std: std, claims: claims}
-	v.mu.Unlock()
-	return maps.Clone(claims), nil
+	return claims, nil
 }
 
 // verifySignature checks a compact JWS: three base64url parts, a header

@@ -12,8 +12,9 @@ import (
 // signature part is decoded outside the signing input, so a buyer's token
 // with line breaks anywhere in its signature still verifies: a string that
 // is not a compact JWS (API Gateway's authorizer refuses it), and one of
-// unboundedly many distinct strings of one token, each a cache miss (an RSA
-// check) and an entry of Verifier.seen, which is emptied whole at seenMax.
+// unboundedly many distinct strings of one token (each an RSA check; when
+// this was found, each also an entry of a cache of verified tokens, since
+// removed).
 // (Over HTTP/1.1 Go's server refuses a CR and folds a CRLF into a space, so
 // the dev gateway does not pass one through today; Verify is the boundary.)
 func TestReview4VerifyRejectsLineBreaksInTheSignature(t *testing.T) {
