@@ -2,7 +2,7 @@ package main
 
 // The reserve handler's CPU per accepted reservation, what a Lambda bills:
 // the function's handler as its main wires it (metrics.Flushing around
-// the API handler, the metrics line written to a file), called through the
+// the API handler's Invoke, the metrics line written to a file), called through the
 // Lambda runtime library's handler, as the runtime calls it: the event's
 // JSON in (API Gateway's payload 2.0 with the headers and JWT claims it
 // passes, built before the timed part), the response's JSON out. Measured
@@ -33,6 +33,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/holdfast/holdfast/internal/testkit/apievent"
 	"github.com/holdfast/holdfast/shared/app"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/metrics"
 	"github.com/holdfast/holdfast/shared/reservation"
 )
@@ -78,7 +79,7 @@ func (b *bench) handlerCPU(ctx context.Context) error {
 			return err
 		}
 		b.closers = append(b.closers, a.Close)
-		invoke := lambda.NewHandler(metrics.Flushing(a.Metrics, a.Handlers(nil).API.Handle))
+		invoke := lambda.NewHandler(httpapi.Invoker(metrics.Flushing(a.Metrics, a.Handlers(nil).API.Invoke)))
 		sku := fmt.Sprintf("bench-cpu-%s-%d", m.send, time.Now().UnixNano())
 		// Every per-SKU check the reserve path has, on: a sale window
 		// (open), a per-user limit, a pay window; and the room, in its mode.

@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/holdfast/holdfast/shared/app"
 	"github.com/holdfast/holdfast/shared/config"
+	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/metrics"
 )
 
@@ -34,6 +35,6 @@ func run(ctx context.Context, getenv func(string) string) error {
 		return err
 	}
 	defer a.Close()
-	lambda.StartWithOptions(metrics.Flushing(a.Metrics, a.Handlers(nil).API.Handle), lambda.WithContext(ctx))
+	lambda.StartWithOptions(httpapi.Invoker(metrics.Flushing(a.Metrics, a.Handlers(nil).API.Invoke)), lambda.WithContext(ctx))
 	return nil
 }
