@@ -70,6 +70,16 @@ type stackFigure struct {
 	elapsed   time.Duration
 	cpu       map[string]time.Duration // by process
 	order     []string
+	runs      []string // each run's figure, when this is several runs'
+}
+
+// breakdown is each process's CPU per accepted order, the largest first.
+func (f stackFigure) breakdown() string {
+	var parts []string
+	for _, name := range f.order {
+		parts = append(parts, name+" "+f.per(f.cpu[name]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // add counts run g into f: its answers, time and each process's CPU.
@@ -207,11 +217,13 @@ func (b *bench) stack(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		b.log("stack: waiting room %t: %s per accepted order (%d accepted)", room, f.per(f.total()), f.accepted)
+		b.log("stack: waiting room %t: %s per accepted order (%d accepted): %s", room, f.per(f.total()), f.accepted, f.breakdown())
 		if room {
 			with.add(f)
+			with.runs = append(with.runs, f.per(f.total()))
 		} else {
 			without.add(f)
+			without.runs = append(without.runs, f.per(f.total()))
 		}
 	}
 	b.stackRun, b.stackNoRoom = &with, &without
@@ -422,19 +434,11 @@ func (b *bench) stackLines() []string {
 	if f == nil {
 		return nil
 	}
-	var parts []string
-	for _, name := range f.order {
-		parts = append(parts, name+" "+f.per(f.cpu[name]))
-	}
-	line := fmt.Sprintf("CPU per accepted order through make dev = %s (goal ≤ %.1f ms): %s; %d accepted at %.0f/s, wrk c=%d, 2 runs of %v (with, without, without, with the room), make dev logging errors only, an admission token each (waiting room)",
-		f.per(f.total()), float64(stackGoal.Microseconds())/1000, strings.Join(parts, ", "), f.accepted,
-		float64(f.accepted)/f.elapsed.Seconds(), stackConnections, stackDuration)
+	line := fmt.Sprintf("CPU per accepted order through make dev = %s (goal ≤ %.1f ms): %s; %d accepted at %.0f/s, wrk c=%d, 2 runs of %v (with, without, without, with the room: %s), make dev logging errors only, an admission token each (waiting room)",
+		f.per(f.total()), float64(stackGoal.Microseconds())/1000, f.breakdown(), f.accepted,
+		float64(f.accepted)/f.elapsed.Seconds(), stackConnections, stackDuration, strings.Join(f.runs, " and "))
 	if n := b.stackNoRoom; n != nil {
-		var parts []string
-		for _, name := range n.order {
-			parts = append(parts, name+" "+n.per(n.cpu[name]))
-		}
-		line += fmt.Sprintf("; without a waiting room %s: %s; %d accepted at %.0f/s", n.per(n.total()), strings.Join(parts, ", "), n.accepted, float64(n.accepted)/n.elapsed.Seconds())
+		line += fmt.Sprintf("; without a waiting room %s (%s): %s; %d accepted at %.0f/s", n.per(n.total()), strings.Join(n.runs, " and "), n.breakdown(), n.accepted, float64(n.accepted)/n.elapsed.Seconds())
 	}
 	return []string{line}
 }
