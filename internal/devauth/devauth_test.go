@@ -31,9 +31,8 @@ func open(t *testing.T, dir string) *devauth.Issuer {
 	return iss
 }
 
-// signWith signs any claims with the key Open wrote to dir, as another
-// issuer (or an attacker holding the key) could.
-func signWith(t *testing.T, dir, kid string, claims any) string {
+// privateKey is the key Open wrote to dir.
+func privateKey(t *testing.T, dir string) any {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "private.pem"))
 	if err != nil {
@@ -44,6 +43,14 @@ func signWith(t *testing.T, dir, kid string, claims any) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return key
+}
+
+// signWith signs any claims with the key Open wrote to dir, as another
+// issuer (or an attacker holding the key) could.
+func signWith(t *testing.T, dir, kid string, claims any) string {
+	t.Helper()
+	key := privateKey(t, dir)
 	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: jose.JSONWebKey{Key: key, KeyID: kid}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -60,15 +67,7 @@ func signWith(t *testing.T, dir, kid string, claims any) string {
 // signer would not write.
 func signRaw(t *testing.T, dir, header string, claims any) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "private.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, _ := pem.Decode(b)
-	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	key := privateKey(t, dir)
 	body, err := json.Marshal(claims)
 	if err != nil {
 		t.Fatal(err)
