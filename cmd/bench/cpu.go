@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,27 +106,46 @@ func (b *bench) handlerCPU(ctx context.Context) error {
 		var next atomic.Int64
 		b.log("handler CPU: %s …", m.name)
 		runtime.GC() // the setup's garbage is not the handler's
+		if err := b.awaitQuiet(ctx, "handler CPU"); err != nil {
+			return err
+		}
 		cpu0 := processCPU()
-		ops, el, lat, err := hammer(b.o.concurrency, b.o.duration, func(w, i int) error {
-			n := next.Add(1) - 1
-			if n >= int64(len(payloads)) {
-				return fmt.Errorf("the %d events are used up: raise roomRate", len(payloads))
-			}
-			out, err := invoke.Invoke(ctx, payloads[n])
-			if err != nil {
-				return err
-			}
-			// What the runtime posts back, checked without decoding it here:
-			// the bench's own work stays out of the figure.
-			if !bytes.Contains(out, []byte(`"statusCode":202,`)) {
-				return fmt.Errorf("handler answered %.300s", out)
-			}
-			return nil
+		machine0, err := machineCPU()
+		if err != nil {
+			return err
+		}
+		var ops int64
+		var el time.Duration
+		var lat []time.Duration
+		// Labelled for -profile: goroutines started inside (the HTTP
+		// client's) carry the mode too.
+		pprof.Do(ctx, pprof.Labels("part", m.name), func(ctx context.Context) {
+			ops, el, lat, err = hammer(b.o.concurrency, b.o.duration, func(w, i int) error {
+				n := next.Add(1) - 1
+				if n >= int64(len(payloads)) {
+					return fmt.Errorf("the %d events are used up: raise roomRate", len(payloads))
+				}
+				out, err := invoke.Invoke(ctx, payloads[n])
+				if err != nil {
+					return err
+				}
+				// What the runtime posts back, checked without decoding it here:
+				// the bench's own work stays out of the figure.
+				if !bytes.Contains(out, []byte(`"statusCode":202,`)) {
+					return fmt.Errorf("handler answered %.300s", out)
+				}
+				return nil
+			})
 		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", m.name, err)
 		}
 		cpu := processCPU() - cpu0
+		machine1, err := machineCPU()
+		if err != nil {
+			return err
+		}
+		b.log("handler CPU: %s: %d accepted; this process %v, the machine %v", m.name, ops, cpu.Round(time.Millisecond), (machine1 - machine0).Round(time.Millisecond))
 		if b.handlerPer == nil {
 			b.handlerPer = map[string]time.Duration{}
 		}

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -56,6 +57,7 @@ type options struct {
 	out         string
 	chart       string
 	devProfile  string
+	profile     string
 	// The waiting-room part's sale: buyers and units.
 	roomN, roomStock int
 }
@@ -89,6 +91,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "report to rewrite (empty: none)")
 	fs.StringVar(&o.chart, "chart", "docs/benchmarks.png", "chart of the load run")
 	fs.StringVar(&o.devProfile, "dev-profile", "", "write a CPU profile of make dev's process in the http part to this file")
+	fs.StringVar(&o.profile, "profile", "", "write a CPU profile of this process (the bench itself: the handler, script and persist parts run in it) to this file")
 	fs.IntVar(&o.roomN, "room-n", 3000, "waiting room part: buyers")
 	fs.IntVar(&o.roomStock, "room-stock", 300, "waiting room part: units")
 	only := fs.String("only", "", "run only these parts (comma-separated: http,stack,cpu,decode,script,reserve,persist,hot,lag,buckets,soldout,e2e,room,sweep,groups,catalog,cold); implies -out ''")
@@ -115,6 +118,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	b.app = a
+	if o.profile != "" {
+		f, err := os.Create(o.profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+		defer func() {
+			if f, err := os.Create(o.profile + ".allocs"); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+		}()
+	}
 	if err := devstack.EnsureQueues(ctx, a.SQS, cfg, getenv("HOLDFAST_DLQ_URL"), "template.yaml"); err != nil {
 		return err
 	}

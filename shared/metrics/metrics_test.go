@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,5 +71,91 @@ func TestStageIsADimension(t *testing.T) {
 	if line.Stage != "prod" || len(line.AWS.CloudWatchMetrics) != 1 ||
 		fmt.Sprint(line.AWS.CloudWatchMetrics[0].Dimensions) != "[[Function Stage]]" {
 		t.Errorf("EMF line = %s, want dimensions Function and Stage=prod", buf.String())
+	}
+}
+
+// The hand-built line is the document encoding/json writes for EMF, for
+// any name and dimension: with and without a stage, names that need
+// escapes, and many names at once.
+func TestFlushWritesWhatEncodingJSONWrites(t *testing.T) {
+	for _, tc := range []struct {
+		function, stage string
+		counts          map[string]int
+	}{
+		{"reserve", "", map[string]int{"accepted": 1}},
+		{"persist", "prod", map[string]int{"confirmed": 500, "persist_retries": 2, "item_failures": 1}},
+		{"fn \"quoted\"\n", "stage<&>", map[string]int{"a\\b": 3, "é": 4, "\u2028": 5, "\x01": -6}},
+	} {
+		var buf bytes.Buffer
+		r := metrics.New(&buf, tc.function, tc.stage, func() time.Time { return time.UnixMilli(1700000000123) })
+		for n, c := range tc.counts {
+			r.Count(n, c)
+		}
+		if err := r.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Count(buf.Bytes(), []byte("\n")) != 1 || !bytes.HasSuffix(buf.Bytes(), []byte("\n")) {
+			t.Fatalf("not one line: %q", buf.String())
+		}
+		// The document as encoding/json writes it from maps.
+		names := slices.Sorted(maps.Keys(tc.counts))
+		defs := make([]map[string]string, len(names))
+		want := map[string]any{"Function": tc.function}
+		dims := []string{"Function"}
+		if tc.stage != "" {
+			want["Stage"] = tc.stage
+			dims = append(dims, "Stage")
+		}
+		for i, n := range names {
+			defs[i] = map[string]string{"Name": n, "Unit": "Count"}
+			want[n] = tc.counts[n]
+		}
+		want["_aws"] = map[string]any{"Timestamp": int64(1700000000123), "CloudWatchMetrics": []any{map[string]any{
+			"Namespace": metrics.Namespace, "Dimensions": [][]string{dims}, "Metrics": defs}}}
+		wantJSON, err := json.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got, wanted any
+		if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+			t.Fatalf("not JSON: %q", buf.String())
+		}
+		if err := json.Unmarshal(wantJSON, &wanted); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, wanted) {
+			t.Errorf("line\n%s\nwant the document\n%s", buf.String(), wantJSON)
+		}
+	}
+}
+
+// Counts from invocations at the same time all reach a line, once.
+func TestConcurrentCountsAreFlushedOnce(t *testing.T) {
+	var buf bytes.Buffer
+	r := metrics.New(&buf, "reserve", "", time.Now)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				r.Count("accepted", 1)
+				if err := r.Flush(); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	total := 0
+	for _, l := range bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n")) {
+		var line struct {
+			Accepted int `json:"accepted"`
+		}
+		if err := json.Unmarshal(l, &line); err != nil {
+			t.Fatalf("not JSON: %q", l)
+		}
+		total += line.Accepted
+	}
+	if total != 8000 {
+		t.Errorf("the lines count %d, want 8000", total)
 	}
 }

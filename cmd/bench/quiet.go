@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// machineCPU is the CPU time every core of the machine has spent busy so
+// far (every state of /proc/stat's cpu line but idle and iowait).
+func machineCPU() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, errors.New("/proc/stat: no cpu line")
+	}
+	var busy int64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		busy += n
+	}
+	return time.Duration(busy) * (time.Second / 100), nil // USER_HZ = 100 on Linux
+}
+
+// quietBusy is how busy the machine may be, over a second, for a part
+// that reads one process's CPU to start: the servers' work left from the
+// part before (MariaDB's purge and flushing, goaws's) slows the measured
+// process's peers, and a process waiting on slow peers spends more CPU
+// per operation in its scheduler.
+const quietBusy = 100 * time.Millisecond
+
+// awaitQuiet waits, at most a minute, until the machine was busy for
+// less than quietBusy over a second, and says how long it waited.
+func (b *bench) awaitQuiet(ctx context.Context, what string) error {
+	start := time.Now()
+	for {
+		c0, err := machineCPU()
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+		c1, err := machineCPU()
+		if err != nil {
+			return err
+		}
+		if busy := c1 - c0; busy < quietBusy || time.Since(start) > time.Minute {
+			b.log("%s: the machine was busy %v over the last second, after %v", what, busy, time.Since(start).Round(time.Second))
+			return nil
+		}
+	}
+}
