@@ -11,14 +11,13 @@ package reservation
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"strconv"
 	"strings"
 	"time"
@@ -142,7 +141,9 @@ func (s *Service) TicketOf(sku, user string) string {
 // mac is the service secret's HMAC-SHA256 of parts, each prefixed by its
 // length, under a purpose (domain separation from the ids' MAC).
 func (s *Service) mac(purpose string, parts ...string) []byte {
-	h := hmac.New(sha256.New, s.idSecret)
+	h := s.macs.Get().(hash.Hash)
+	defer s.macs.Put(h)
+	h.Reset()
 	h.Write([]byte("holdfast/" + purpose))
 	for _, p := range parts {
 		var n [4]byte

@@ -2,6 +2,8 @@ package reservation
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"log/slog"
 	"sync"
 	"time"
@@ -75,13 +77,14 @@ type Service struct {
 	log           *slog.Logger
 	hooks         Hooks
 	sleep         func(context.Context, time.Duration)
-	soldOut       sync.Map // sku -> time.Time until which this instance answers sold_out
-	touched       touches  // SKUs this instance marked live, and until when it need not again
-	layouts       layouts  // each SKU's layout (K, group-buys) as Redis had it lately
-	unknown       unknowns // SKUs MySQL said it does not have, lately
-	refills       sync.Map // bucket name -> *sync.Mutex: one refill of a bucket at a time here
-	unknownGroups unknowns // group ids MySQL said it does not have, lately
-	idSecret      []byte   // the key of ids derived from an Idempotency-Key
+	soldOut       sync.Map  // sku -> time.Time until which this instance answers sold_out
+	touched       touches   // SKUs this instance marked live, and until when it need not again
+	layouts       layouts   // each SKU's layout (K, group-buys) as Redis had it lately
+	unknown       unknowns  // SKUs MySQL said it does not have, lately
+	refills       sync.Map  // bucket name -> *sync.Mutex: one refill of a bucket at a time here
+	unknownGroups unknowns  // group ids MySQL said it does not have, lately
+	idSecret      []byte    // the key of ids derived from an Idempotency-Key
+	macs          sync.Pool // HMAC-SHA256s keyed by idSecret, for mac: New derives the key's pads, Reset restores them
 }
 
 // Deps are the Service's collaborators.
@@ -124,10 +127,12 @@ func NewService(cfg Config, d Deps) *Service {
 	if d.Metrics == nil {
 		d.Metrics = nopMetrics{}
 	}
-	return &Service{
+	s := &Service{
 		cfg: cfg, holds: d.Redis, figures: d.Redis, slots: d.Redis, marks: d.Redis, room: d.Redis, ledger: d.Ledger, queue: d.Queue, notifier: d.Notifier,
 		metrics: d.Metrics, clock: d.Clock, log: d.Log, hooks: d.Hooks, sleep: sleepCtx, idSecret: d.IDSecret,
 	}
+	s.macs.New = func() any { return hmac.New(sha256.New, s.idSecret) }
+	return s
 }
 
 type nopMetrics struct{}
