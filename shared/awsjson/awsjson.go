@@ -18,11 +18,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	mrand "math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,17 +60,20 @@ type Signer struct {
 	credentials aws.CredentialsProvider // cached (LoadDefaultConfig's is)
 	v4          *v4.Signer
 	key         atomic.Pointer[signingKey] // the last day's derived key
+	token       atomic.Pointer[string]     // the last session token canSign checked and took
+	scope       string                     // the credential scope after its day: /region/service/aws4_request
 }
 
-// signingKey is Signature Version 4's key of one day and secret.
+// signingKey is Signature Version 4's key of one day and secret: HMACs
+// keyed by it (New derives the key's pads, Reset restores them).
 type signingKey struct {
 	day, secret string
-	key         []byte
+	macs        sync.Pool
 }
 
 // NewSigner returns a Signer of api's requests in region with creds.
 func NewSigner(api API, region string, creds aws.CredentialsProvider) *Signer {
-	return &Signer{api: api, region: region, credentials: creds, v4: v4.NewSigner()}
+	return &Signer{api: api, region: region, credentials: creds, v4: v4.NewSigner(), scope: "/" + region + "/" + api.SigningName + "/aws4_request"}
 }
 
 // Request returns op's request to endpoint carrying payload, signed at
@@ -78,8 +83,8 @@ func (s *Signer) Request(ctx context.Context, endpoint, op string, payload []byt
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Content-Type", s.api.ContentType)
-	req.Header.Set("X-Amz-Target", s.api.TargetPrefix+"."+op)
+	req.Header["Content-Type"] = []string{s.api.ContentType}
+	req.Header["X-Amz-Target"] = []string{s.api.TargetPrefix + "." + op}
 	creds, err := s.credentials.Retrieve(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("credentials: %w", err)
@@ -91,7 +96,7 @@ func (s *Signer) Request(ctx context.Context, endpoint, op string, payload []byt
 		}
 		return req, nil
 	}
-	s.sign(req, creds, hex.EncodeToString(hash[:]), at)
+	s.sign(req, creds, hash, at)
 	return req, nil
 }
 
@@ -101,8 +106,17 @@ func (s *Signer) Request(ctx context.Context, endpoint, op string, payload []byt
 // STS's are: nothing the SDK would trim or fold). Anything else goes to
 // the SDK's signer.
 func (s *Signer) canSign(req *http.Request, creds aws.Credentials) bool {
-	return req.URL.Path == "/" && req.URL.RawQuery == "" && req.URL.Port() != "80" && req.URL.Port() != "443" &&
-		!strings.ContainsFunc(creds.SessionToken, notTokenChar)
+	if req.URL.Path != "/" || req.URL.RawQuery != "" || req.URL.Port() == "80" || req.URL.Port() == "443" {
+		return false
+	}
+	if t := s.token.Load(); t != nil && *t == creds.SessionToken {
+		return true // checked already: a function's token lasts hours
+	}
+	if strings.ContainsFunc(creds.SessionToken, notTokenChar) {
+		return false
+	}
+	s.token.Store(&creds.SessionToken)
+	return true
 }
 
 // notTokenChar is a character of a session token sign leaves to the SDK.
@@ -117,51 +131,88 @@ var tokenChars = func() (set [128]bool) {
 	return set
 }()
 
+// signBufs are sign's scratch buffers: a session token is a kilobyte, and
+// a request's canonical form, string to sign and Authorization are built
+// in one.
+var signBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
 // sign adds Signature Version 4 to req, a POST of a body whose SHA-256 is
-// hash, with the headers the SDK's signer signs for it: content-length,
+// body, with the headers the SDK's signer signs for it: content-length,
 // content-type, host, x-amz-date, x-amz-security-token (with a session
 // token) and x-amz-target. It does what the SDK's does for this one shape
 // of request, without its general canonicalization, which cost a quarter
 // of a send's CPU (docs/benchmarks.md). The day's key is derived once.
-func (s *Signer) sign(req *http.Request, creds aws.Credentials, hash string, at time.Time) {
-	date := at.UTC().Format("20060102T150405Z")
-	scope := date[:8] + "/" + s.region + "/" + s.api.SigningName + "/aws4_request"
-	var b strings.Builder
-	b.Grow(512)
-	b.WriteString("POST\n/\n\n")
-	names := "content-type;host;x-amz-date;"
+func (s *Signer) sign(req *http.Request, creds aws.Credentials, body [sha256.Size]byte, at time.Time) {
+	var dateBuf [16]byte
+	date := at.UTC().AppendFormat(dateBuf[:0], "20060102T150405Z")
+	names := "content-type;host;x-amz-date;x-amz-target"
+	switch {
+	case req.ContentLength > 0 && creds.SessionToken != "":
+		names = "content-length;content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
+	case req.ContentLength > 0:
+		names = "content-length;content-type;host;x-amz-date;x-amz-target"
+	case creds.SessionToken != "":
+		names = "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
+	}
+	bp := signBufs.Get().(*[]byte)
+	defer signBufs.Put(bp)
+	// The canonical request.
+	b := append((*bp)[:0], "POST\n/\n\n"...)
 	if req.ContentLength > 0 {
-		b.WriteString("content-length:" + strconv.FormatInt(req.ContentLength, 10) + "\n")
-		names = "content-length;" + names
+		b = strconv.AppendInt(append(b, "content-length:"...), req.ContentLength, 10)
+		b = append(b, '\n')
 	}
-	b.WriteString("content-type:" + req.Header.Get("Content-Type") + "\nhost:" + req.URL.Host + "\nx-amz-date:" + date + "\n")
+	b = append(append(b, "content-type:"...), req.Header.Get("Content-Type")...)
+	b = append(append(b, "\nhost:"...), req.URL.Host...)
+	b = append(append(b, "\nx-amz-date:"...), date...)
+	b = append(b, '\n')
 	if creds.SessionToken != "" {
-		b.WriteString("x-amz-security-token:" + creds.SessionToken + "\n")
-		names += "x-amz-security-token;"
-		req.Header.Set("X-Amz-Security-Token", creds.SessionToken)
+		b = append(append(b, "x-amz-security-token:"...), creds.SessionToken...)
+		b = append(b, '\n')
+		req.Header["X-Amz-Security-Token"] = []string{creds.SessionToken}
 	}
-	names += "x-amz-target"
-	b.WriteString("x-amz-target:" + req.Header.Get("X-Amz-Target") + "\n\n" + names + "\n" + hash)
-	canonical := sha256.Sum256([]byte(b.String()))
-	mac := hmac.New(sha256.New, s.dayKey(date[:8], creds.SecretAccessKey))
-	mac.Write([]byte("AWS4-HMAC-SHA256\n" + date + "\n" + scope + "\n" + hex.EncodeToString(canonical[:])))
-	req.Header.Set("X-Amz-Date", date)
-	req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential="+creds.AccessKeyID+"/"+scope+", SignedHeaders="+names+", Signature="+hex.EncodeToString(mac.Sum(nil)))
+	b = append(append(b, "x-amz-target:"...), req.Header.Get("X-Amz-Target")...)
+	b = append(append(append(b, "\n\n"...), names...), '\n')
+	canonical := sha256.Sum256(hex.AppendEncode(b, body[:]))
+	// The string to sign, after the scope's place in it.
+	b = append(append(append(b[:0], "AWS4-HMAC-SHA256\n"...), date...), '\n')
+	scopeAt := len(b)
+	b = append(append(b, date[:8]...), s.scope...)
+	scope := b[scopeAt:]
+	b = hex.AppendEncode(append(b, '\n'), canonical[:])
+	key := s.dayKey(date[:8], creds.SecretAccessKey)
+	mac := key.macs.Get().(hash.Hash)
+	mac.Reset()
+	mac.Write(b)
+	var sum [sha256.Size]byte
+	mac.Sum(sum[:0])
+	key.macs.Put(mac)
+	// The Authorization, after the string to sign (scope is in it).
+	a := append(append(append(b, "AWS4-HMAC-SHA256 Credential="...), creds.AccessKeyID...), '/')
+	a = append(a, scope...)
+	a = append(append(append(a, ", SignedHeaders="...), names...), ", Signature="...)
+	a = hex.AppendEncode(a, sum[:])
+	req.Header["X-Amz-Date"] = []string{string(date)}
+	req.Header["Authorization"] = []string{string(a[len(b):])}
+	*bp = a
 }
 
-// dayKey is the signing key of day (yyyymmdd) for secret, derived once.
-func (s *Signer) dayKey(day, secret string) []byte {
-	if k := s.key.Load(); k != nil && k.day == day && k.secret == secret {
-		return k.key
+// dayKey is the signing key of day (yyyymmdd) for secret, derived once,
+// with HMACs keyed by it to reuse.
+func (s *Signer) dayKey(day []byte, secret string) *signingKey {
+	if k := s.key.Load(); k != nil && k.day == string(day) && k.secret == secret {
+		return k
 	}
 	key := []byte("AWS4" + secret)
-	for _, part := range []string{day, s.region, s.api.SigningName, "aws4_request"} {
+	for _, part := range []string{string(day), s.region, s.api.SigningName, "aws4_request"} {
 		mac := hmac.New(sha256.New, key)
 		mac.Write([]byte(part))
 		key = mac.Sum(nil)
 	}
-	s.key.Store(&signingKey{day: day, secret: secret, key: key})
-	return key
+	k := &signingKey{day: string(day), secret: secret}
+	k.macs.New = func() any { return hmac.New(sha256.New, key) }
+	s.key.Store(k)
+	return k
 }
 
 // Error is the service's refusal of a request.

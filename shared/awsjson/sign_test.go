@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,4 +59,58 @@ func TestSignatureIsTheSDKSignersToTheByte(t *testing.T) {
 			}
 		}
 	}
+}
+
+// BenchmarkRequest: a SendMessage's request, built and signed.
+func BenchmarkRequest(b *testing.B) {
+	signer := awsjson.NewSigner(awsjson.SQS, "eu-west-1", aws.NewCredentialsCache(credentials.StaticCredentialsProvider{Value: aws.Credentials{
+		AccessKeyID: "ASIAEXAMPLE", SecretAccessKey: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", SessionToken: strings.Repeat("IQoJb3JpZ2luX2VjE", 40)}}))
+	payload := []byte(`{"QueueUrl":"https://sqs.eu-west-1.amazonaws.com/123456789012/holdfast-reservations","MessageBody":"` + strings.Repeat("x", 600) + `"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := signer.Request(context.Background(), "https://sqs.eu-west-1.amazonaws.com", "SendMessage", payload, time.Now()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// alternating hands out a base64 session token and one the SDK's signer
+// trims (U+00A0 at its end) in turn, as a refresh racing requests would.
+type alternating struct{ n atomic.Int64 }
+
+func (a *alternating) Retrieve(context.Context) (aws.Credentials, error) {
+	if a.n.Add(1)%2 == 0 {
+		return aws.Credentials{AccessKeyID: "AKID2", SecretAccessKey: "two", SessionToken: "IQoJb3JpZ2lu\u00a0"}, nil
+	}
+	return aws.Credentials{AccessKeyID: "AKID1", SecretAccessKey: "one", SessionToken: "IQoJb3JpZ2lu+/="}, nil
+}
+
+// The signer checks a session token's characters once and keeps the
+// answer for that token only: a token it took, then one it must leave to
+// the SDK, then the first again, from one signer at the same time, are
+// each signed as the SDK signs them.
+func TestATokenCheckedOnceIsCheckedAgainWhenItChanges(t *testing.T) {
+	signer := awsjson.NewSigner(awsjson.SQS, "eu-west-1", &alternating{})
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 100 {
+				req, err := signer.Request(context.Background(), "http://127.0.0.1:4100", "SendMessage", []byte(`{"a":1}`), at)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				c := aws.Credentials{AccessKeyID: "AKID1", SecretAccessKey: "one", SessionToken: "IQoJb3JpZ2lu+/="}
+				if strings.HasPrefix(req.Header.Get("Authorization"), "AWS4-HMAC-SHA256 Credential=AKID2/") {
+					c = aws.Credentials{AccessKeyID: "AKID2", SecretAccessKey: "two", SessionToken: "IQoJb3JpZ2lu\u00a0"}
+				}
+				if got, want := req.Header.Get("Authorization"), sdkAuthorization(t, awsjson.SQS, c, req.URL.String(), `{"a":1}`, at); got != want {
+					t.Errorf("token %q:\n mine %s\n SDK  %s", c.SessionToken, got, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
