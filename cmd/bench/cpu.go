@@ -109,6 +109,7 @@ func (b *bench) handlerCPU(ctx context.Context) error {
 		if err := b.awaitQuiet(ctx, "handler CPU"); err != nil {
 			return err
 		}
+		b.ref(m.name)
 		cpu0 := processCPU()
 		machine0, err := machineCPU()
 		if err != nil {
@@ -257,6 +258,6 @@ func (b *bench) handlerLines() []string {
 	if !ok {
 		return nil
 	}
-	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %d µs (goal ≤ %d µs): direct send, an admission token each (waiting room); %d µs without the room; %d µs with the SDK's SendMessage, without the room",
-		room.Microseconds(), handlerGoal.Microseconds(), b.handlerPer[modeHandlerDirect].Microseconds(), b.handlerPer[modeHandlerSDK].Microseconds())}
+	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %d µs (goal ≤ %d µs): direct send, an admission token each (waiting room); %d µs without the room; %d µs with the SDK's SendMessage, without the room; %s",
+		room.Microseconds(), handlerGoal.Microseconds(), b.handlerPer[modeHandlerDirect].Microseconds(), b.handlerPer[modeHandlerSDK].Microseconds(), b.refNote(modeHandlerRoom))}
 }

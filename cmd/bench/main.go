@@ -118,6 +118,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	b.app = a
+	b.refStart = hostReference()
 	if o.profile != "" {
 		f, err := os.Create(o.profile)
 		if err != nil {
@@ -191,6 +192,10 @@ type bench struct {
 	// handlerPer is the handler CPU part's CPU per accepted reservation,
 	// by mode.
 	handlerPer map[string]time.Duration
+	// refStart is hostReference when the bench started, refs its value
+	// before each timed part that reads it, by that part's mode.
+	refStart time.Duration
+	refs     map[string]time.Duration
 	// scriptRuns are the script part's figures (standalone, K = 3).
 	scriptRuns []scriptFigure
 	// bucketRuns are the buckets part's runs (K = 1, K = 3).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -66,4 +67,38 @@ func (b *bench) awaitQuiet(ctx context.Context, what string) error {
 			return nil
 		}
 	}
+}
+
+// hostReference is this host's speed just now: the CPU of a fixed
+// computation that allocates nothing (SHA-256 of 64 KiB, in one goroutine),
+// so neither the bench's heap nor the garbage collector moves it. The code
+// is the same in every run, so a part measured when this was slower ran on
+// a slower host (a virtual machine's cores are shared with others): on one
+// morning the handler part's figure moved by a fifth, run to run.
+func hostReference() time.Duration {
+	const n = 200
+	var buf [64 << 10]byte
+	c0 := processCPU()
+	for i := range n {
+		buf[0] = byte(i)
+		sum := sha256.Sum256(buf[:])
+		buf[1] = sum[0]
+	}
+	return (processCPU() - c0) / n
+}
+
+// ref records hostReference before the timed part of mode.
+func (b *bench) ref(mode string) {
+	if b.refs == nil {
+		b.refs = map[string]time.Duration{}
+	}
+	b.refs[mode] = hostReference()
+	b.log("%s: host reference %v (%v when the bench started)", mode, b.refs[mode], b.refStart)
+}
+
+// refNote says how fast the host was before mode's timed part, against
+// when the bench started.
+func (b *bench) refNote(mode string) string {
+	return fmt.Sprintf("host reference (SHA-256 of 64 KiB) %.1f µs before it, %.1f µs when the bench started",
+		float64(b.refs[mode].Nanoseconds())/1e3, float64(b.refStart.Nanoseconds())/1e3)
 }

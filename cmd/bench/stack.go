@@ -70,7 +70,8 @@ type stackFigure struct {
 	elapsed   time.Duration
 	cpu       map[string]time.Duration // by process
 	order     []string
-	runs      []string // each run's figure, when this is several runs'
+	runs      []string      // each run's figure, when this is several runs'
+	ref       time.Duration // hostReference just before the run
 }
 
 // breakdown is each process's CPU per accepted order, the largest first.
@@ -218,12 +219,13 @@ func (b *bench) stack(ctx context.Context) error {
 			return err
 		}
 		b.log("stack: waiting room %t: %s per accepted order (%d accepted): %s", room, f.per(f.total()), f.accepted, f.breakdown())
+		run := fmt.Sprintf("%s at a host reference of %.1f µs", f.per(f.total()), float64(f.ref.Nanoseconds())/1e3)
 		if room {
 			with.add(f)
-			with.runs = append(with.runs, f.per(f.total()))
+			with.runs = append(with.runs, run)
 		} else {
 			without.add(f)
-			without.runs = append(without.runs, f.per(f.total()))
+			without.runs = append(without.runs, run)
 		}
 	}
 	b.stackRun, b.stackNoRoom = &with, &without
@@ -339,7 +341,8 @@ func (b *bench) stackOnce(ctx context.Context, rig stackRig, room bool, d time.D
 	if err := b.awaitConfirmed(ctx, sku, 1); err != nil {
 		return f, fmt.Errorf("stack: the first request: %w", err)
 	}
-	b.log("stack: wrk, %d connections, %v, against make dev's stack (waiting room: %t) …", stackConnections, d, room)
+	f.ref = hostReference()
+	b.log("stack: wrk, %d connections, %v, against make dev's stack (waiting room: %t; host reference %v) …", stackConnections, d, room, f.ref)
 	cpu0, err := cpuOf(procs)
 	if err != nil {
 		return f, err
@@ -440,6 +443,7 @@ func (b *bench) stackLines() []string {
 	if n := b.stackNoRoom; n != nil {
 		line += fmt.Sprintf("; without a waiting room %s (%s): %s; %d accepted at %.0f/s", n.per(n.total()), strings.Join(n.runs, " and "), n.breakdown(), n.accepted, float64(n.accepted)/n.elapsed.Seconds())
 	}
+	line += fmt.Sprintf("; host reference (SHA-256 of 64 KiB) %.1f µs when the bench started", float64(b.refStart.Nanoseconds())/1e3)
 	return []string{line}
 }
 
