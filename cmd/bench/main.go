@@ -90,13 +90,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.IntVar(&o.consumers, "consumers", 20, "concurrent persist consumers (the template's MaximumConcurrency)")
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "report to rewrite (empty: none)")
 	fs.StringVar(&o.chart, "chart", "docs/benchmarks.png", "chart of the load run")
-	fs.StringVar(&o.devProfile, "dev-profile", "", "write a CPU profile of make dev's process in the http part to this file")
-	fs.StringVar(&o.profile, "profile", "", "write a CPU profile of this process (the bench itself: the handler, script and persist parts run in it) to this file")
+	fs.StringVar(&o.devProfile, "dev-profile", "", "write a CPU profile of make dev's process in the http and stack parts to this file; implies -out ''")
+	fs.StringVar(&o.profile, "profile", "", "write a CPU profile of this process (the bench itself: the handler, script and persist parts run in it) to this file, and its allocations to FILE.allocs; implies -out '' (profiling slows what it measures)")
 	fs.IntVar(&o.roomN, "room-n", 3000, "waiting room part: buyers")
 	fs.IntVar(&o.roomStock, "room-stock", 300, "waiting room part: units")
 	only := fs.String("only", "", "run only these parts (comma-separated: http,stack,cpu,decode,script,reserve,persist,hot,lag,buckets,soldout,e2e,room,sweep,groups,catalog,cold); implies -out ''")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.profile != "" || o.devProfile != "" {
+		o.out, o.chart = "", "" // a profiled run's figures carry the profiler's cost
 	}
 	cfg, err := config.Load(getenv)
 	if err != nil {

@@ -6,13 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
 // machineCPU is the CPU time every core of the machine has spent busy so
-// far (every state of /proc/stat's cpu line but idle and iowait).
+// far: /proc/stat's user, nice, system, irq and softirq (not idle or
+// iowait; not steal, which another machine ran; not guest and guest_nice,
+// which user and nice hold already).
 func machineCPU() (time.Duration, error) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -24,11 +28,8 @@ func machineCPU() (time.Duration, error) {
 		return 0, errors.New("/proc/stat: no cpu line")
 	}
 	var busy int64
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system idle iowait irq softirq …
+		n, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("/proc/stat: %w", err)
 		}
@@ -70,21 +71,32 @@ func (b *bench) awaitQuiet(ctx context.Context, what string) error {
 }
 
 // hostReference is this host's speed just now: the CPU of a fixed
-// computation that allocates nothing (SHA-256 of 64 KiB, in one goroutine),
-// so neither the bench's heap nor the garbage collector moves it. The code
-// is the same in every run, so a part measured when this was slower ran on
-// a slower host (a virtual machine's cores are shared with others): on one
-// morning the handler part's figure moved by a fifth, run to run.
+// computation that allocates nothing (SHA-256 of 64 KiB), on one thread,
+// by that thread's own CPU time, so neither the bench's heap, its
+// collector nor its other goroutines move it. The code is the same in
+// every run, so a part measured when this was slower ran on a slower host
+// (a virtual machine's cores are shared with others): on one morning the
+// handler part's figure moved by a fifth, run to run.
 func hostReference() time.Duration {
 	const n = 200
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	var buf [64 << 10]byte
-	c0 := processCPU()
+	c0 := threadCPU()
 	for i := range n {
 		buf[0] = byte(i)
 		sum := sha256.Sum256(buf[:])
 		buf[1] = sum[0]
 	}
-	return (processCPU() - c0) / n
+	return (threadCPU() - c0) / n
+}
+
+// threadCPU is the calling thread's CPU time so far (user + system).
+func threadCPU() time.Duration {
+	const rusageThread = 1 // RUSAGE_THREAD, Linux
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(rusageThread, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // ref records hostReference before the timed part of mode.

@@ -54,8 +54,8 @@ func NewDirectPublisher(c DirectConfig) (*DirectPublisher, error) {
 
 // sendMessage is SendMessage's input in the JSON protocol.
 type sendMessage struct {
-	QueueURL          string                    `json:"QueueUrl"`
-	MessageBody       string                    `json:"MessageBody"`
+	QueueURL          string            `json:"QueueUrl"`
+	MessageBody       string            `json:"MessageBody"`
 	MessageAttributes messageAttributes `json:"MessageAttributes"`
 }
 
