@@ -356,7 +356,7 @@ func (b *bench) stackOnce(ctx context.Context, rig stackRig, room bool, d time.D
 	if err != nil {
 		return f, fmt.Errorf("stack: wrk: %v\n%s", err, out)
 	}
-	f = stackFigure{statuses: map[int]int64{}, elapsed: elapsed, cpu: map[string]time.Duration{}}
+	f = stackFigure{statuses: map[int]int64{}, elapsed: elapsed, cpu: map[string]time.Duration{}, ref: f.ref}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		var s, c int64
