@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -195,10 +197,10 @@ type bench struct {
 	// handlerPer is the handler CPU part's CPU per accepted reservation,
 	// by mode.
 	handlerPer map[string]time.Duration
-	// refStart is hostReference when the bench started, refs its value
-	// before each timed part that reads it, by that part's mode.
-	refStart time.Duration
-	refs     map[string]time.Duration
+	// refStart is hostReference when the bench started; handlerRefs are
+	// the handler part's runs at theirs, by mode.
+	refStart    time.Duration
+	handlerRefs []string
 	// scriptRuns are the script part's figures (standalone, K = 3).
 	scriptRuns []scriptFigure
 	// bucketRuns are the buckets part's runs (K = 1, K = 3).
@@ -252,8 +254,13 @@ const bigStock = 1_000_000_000
 // reserve: the floor, holdfast without and with the send, the pure-DB design.
 func (b *bench) reserve(ctx context.Context) error {
 	rdb, db := b.app.Redis, b.app.DB
+	// Each mode runs reserveRounds times, the modes in turn, and its figure
+	// is its runs together: the ratios compare modes that met the same
+	// moments of this host's speed (see hostReference).
+	sums := map[string]*result{}
+	var order []string
 	run := func(name string, setup func(sku string) error, op func(sku string, w, i int) error, check func(sku string, ops int64) error) error {
-		sku := fmt.Sprintf("bench-reserve%d-%d", len(b.results), time.Now().UnixNano())
+		sku := fmt.Sprintf("bench-reserve%d-%d", len(order), time.Now().UnixNano())
 		if err := setup(sku); err != nil {
 			return err
 		}
@@ -262,13 +269,39 @@ func (b *bench) reserve(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		b.results = append(b.results, result{group: "reserve", name: name, ops: ops, elapsed: el, lat: lat})
+		sum := sums[name]
+		if sum == nil {
+			sum = &result{group: "reserve", name: name, extra: map[string]string{"runs": strconv.Itoa(reserveRounds)}}
+			sums[name] = sum
+			order = append(order, name)
+		}
+		sum.ops, sum.elapsed, sum.lat = sum.ops+ops, sum.elapsed+el, append(sum.lat, lat...)
 		if err := check(sku, ops); err != nil {
 			return err
 		}
 		b.checks = append(b.checks, fmt.Sprintf("reserve %s: %d taken, stock moved by exactly %d (no oversell)", name, ops, ops))
 		return nil
 	}
+	defer func() {
+		for _, name := range order {
+			r := *sums[name]
+			sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
+			b.results = append(b.results, r)
+		}
+	}()
+	for round := 1; round <= reserveRounds; round++ {
+		if err := b.reserveRound(ctx, run, rdb, db); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reserveRounds is how many times the reserve part runs each mode.
+const reserveRounds = 3
+
+// reserveRound runs each of the reserve part's modes once, through run.
+func (b *bench) reserveRound(ctx context.Context, run func(name string, setup func(sku string) error, op func(sku string, w, i int) error, check func(sku string, ops int64) error) error, rdb redis.UniversalClient, db *sql.DB) error {
 	setStock := func(sku string) error {
 		_, err := b.app.Service.ChangeStock(ctx, reservation.SetTo(sku, bigStock))
 		return err

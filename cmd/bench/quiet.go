@@ -98,19 +98,3 @@ func threadCPU() time.Duration {
 	_ = syscall.Getrusage(rusageThread, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
-
-// ref records hostReference before the timed part of mode.
-func (b *bench) ref(mode string) {
-	if b.refs == nil {
-		b.refs = map[string]time.Duration{}
-	}
-	b.refs[mode] = hostReference()
-	b.log("%s: host reference %v (%v when the bench started)", mode, b.refs[mode], b.refStart)
-}
-
-// refNote says how fast the host was before mode's timed part, against
-// when the bench started.
-func (b *bench) refNote(mode string) string {
-	return fmt.Sprintf("host reference (SHA-256 of 64 KiB) %.1f µs before it, %.1f µs when the bench started",
-		float64(b.refs[mode].Nanoseconds())/1e3, float64(b.refStart.Nanoseconds())/1e3)
-}
