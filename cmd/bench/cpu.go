@@ -63,9 +63,9 @@ const roomRate = 25000
 const handlerGoal = 150 * time.Microsecond
 
 // handlerRounds is how many times the handler part runs each mode, the
-// modes in turn: this host's speed moves within seconds (see
-// hostReference), and a mode measured in one stretch took whatever speed
-// that stretch had.
+// modes in turn, each run a share of -d: this host's speed moves within
+// seconds (see hostReference), and a mode measured in one stretch took
+// whatever speed that stretch had.
 const handlerRounds = 3
 
 // handlerMode is one configuration of the handler part.
@@ -143,7 +143,7 @@ func (b *bench) handlerRound(ctx context.Context, a *app.App, m handlerMode, rou
 	if _, err := a.Service.ChangeStock(ctx, c); err != nil {
 		return err
 	}
-	pool := int(b.o.duration.Seconds()*roomRate) + 1000 // more calls than these cores reach
+	pool := int(roundOf(b.o.duration, handlerRounds).Seconds()*roomRate) + 1000 // more calls than these cores reach
 	var admissions []string
 	if m.room {
 		b.log("handler CPU: admitting %d buyers to the waiting room …", pool)
@@ -175,7 +175,7 @@ func (b *bench) handlerRound(ctx context.Context, a *app.App, m handlerMode, rou
 	// Labelled for -profile: goroutines started inside (the HTTP
 	// client's) carry the mode too.
 	pprof.Do(ctx, pprof.Labels("part", m.name), func(ctx context.Context) {
-		ops, el, lat, err = hammer(b.o.concurrency, b.o.duration, func(w, i int) error {
+		ops, el, lat, err = hammer(b.o.concurrency, roundOf(b.o.duration, handlerRounds), func(w, i int) error {
 			n := next.Add(1) - 1
 			if n >= int64(len(payloads)) {
 				return fmt.Errorf("the %d events are used up: raise roomRate", len(payloads))
@@ -313,5 +313,5 @@ func (b *bench) handlerLines() []string {
 	}
 	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %d µs (goal ≤ %d µs): direct send, an admission token each (waiting room); %d µs without the room; %d µs with the SDK's SendMessage, without the room; each %d runs of %v, the modes in turn; each run's figure at its host reference (SHA-256 of 64 KiB, µs; %.1f when the bench started): %s",
 		room.Microseconds(), handlerGoal.Microseconds(), b.handlerPer[modeHandlerDirect].Microseconds(), b.handlerPer[modeHandlerSDK].Microseconds(),
-		handlerRounds, b.o.duration, float64(b.refStart.Nanoseconds())/1e3, strings.Join(b.handlerRefs, "; "))}
+		handlerRounds, roundOf(b.o.duration, handlerRounds), float64(b.refStart.Nanoseconds())/1e3, strings.Join(b.handlerRefs, "; "))}
 }

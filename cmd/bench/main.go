@@ -265,7 +265,7 @@ func (b *bench) reserve(ctx context.Context) error {
 			return err
 		}
 		b.log("reserve: %s …", name)
-		ops, el, lat, err := hammer(b.o.concurrency, b.o.duration, func(w, i int) error { return op(sku, w, i) })
+		ops, el, lat, err := hammer(b.o.concurrency, roundOf(b.o.duration, reserveRounds), func(w, i int) error { return op(sku, w, i) })
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -297,8 +297,12 @@ func (b *bench) reserve(ctx context.Context) error {
 	return nil
 }
 
-// reserveRounds is how many times the reserve part runs each mode.
+// reserveRounds is how many times the reserve part runs each mode, each
+// run a share of -d (the holds it leaves are swept before the cold part).
 const reserveRounds = 3
+
+// roundOf is one of n runs' share of d: at least a second.
+func roundOf(d time.Duration, n int) time.Duration { return max(time.Second, d/time.Duration(n)) }
 
 // reserveRound runs each of the reserve part's modes once, through run.
 func (b *bench) reserveRound(ctx context.Context, run func(name string, setup func(sku string) error, op func(sku string, w, i int) error, check func(sku string, ops int64) error) error, rdb redis.UniversalClient, db *sql.DB) error {
