@@ -311,7 +311,8 @@ func (b *bench) handlerLines() []string {
 	if !ok {
 		return nil
 	}
-	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %d µs (goal ≤ %d µs): direct send, an admission token each (waiting room); %d µs without the room; %d µs with the SDK's SendMessage, without the room; each %d runs of %v, the modes in turn; each run's figure at its host reference (SHA-256 of 64 KiB, µs; %.1f when the bench started): %s",
-		room.Microseconds(), handlerGoal.Microseconds(), b.handlerPer[modeHandlerDirect].Microseconds(), b.handlerPer[modeHandlerSDK].Microseconds(),
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %.0f µs (goal ≤ %.0f µs): direct send, an admission token each (waiting room); %.0f µs without the room; %.0f µs with the SDK's SendMessage, without the room; each %d runs of %v, the modes in turn; each run's figure at its host reference (SHA-256 of 64 KiB, µs; %.1f when the bench started): %s",
+		us(room), us(handlerGoal), us(b.handlerPer[modeHandlerDirect]), us(b.handlerPer[modeHandlerSDK]),
 		handlerRounds, roundOf(b.o.duration, handlerRounds), float64(b.refStart.Nanoseconds())/1e3, strings.Join(b.handlerRefs, "; "))}
 }
