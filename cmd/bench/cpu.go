@@ -42,9 +42,13 @@ import (
 )
 
 // processCPU is this process's CPU time so far (user + system).
-func processCPU() time.Duration {
+func processCPU() time.Duration { return rusageCPU(syscall.RUSAGE_SELF) }
+
+// rusageCPU is who's CPU time so far (user + system): RUSAGE_SELF, or
+// RUSAGE_THREAD (Linux's 1) for the calling thread.
+func rusageCPU(who int) time.Duration {
 	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	_ = syscall.Getrusage(who, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 

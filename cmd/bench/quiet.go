@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -40,9 +39,8 @@ func machineCPU() (time.Duration, error) {
 
 // quietBusy is how busy the machine may be, over a second, for a part
 // that reads one process's CPU to start: the servers' work left from the
-// part before (MariaDB's purge and flushing, goaws's) slows the measured
-// process's peers, and a process waiting on slow peers spends more CPU
-// per operation in its scheduler.
+// part before (MariaDB's purge and flushing, goaws's) would run inside the
+// measured window and slow the measured process's peers.
 const quietBusy = 100 * time.Millisecond
 
 // awaitQuiet waits, at most a minute, until the machine was busy for
@@ -74,27 +72,20 @@ func (b *bench) awaitQuiet(ctx context.Context, what string) error {
 // computation that allocates nothing (SHA-256 of 64 KiB), on one thread,
 // by that thread's own CPU time, so neither the bench's heap, its
 // collector nor its other goroutines move it. The code is the same in
-// every run, so a part measured when this was slower ran on a slower host
-// (a virtual machine's cores are shared with others): on one morning the
-// handler part's figure moved by a fifth, run to run.
+// every run, so it shows how unsteady the host's speed is (a virtual
+// machine's cores are shared with others). It does not predict a run's
+// figure well: it fits in a core's cache, and holdfast's work does not.
 func hostReference() time.Duration {
 	const n = 200
+	const rusageThread = 1 // RUSAGE_THREAD, Linux
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var buf [64 << 10]byte
-	c0 := threadCPU()
+	c0 := rusageCPU(rusageThread)
 	for i := range n {
 		buf[0] = byte(i)
 		sum := sha256.Sum256(buf[:])
 		buf[1] = sum[0]
 	}
-	return (threadCPU() - c0) / n
-}
-
-// threadCPU is the calling thread's CPU time so far (user + system).
-func threadCPU() time.Duration {
-	const rusageThread = 1 // RUSAGE_THREAD, Linux
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(rusageThread, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return (rusageCPU(rusageThread) - c0) / n
 }
