@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-lambda-go/lambda"
@@ -41,15 +42,21 @@ import (
 	"github.com/holdfast/holdfast/shared/reservation"
 )
 
-// processCPU is this process's CPU time so far (user + system).
-func processCPU() time.Duration { return rusageCPU(syscall.RUSAGE_SELF) }
+// processCPU is this process's CPU time so far (user + system), to the
+// nanosecond: CLOCK_PROCESS_CPUTIME_ID reads each running thread's time up
+// to now (getrusage's stops at the thread's last tick, 4 ms here).
+func processCPU() time.Duration { return clockCPU(2) } // CLOCK_PROCESS_CPUTIME_ID
 
-// rusageCPU is who's CPU time so far (user + system): RUSAGE_SELF, or
-// RUSAGE_THREAD (Linux's 1) for the calling thread.
-func rusageCPU(who int) time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(who, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+// threadCPU is the calling OS thread's CPU time so far, to the nanosecond
+// (the caller locks its goroutine to the thread).
+func threadCPU() time.Duration { return clockCPU(3) } // CLOCK_THREAD_CPUTIME_ID
+
+func clockCPU(clock uintptr) time.Duration {
+	var ts syscall.Timespec
+	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clock, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
 
 // Send modes of the handler CPU part, by HOLDFAST_SQS_SEND.
@@ -167,7 +174,7 @@ func (b *bench) handlerRound(ctx context.Context, a *app.App, m handlerMode, rou
 	if err := b.awaitQuiet(ctx, "handler CPU"); err != nil {
 		return err
 	}
-	ref := hostReference()
+	host := startHostSampler()
 	cpu0 := processCPU()
 	machine0, err := machineCPU()
 	if err != nil {
@@ -200,17 +207,19 @@ func (b *bench) handlerRound(ctx context.Context, a *app.App, m handlerMode, rou
 		return err
 	}
 	cpu := processCPU() - cpu0
+	speed := host.Stop()
+	cpu -= speed.own // the sampler's work is not the handler's
 	machine1, err := machineCPU()
 	if err != nil {
 		return err
 	}
-	b.log("handler CPU: %s, round %d: %d accepted, %.0f µs each; this process %v, the machine %v; host reference %v",
-		m.name, round, ops, float64(cpu.Microseconds())/float64(max(ops, 1)), cpu.Round(time.Millisecond), (machine1 - machine0).Round(time.Millisecond), ref)
+	b.log("handler CPU: %s, round %d: %d accepted, %.0f µs each; this process %v, the machine %v; the host through it: %v (%d samples, %v)",
+		m.name, round, ops, float64(cpu.Microseconds())/float64(max(ops, 1)), cpu.Round(time.Millisecond), (machine1 - machine0).Round(time.Millisecond), speed, speed.samples, speed.own.Round(time.Millisecond))
 	r.ops += ops
 	r.cpu += cpu
 	r.el += el
 	r.lat = append(r.lat, lat...)
-	r.refs = append(r.refs, fmt.Sprintf("%.0f µs at %.1f", float64(cpu.Microseconds())/float64(max(ops, 1)), float64(ref.Nanoseconds())/1e3))
+	r.refs = append(r.refs, fmt.Sprintf("%.0f µs at %v", float64(cpu.Microseconds())/float64(max(ops, 1)), speed))
 	if _, err := b.app.SQS.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: &b.cfg.QueueURL}); err != nil {
 		b.log("purge: %v", err)
 	}
@@ -316,7 +325,7 @@ func (b *bench) handlerLines() []string {
 		return nil
 	}
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %.0f µs (goal ≤ %.0f µs): direct send, an admission token each (waiting room); %.0f µs without the room; %.0f µs with the SDK's SendMessage, without the room; each %d runs of %v, the modes in turn; each run's figure at its host reference (SHA-256 of 64 KiB, µs; %.1f when the bench started): %s",
+	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %.0f µs (goal ≤ %.0f µs): direct send, an admission token each (waiting room); %.0f µs without the room; %.0f µs with the SDK's SendMessage, without the room; each %d runs of %v, the modes in turn; each run's figure at the host's speed through it (SHA-256 of 64 KiB, a link of a random walk through 64 MiB; %v when the bench started): %s",
 		us(room), us(handlerGoal), us(b.handlerPer[modeHandlerDirect]), us(b.handlerPer[modeHandlerSDK]),
-		handlerRounds, roundOf(b.o.duration, handlerRounds), float64(b.refStart.Nanoseconds())/1e3, strings.Join(b.handlerRefs, "; "))}
+		handlerRounds, roundOf(b.o.duration, handlerRounds), b.refStart, strings.Join(b.handlerRefs, "; "))}
 }

@@ -199,7 +199,7 @@ type bench struct {
 	handlerPer map[string]time.Duration
 	// refStart is hostReference when the bench started; handlerRefs are
 	// the handler part's runs at theirs, by mode.
-	refStart    time.Duration
+	refStart    hostSpeed
 	handlerRefs []string
 	// scriptRuns are the script part's figures (standalone, K = 3).
 	scriptRuns []scriptFigure

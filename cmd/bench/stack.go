@@ -70,8 +70,8 @@ type stackFigure struct {
 	elapsed   time.Duration
 	cpu       map[string]time.Duration // by process
 	order     []string
-	runs      []string      // each run's figure, when this is several runs'
-	ref       time.Duration // hostReference just before the run
+	runs      []string  // each run's figure, when this is several runs'
+	ref       hostSpeed // the host through the run (hostSampler)
 }
 
 // breakdown is each process's CPU per accepted order, the largest first.
@@ -219,7 +219,7 @@ func (b *bench) stack(ctx context.Context) error {
 			return err
 		}
 		b.log("stack: waiting room %t: %s per accepted order (%d accepted): %s", room, f.per(f.total()), f.accepted, f.breakdown())
-		run := fmt.Sprintf("%s at a host reference of %.1f µs", f.per(f.total()), float64(f.ref.Nanoseconds())/1e3)
+		run := fmt.Sprintf("%s at %v", f.per(f.total()), f.ref)
 		if room {
 			with.add(f)
 			with.runs = append(with.runs, run)
@@ -341,8 +341,8 @@ func (b *bench) stackOnce(ctx context.Context, rig stackRig, room bool, d time.D
 	if err := b.awaitConfirmed(ctx, sku, 1); err != nil {
 		return f, fmt.Errorf("stack: the first request: %w", err)
 	}
-	f.ref = hostReference()
-	b.log("stack: wrk, %d connections, %v, against make dev's stack (waiting room: %t; host reference %v) …", stackConnections, d, room, f.ref)
+	b.log("stack: wrk, %d connections, %v, against make dev's stack (waiting room: %t) …", stackConnections, d, room)
+	host := startHostSampler()
 	cpu0, err := cpuOf(procs)
 	if err != nil {
 		return f, err
@@ -353,10 +353,11 @@ func (b *bench) stackOnce(ctx context.Context, rig stackRig, room bool, d time.D
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	elapsed := time.Since(start)
+	speed := host.Stop()
 	if err != nil {
 		return f, fmt.Errorf("stack: wrk: %v\n%s", err, out)
 	}
-	f = stackFigure{statuses: map[int]int64{}, elapsed: elapsed, cpu: map[string]time.Duration{}, ref: f.ref}
+	f = stackFigure{statuses: map[int]int64{}, elapsed: elapsed, cpu: map[string]time.Duration{}, ref: speed}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		var s, c int64
@@ -443,7 +444,7 @@ func (b *bench) stackLines() []string {
 	if n := b.stackNoRoom; n != nil {
 		line += fmt.Sprintf("; without a waiting room %s (%s): %s; %d accepted at %.0f/s", n.per(n.total()), strings.Join(n.runs, " and "), n.breakdown(), n.accepted, float64(n.accepted)/n.elapsed.Seconds())
 	}
-	line += fmt.Sprintf("; host reference (SHA-256 of 64 KiB) %.1f µs when the bench started", float64(b.refStart.Nanoseconds())/1e3)
+	line += fmt.Sprintf("; the host through each run (SHA-256 of 64 KiB, a link of a random walk through 64 MiB): %v when the bench started", b.refStart)
 	return []string{line}
 }
 
