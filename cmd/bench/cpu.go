@@ -6,7 +6,8 @@ package main
 // Lambda runtime library's handler, as the runtime calls it: the event's
 // JSON in (API Gateway's payload 2.0 with the headers and JWT claims it
 // passes, built before the timed part), the response's JSON out. Measured
-// by the process's own rusage with nothing else running, on a SKU with a
+// by the process's own CPU clock (the host sampler's thread left out),
+// after the machine is quiet, on a SKU with a
 // sale window, a per-user limit and a pay window. Before and after the
 // direct send, and with the direct send on a SKU with a waiting room as
 // well: each call then carries its buyer's admission token, admitted
@@ -16,6 +17,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,9 +30,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-lambda-go/lambda"
@@ -40,23 +40,53 @@ import (
 	"github.com/holdfast/holdfast/shared/handlers/httpapi"
 	"github.com/holdfast/holdfast/shared/metrics"
 	"github.com/holdfast/holdfast/shared/reservation"
+	"golang.org/x/sys/unix"
 )
 
-// processCPU is this process's CPU time so far (user + system), to the
-// nanosecond: CLOCK_PROCESS_CPUTIME_ID reads each running thread's time up
-// to now (getrusage's stops at the thread's last tick, 4 ms here).
-func processCPU() time.Duration { return clockCPU(2) } // CLOCK_PROCESS_CPUTIME_ID
+// processCPU is this process's CPU time so far (user + system):
+// CLOCK_PROCESS_CPUTIME_ID, which brings the calling thread's time up to
+// now and reads the others' as of their last tick or switch (4 ms here at
+// most; the parts read it with the other threads idle).
+func processCPU() time.Duration { return clockCPU(unix.CLOCK_PROCESS_CPUTIME_ID) }
 
 // threadCPU is the calling OS thread's CPU time so far, to the nanosecond
-// (the caller locks its goroutine to the thread).
-func threadCPU() time.Duration { return clockCPU(3) } // CLOCK_THREAD_CPUTIME_ID
+// (getrusage's RUSAGE_THREAD stops at the thread's last tick); the caller
+// locks its goroutine to the thread.
+func threadCPU() time.Duration { return clockCPU(unix.CLOCK_THREAD_CPUTIME_ID) }
 
-func clockCPU(clock uintptr) time.Duration {
-	var ts syscall.Timespec
-	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clock, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+// clockCPU reads a CPU clock. checkClocks has shown at start that both
+// read, so a 0 here is not a figure taken silently.
+func clockCPU(clock int32) time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(clock, &ts); err != nil {
 		return 0
 	}
 	return time.Duration(ts.Nano())
+}
+
+// checkClocks fails unless both CPU clocks read and advance with work: a
+// figure of 0 µs would otherwise meet every goal.
+func checkClocks() error {
+	for _, c := range []struct {
+		name  string
+		clock int32
+	}{{"CLOCK_PROCESS_CPUTIME_ID", unix.CLOCK_PROCESS_CPUTIME_ID}, {"CLOCK_THREAD_CPUTIME_ID", unix.CLOCK_THREAD_CPUTIME_ID}} {
+		var t0, t1 unix.Timespec
+		if err := unix.ClockGettime(c.clock, &t0); err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		var sum [32]byte
+		for range 2000 {
+			sum = sha256.Sum256(sum[:])
+		}
+		if err := unix.ClockGettime(c.clock, &t1); err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		if t1.Nano() <= t0.Nano() {
+			return fmt.Errorf("%s did not advance over 2000 SHA-256s (%d)", c.name, sum[0])
+		}
+	}
+	return nil
 }
 
 // Send modes of the handler CPU part, by HOLDFAST_SQS_SEND.
@@ -74,9 +104,10 @@ const roomRate = 25000
 const handlerGoal = 150 * time.Microsecond
 
 // handlerRounds is how many times the handler part runs each mode, the
-// modes in turn, each run a share of -d: this host's speed moves within
-// seconds (see hostReference), and a mode measured in one stretch took
-// whatever speed that stretch had.
+// modes in turn, each run a share of -d: the same code's figure moves
+// from one minute to the next on this host (docs/benchmarks.md, "The
+// host's speed moves the figures"), and a mode measured in one stretch
+// took whatever that stretch gave.
 const handlerRounds = 3
 
 // handlerMode is one configuration of the handler part.
@@ -174,7 +205,11 @@ func (b *bench) handlerRound(ctx context.Context, a *app.App, m handlerMode, rou
 	if err := b.awaitQuiet(ctx, "handler CPU"); err != nil {
 		return err
 	}
-	host := startHostSampler()
+	host, err := startHostSampler()
+	if err != nil {
+		return err
+	}
+	defer host.Stop()
 	cpu0 := processCPU()
 	machine0, err := machineCPU()
 	if err != nil {
@@ -206,20 +241,19 @@ func (b *bench) handlerRound(ctx context.Context, a *app.App, m handlerMode, rou
 	if err != nil {
 		return err
 	}
-	cpu := processCPU() - cpu0
-	speed := host.Stop()
-	cpu -= speed.own // the sampler's work is not the handler's
+	speed := host.Stop()                   // before the process's clock: all its work inside the window
+	cpu := processCPU() - cpu0 - speed.own // the sampler's thread is not the handler's
 	machine1, err := machineCPU()
 	if err != nil {
 		return err
 	}
-	b.log("handler CPU: %s, round %d: %d accepted, %.0f µs each; this process %v, the machine %v; the host through it: %v (%d samples, %v)",
+	b.log("handler CPU: %s, round %d: %d accepted, %.0f µs each; this process %v without the host sampler, the machine %v with it; the host under the run's load: %v (%d samples, the sampler's thread %v)",
 		m.name, round, ops, float64(cpu.Microseconds())/float64(max(ops, 1)), cpu.Round(time.Millisecond), (machine1 - machine0).Round(time.Millisecond), speed, speed.samples, speed.own.Round(time.Millisecond))
 	r.ops += ops
 	r.cpu += cpu
 	r.el += el
 	r.lat = append(r.lat, lat...)
-	r.refs = append(r.refs, fmt.Sprintf("%.0f µs at %v", float64(cpu.Microseconds())/float64(max(ops, 1)), speed))
+	r.refs = append(r.refs, fmt.Sprintf("%.0f µs (%v)", float64(cpu.Microseconds())/float64(max(ops, 1)), speed))
 	if _, err := b.app.SQS.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: &b.cfg.QueueURL}); err != nil {
 		b.log("purge: %v", err)
 	}
@@ -325,7 +359,7 @@ func (b *bench) handlerLines() []string {
 		return nil
 	}
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %.0f µs (goal ≤ %.0f µs): direct send, an admission token each (waiting room); %.0f µs without the room; %.0f µs with the SDK's SendMessage, without the room; each %d runs of %v, the modes in turn; each run's figure at the host's speed through it (SHA-256 of 64 KiB, a link of a random walk through 64 MiB; %v when the bench started): %s",
+	return []string{fmt.Sprintf("reserve handler CPU per accepted reservation = %.0f µs (goal ≤ %.0f µs): direct send, an admission token each (waiting room); %.0f µs without the room; %.0f µs with the SDK's SendMessage, without the room; each %d runs of %v, the modes in turn; each run's figure with the host's speed under its load, the median thread CPU of a SHA-256 of 64 KiB and of a link of a random walk through 64 MiB, sampled every 25 ms (%v idle when the bench started): %s",
 		us(room), us(handlerGoal), us(b.handlerPer[modeHandlerDirect]), us(b.handlerPer[modeHandlerSDK]),
 		handlerRounds, roundOf(b.o.duration, handlerRounds), b.refStart, strings.Join(b.handlerRefs, "; "))}
 }

@@ -71,7 +71,7 @@ type stackFigure struct {
 	cpu       map[string]time.Duration // by process
 	order     []string
 	runs      []string  // each run's figure, when this is several runs'
-	ref       hostSpeed // the host through the run (hostSampler)
+	ref       hostSpeed // the host under the run's load (hostSampler)
 }
 
 // breakdown is each process's CPU per accepted order, the largest first.
@@ -219,7 +219,7 @@ func (b *bench) stack(ctx context.Context) error {
 			return err
 		}
 		b.log("stack: waiting room %t: %s per accepted order (%d accepted): %s", room, f.per(f.total()), f.accepted, f.breakdown())
-		run := fmt.Sprintf("%s at %v", f.per(f.total()), f.ref)
+		run := fmt.Sprintf("%s (%v)", f.per(f.total()), f.ref)
 		if room {
 			with.add(f)
 			with.runs = append(with.runs, run)
@@ -342,7 +342,11 @@ func (b *bench) stackOnce(ctx context.Context, rig stackRig, room bool, d time.D
 		return f, fmt.Errorf("stack: the first request: %w", err)
 	}
 	b.log("stack: wrk, %d connections, %v, against make dev's stack (waiting room: %t) …", stackConnections, d, room)
-	host := startHostSampler()
+	host, err := startHostSampler()
+	if err != nil {
+		return f, err
+	}
+	defer host.Stop()
 	cpu0, err := cpuOf(procs)
 	if err != nil {
 		return f, err
@@ -444,7 +448,7 @@ func (b *bench) stackLines() []string {
 	if n := b.stackNoRoom; n != nil {
 		line += fmt.Sprintf("; without a waiting room %s (%s): %s; %d accepted at %.0f/s", n.per(n.total()), strings.Join(n.runs, " and "), n.breakdown(), n.accepted, float64(n.accepted)/n.elapsed.Seconds())
 	}
-	line += fmt.Sprintf("; the host through each run (SHA-256 of 64 KiB, a link of a random walk through 64 MiB): %v when the bench started", b.refStart)
+	line += fmt.Sprintf("; each run with the host's speed under its load, the median thread CPU of a SHA-256 of 64 KiB and of a link of a random walk through 64 MiB, sampled every 25 ms (%v idle when the bench started)", b.refStart)
 	return []string{line}
 }
 

@@ -31,9 +31,8 @@ const (
 // live holds (1,000 on 100 SKUs, not yet due): the sweep as it is (the live
 // SKUs and a slice of the catalog) and as it was (every SKU, every sweep).
 func (b *bench) sweep(ctx context.Context) error {
-	long := b.cfg
-	long.Protocol.HoldTTL = time.Hour // the holds stay live through the measurement
-	buyers, err := b.service(ctx, long, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
+	// b.cfg's holds (benchHoldTTL) stay live through the measurement.
+	buyers, err := b.service(ctx, b.cfg, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
 	if err != nil {
 		return err
 	}
