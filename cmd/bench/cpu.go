@@ -137,6 +137,7 @@ func (b *bench) handlerCPU(ctx context.Context) error {
 		cfg := b.cfg
 		cfg.SQSSend = m.send
 		cfg.Protocol.AdmitFor = stackAdmitFor // admitting the pool takes a while (-d long: longer)
+		cfg.Protocol.HoldTTL = benchHoldTTL   // no persist takes these holds
 		// The function's stdout, where its log and metrics lines go: a
 		// write each, as to Lambda's pipe.
 		a, err := app.Build(ctx, cfg, app.Options{Function: "bench", Out: devNull})

@@ -39,8 +39,7 @@ type devProcess struct {
 }
 
 // startDev builds cmd/dev and starts it on a free port (API only, or the
-// whole stack), with the bench's settings (its holds' TTL too) and env
-// besides (KEY=value); it
+// whole stack), with the bench's settings and env besides (KEY=value); it
 // returns once the API answers.
 func startDev(ctx context.Context, dir, jwtDir, profile string, apiOnly bool, env ...string) (*devProcess, error) {
 	bin := filepath.Join(dir, "dev")
@@ -62,7 +61,7 @@ func startDev(ctx context.Context, dir, jwtDir, profile string, apiOnly bool, en
 		args = append(args, "-cpuprofile", profile)
 	}
 	d.cmd = exec.CommandContext(ctx, bin, args...)
-	d.cmd.Env = append(append(os.Environ(), "HOLDFAST_LOG_LEVEL=error", "HOLDFAST_HOLD_TTL="+benchHoldTTL.String()), env...)
+	d.cmd.Env = append(append(os.Environ(), "HOLDFAST_LOG_LEVEL=error"), env...)
 	d.cmd.Stdout, d.cmd.Stderr = io.Discard, &d.stderr
 	if err := d.cmd.Start(); err != nil {
 		return nil, err
@@ -135,7 +134,8 @@ func (b *bench) httpFigures(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dev, err := startDev(ctx, dir, jwtDir, b.o.devProfile, true)
+	// No persist takes this part's holds (API only): benchHoldTTL.
+	dev, err := startDev(ctx, dir, jwtDir, b.o.devProfile, true, "HOLDFAST_HOLD_TTL="+benchHoldTTL.String())
 	if err != nil {
 		return err
 	}

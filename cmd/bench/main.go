@@ -108,7 +108,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	cfg.Protocol.SoldOutTTL = 0 // measured separately
-	cfg.Protocol.HoldTTL = benchHoldTTL
 	b := &bench{o: o, cfg: cfg, getenv: getenv, stdout: stdout}
 	a, err := app.Build(ctx, cfg, app.Options{Function: "bench", Out: io.Discard})
 	if err != nil {
@@ -154,9 +153,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		name string
 		run  func(context.Context) error
 	}{
-		// The sweep first: the parts after it leave holds that expire.
+		// The sweep first, on stores no other part has filled yet; the
+		// cold part before the catalog's 20,000 SKUs, which stay live (the
+		// sweeper visits them) for five minutes.
 		{"sweep", b.sweep}, {"groups", b.groups}, {"http", b.httpFigures}, {"stack", b.stack}, {"cpu", b.handlerCPU}, {"decode", b.decodeCost}, {"script", b.scriptCost}, {"reserve", b.reserve}, {"persist", b.persist}, {"hot", b.persistHot},
-		{"lag", b.confirmLag}, {"buckets", b.buckets}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"room", b.room}, {"catalog", b.catalog}, {"cold", b.coldStart},
+		{"lag", b.confirmLag}, {"buckets", b.buckets}, {"soldout", b.soldOut}, {"e2e", b.endToEnd}, {"room", b.room}, {"cold", b.coldStart}, {"catalog", b.catalog},
 	}
 	for _, step := range steps {
 		if *only != "" && !strings.Contains(","+*only+",", ","+step.name+",") {
@@ -180,13 +181,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	return nil
 }
 
-// benchHoldTTL is the bench's holds' TTL, past its end. The http, cpu and
-// reserve parts leave holds no persist takes (their queue is purged);
-// with the default five minutes these expired during later parts, whose
-// stacks' sweepers decided them (a fence, its event, its release) inside
-// those parts' figures, and the cold part swept the rest for minutes
-// before its own. A TTL costs a hold nothing more. The parts that run a
-// sale as the template does (e2e, room) keep the default.
+// benchHoldTTL is the hold TTL of the parts that leave holds no persist
+// takes (their queue is purged or there is none): the http part, the cpu
+// part and the reserve part. With the default five minutes these expired
+// during later parts, whose stacks' sweepers decided them (a fence, its
+// event, its release: MariaDB's work) inside those parts' figures, and the
+// cold part swept the rest for minutes before its own. The script's work
+// is the same for any TTL; their SKUs stay live (the sweeper visits them)
+// as long, some twenty SKUs. Every other part keeps the template's TTL.
 const benchHoldTTL = 3 * time.Hour
 
 type bench struct {
@@ -359,14 +361,20 @@ func (b *bench) reserveModes(ctx context.Context, rdb redis.UniversalClient, db 
 		return nil
 	}
 	script := redis.NewScript(redisstore.ReserveLua)
-	noSend, err := b.service(ctx, b.cfg, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
+	left := b.cfg // no persist takes these holds: benchHoldTTL
+	left.Protocol.HoldTTL = benchHoldTTL
+	noSend, err := b.service(ctx, left, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
+	if err != nil {
+		return nil, err
+	}
+	send, err := b.service(ctx, left, app.Options{})
 	if err != nil {
 		return nil, err
 	}
 	return []reserveMode{
 		{modeFloor, setStock, func(sku string, w, i int) error {
 			r := reservation.Reservation{ID: fmt.Sprintf("f%d-%d", w, i), SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i), Token: "floor"}
-			out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), redisstore.ReserveArgs(r, time.Minute, b.cfg.UserRate, b.cfg.UserBurst)...).StringSlice()
+			out, err := script.Run(ctx, rdb, redisstore.ReserveKeys(r), redisstore.ReserveArgs(r, benchHoldTTL, b.cfg.UserRate, b.cfg.UserBurst)...).StringSlice()
 			if err != nil || !heldNow(out, r.Token) {
 				return fmt.Errorf("floor: %v %v", out, err)
 			}
@@ -377,7 +385,7 @@ func (b *bench) reserveModes(ctx context.Context, rdb redis.UniversalClient, db 
 			return err
 		}, redisCheck},
 		{modeSend, setStock, func(sku string, w, i int) error {
-			_, _, err := b.app.Service.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
+			_, _, err := send.Reserve(ctx, reservation.ReserveRequest{SKU: sku, Qty: 1, UserID: fmt.Sprintf("u%d-%d", w, i)})
 			return err
 		}, func(sku string, ops int64) error {
 			if _, err := b.app.SQS.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: &b.cfg.QueueURL}); err != nil {
@@ -683,7 +691,6 @@ func (b *bench) soldOut(ctx context.Context) error {
 func (b *bench) endToEnd(ctx context.Context) error {
 	cfg := b.cfg
 	cfg.Protocol.SoldOutTTL = reservation.DefaultConfig().SoldOutTTL
-	cfg.Protocol.HoldTTL = reservation.DefaultConfig().HoldTTL
 	dlq := b.getenv("HOLDFAST_DLQ_URL")
 	// Buyers carry their own dev JWTs, minted before the timed phase, as make load does.
 	jwtDir, err := os.MkdirTemp("", "holdfast-bench-jwt-")
@@ -724,8 +731,9 @@ var coldRe = regexp.MustCompile(`cold invocation answered ([0-9.]+[µm]?s) after
 // coldStart: each bootstrap's init duration under the emulator.
 func (b *bench) coldStart(ctx context.Context) error {
 	b.cold = map[string]time.Duration{}
-	// The earlier parts leave holds that have expired by now: decide them
-	// first, so the sweeper's figure is its cold start, not their backlog.
+	// Holds of earlier parts that have expired by now (the template's
+	// TTL: e2e, room) are decided first, so the sweeper's figure is its
+	// cold start, not their backlog.
 	for range 100 {
 		rep, err := b.app.Service.Sweep(ctx)
 		if err != nil {

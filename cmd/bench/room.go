@@ -22,7 +22,6 @@ import (
 func (b *bench) room(ctx context.Context) error {
 	cfg := b.cfg
 	cfg.Protocol.SoldOutTTL = reservation.DefaultConfig().SoldOutTTL
-	cfg.Protocol.HoldTTL = reservation.DefaultConfig().HoldTTL
 	jwtDir, err := os.MkdirTemp("", "holdfast-bench-jwt-")
 	if err != nil {
 		return err

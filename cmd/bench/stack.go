@@ -341,6 +341,11 @@ func (b *bench) stackOnce(ctx context.Context, rig stackRig, room bool, d time.D
 	if err := b.awaitConfirmed(ctx, sku, 1); err != nil {
 		return f, fmt.Errorf("stack: the first request: %w", err)
 	}
+	// The servers' work left from the run before (MariaDB's purge and
+	// flushing of its rows) would land in this run's figure.
+	if err := b.awaitQuiet(ctx, "stack"); err != nil {
+		return f, err
+	}
 	b.log("stack: wrk, %d connections, %v, against make dev's stack (waiting room: %t) …", stackConnections, d, room)
 	host, err := startHostSampler()
 	if err != nil {

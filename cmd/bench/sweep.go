@@ -31,8 +31,9 @@ const (
 // live holds (1,000 on 100 SKUs, not yet due): the sweep as it is (the live
 // SKUs and a slice of the catalog) and as it was (every SKU, every sweep).
 func (b *bench) sweep(ctx context.Context) error {
-	// b.cfg's holds (benchHoldTTL) stay live through the measurement.
-	buyers, err := b.service(ctx, b.cfg, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
+	long := b.cfg
+	long.Protocol.HoldTTL = benchHoldTTL // the holds stay live through the measurement
+	buyers, err := b.service(ctx, long, app.Options{Enqueuer: func(reservation.Enqueuer) reservation.Enqueuer { return nopQueue{} }})
 	if err != nil {
 		return err
 	}
@@ -83,9 +84,8 @@ func (b *bench) sweep(ctx context.Context) error {
 			return err
 		}
 		b.log("sweep: %d SKUs, visiting every SKU …", total)
-		// Passes until nothing is left to decide (earlier parts leave holds
-		// that expire; the first pass warms the SKUs Redis lacks), then the
-		// steady state is measured.
+		// Passes until nothing is left to decide (the first pass warms the
+		// SKUs Redis lacks), then the steady state is measured.
 		for pass := 0; ; pass++ {
 			rep, err := old.Sweep(ctx)
 			if err != nil {
