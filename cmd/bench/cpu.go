@@ -137,7 +137,9 @@ func (b *bench) handlerCPU(ctx context.Context) error {
 		cfg := b.cfg
 		cfg.SQSSend = m.send
 		cfg.Protocol.AdmitFor = stackAdmitFor // admitting the pool takes a while (-d long: longer)
-		cfg.Protocol.HoldTTL = benchHoldTTL   // no persist takes these holds
+		// The template's hold TTL: the room mode cost about 13 µs more per
+		// reservation with benchHoldTTL (six pairs, docs/benchmarks.md). The
+		// part runs late, so its holds expire after the parts with sweepers.
 		// The function's stdout, where its log and metrics lines go: a
 		// write each, as to Lambda's pipe.
 		a, err := app.Build(ctx, cfg, app.Options{Function: "bench", Out: devNull})
